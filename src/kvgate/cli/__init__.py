@@ -1,0 +1,83 @@
+"""`kvgate` command line: the only place that prints errors and exits.
+
+Each subcommand lives in its own module under kvgate.cli, exposing
+    HELP: str                                   one line for `kvgate -h`
+    configure(parser: argparse.ArgumentParser)  its flags
+    run(args: argparse.Namespace) -> int        the exit status (kvgate.errors.EXIT_*)
+    PASSES_THROUGH: bool (optional)             unknown flags go to args.passthrough (e.g. lm_eval's)
+and raising kvgate.errors.InputError / InputErrors for bad input, which this module prints as
+`ERROR <file>: <what> in <where>. <hint>` (one line per problem) with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from kvgate.errors import EXIT_BAD_INPUT, InputError, InputErrors
+
+# subcommand -> module under kvgate.cli
+SUBCOMMANDS = {
+    "matrix": "kvgate.cli.matrix_command",
+    "run": "kvgate.cli.run_command",
+    "kernels": "kvgate.cli.kernels_command",
+    "gate": "kvgate.cli.gate_command",
+    "power": "kvgate.cli.power_command",
+}
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one `ERROR` line and exit status 2, like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(self.prog, message, hint=f"See `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=_ArgumentParser)
+    for name, module_name in SUBCOMMANDS.items():
+        module = _import(module_name)
+        if module is None:
+            continue
+        sub = commands.add_parser(name, help=module.HELP, description=module.HELP)
+        module.configure(sub)
+        sub.set_defaults(_module=module)
+    return parser
+
+
+def _import(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name:  # that subcommand is not built yet
+            return None
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and not getattr(args._module, "PASSES_THROUGH", False):
+            raise InputError(f"kvgate {args.command}", f"unrecognized arguments: {' '.join(extra)}",
+                             hint=f"See `kvgate {args.command} --help`")
+        args.passthrough = extra
+        return args._module.run(args)
+    except InputErrors as errors:
+        for error in errors.errors:
+            print(f"ERROR {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except InputError as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("kvgate: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

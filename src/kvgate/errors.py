@@ -1,0 +1,57 @@
+"""Errors a user can act on. The core raises them; only kvgate.cli prints them and exits."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check failed, a cell is missing, a stage crashed
+EXIT_BAD_INPUT = 2  # unusable input: malformed files, unknown names, bad arguments
+
+
+class InputError(Exception):
+    """One problem with the input, printed as `ERROR <source>: <what> in <where>. <hint>`."""
+
+    def __init__(self, source: str, what: str, where: str | None = None, hint: str | None = None):
+        self.source = source
+        self.what = what
+        self.where = where
+        self.hint = hint
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.source}: {self.what}"
+        if self.where:
+            text += f" in {self.where}"
+        if self.hint:
+            text += f". {self.hint}"
+        return text
+
+
+class InputErrors(Exception):
+    """Several input problems found in one pass; each is reported on its own line."""
+
+    def __init__(self, errors: Iterable[InputError]):
+        self.errors = list(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def did_you_mean(value: object, choices: Iterable[str]) -> str | None:
+    """'Did you mean X?' for the closest known name, or None when nothing is close."""
+    choices = list(choices)
+    text = str(value)
+    folded = {c.upper(): c for c in choices}
+    if text.upper() in folded:
+        return f"Did you mean {folded[text.upper()]}?"
+    close = difflib.get_close_matches(text, choices, n=1, cutoff=0.6)
+    if not close:
+        close = difflib.get_close_matches(text.upper(), list(folded), n=1, cutoff=0.6)
+        close = [folded[c] for c in close]
+    return f"Did you mean {close[0]}?" if close else None
+
+
+def unknown_name_hint(value: object, choices: Iterable[str]) -> str:
+    """A 'did you mean' when one is close, else the list of known names."""
+    choices = sorted(choices)
+    return did_you_mean(value, choices) or f"Known: {', '.join(choices)}"

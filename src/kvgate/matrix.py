@@ -1,0 +1,690 @@
+"""The matrix: cells of attention backend x kv_cache_dtype x arch (x model), from the TOML under matrix/.
+
+Stdlib only, so the noxfile can import it before anything is installed. `load()` is the only
+function that touches the disk; `parse()` turns already-read TOML documents into a `Matrix` and
+reports every problem it finds, each naming the file, the place and, where it fits, the fix.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from kvgate.errors import InputError, InputErrors, did_you_mean, unknown_name_hint
+
+MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
+MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")
+LOCAL_MODEL_PREFIX = "kvgate:"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Arch:
+    name: str
+    description: str
+    runner: str
+    compute_capability: str | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name != "cpu"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Backend:
+    name: str
+    mla: bool
+    kv_cache_dtypes: tuple[str, ...]
+    archs: tuple[str, ...]
+    arch_kv_cache_dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    block_sizes: tuple[int, ...] = ()
+    block_size_multiple: int | None = None
+    sources: tuple[str, ...] = ()
+    notes: str = ""
+
+    def supports(self, arch: str, kv_cache_dtype: str) -> bool:
+        if arch not in self.archs:
+            return False
+        allowed = self.arch_kv_cache_dtypes.get(arch, self.kv_cache_dtypes)
+        return kv_cache_dtype in allowed
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    name: str
+    model: str
+    mla: bool
+    archs: tuple[str, ...]
+    model_args: Mapping[str, Any]
+    gsm8k: Mapping[str, Any]
+    throughput: Mapping[str, Any]
+
+    @property
+    def is_local_model(self) -> bool:
+        """True for the tiny models kvgate builds itself ("kvgate:<name>")."""
+        return self.model.startswith(LOCAL_MODEL_PREFIX)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Match:
+    """A selector over cells: each key holds the allowed values, or is absent (any)."""
+
+    backend: tuple[str, ...] = ()
+    kv_cache_dtype: tuple[str, ...] = ()
+    arch: tuple[str, ...] = ()
+
+    def matches(self, cell: Cell) -> bool:
+        return all(
+            not allowed or getattr(cell, key) in allowed
+            for key, allowed in (("backend", self.backend), ("kv_cache_dtype", self.kv_cache_dtype),
+                                 ("arch", self.arch))
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Exclusion:
+    match: Match
+    reason: str
+    link: str
+    where: str  # e.g. "exclude[1]"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Waiver:
+    match: Match
+    checks: tuple[str, ...]
+    reason: str
+    issue: str
+    expires: dt.date
+    where: str
+
+    def covers(self, cell: Cell, check: str) -> bool:
+        return self.match.matches(cell) and ("*" in self.checks or check in self.checks)
+
+    def expired(self, today: dt.date) -> bool:
+        return today > self.expires
+
+
+def cell_id(backend: str, kv_cache_dtype: str, arch: str) -> str:
+    """The one name of a cell: nox parameter id, GitHub job name, results folder and report row."""
+    return f"{backend.lower()}-{kv_cache_dtype}-{arch}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cell:
+    backend: str
+    kv_cache_dtype: str
+    arch: str
+    workload: Workload
+    mla: bool
+
+    @property
+    def id(self) -> str:
+        return cell_id(self.backend, self.kv_cache_dtype, self.arch)
+
+    @property
+    def model(self) -> str:
+        return self.workload.model
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_cache_dtype != "auto"
+
+    def as_record(self) -> dict[str, Any]:
+        """The identity written to a results folder's cell.json (CONTRACT.md)."""
+        return {
+            "backend": self.backend,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "arch": self.arch,
+            "model": self.model,
+            "task": "gsm8k",
+            "cell_id": self.id,
+            "workload": self.workload.name,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Matrix:
+    kv_cache_dtypes: tuple[str, ...]
+    archs: Mapping[str, Arch]
+    backends: Mapping[str, Backend]
+    workloads: Mapping[str, Workload]
+    exclusions: tuple[Exclusion, ...]
+    waivers: tuple[Waiver, ...]
+    shared_sources: tuple[str, ...]
+    cells: tuple[Cell, ...]
+
+    def cell(self, cell_id_: str, source: str = "--cell") -> Cell:
+        for cell in self.cells:
+            if cell.id == cell_id_:
+                return cell
+        raise InputError(source, f"unknown cell '{cell_id_}'",
+                         hint=did_you_mean(cell_id_, [c.id for c in self.cells])
+                         or "List them with `nox -s matrix`")
+
+    def select(
+        self,
+        *,
+        archs: Sequence[str] = (),
+        backends: Sequence[str] = (),
+        kv_cache_dtypes: Sequence[str] = (),
+        cell_ids: Sequence[str] = (),
+        changed_files: Sequence[str] | None = None,
+    ) -> list[Cell]:
+        """Cells passing every filter; names are checked (InputErrors) before anything is filtered."""
+        problems = []
+        for flag, values, known in (("--arch", archs, self.archs), ("--backend", backends, self.backends),
+                                    ("--kv-cache-dtype", kv_cache_dtypes, self.kv_cache_dtypes)):
+            for value in values:
+                if value not in known:
+                    problems.append(InputError(flag, f"unknown value '{value}'", hint=unknown_name_hint(value, known)))
+        for value in cell_ids:
+            try:
+                self.cell(value)
+            except InputError as error:
+                problems.append(error)
+        if problems:
+            raise InputErrors(problems)
+        selected = [
+            cell for cell in self.cells
+            if (not archs or cell.arch in archs)
+            and (not backends or cell.backend in backends)
+            and (not kv_cache_dtypes or cell.kv_cache_dtype in kv_cache_dtypes)
+            and (not cell_ids or cell.id in cell_ids)
+        ]
+        if changed_files is not None:
+            touched = self.backends_touched_by(changed_files)
+            selected = [cell for cell in selected if cell.backend in touched]
+        return selected
+
+    def backends_touched_by(self, changed_files: Iterable[str]) -> set[str]:
+        """Backends whose sources a change touches; every backend when shared code changed."""
+        paths = [p.strip().lstrip("./") for p in changed_files if p.strip()]
+        if any(glob_matches(pattern, path) for pattern in self.shared_sources for path in paths):
+            return set(self.backends)
+        return {
+            name for name, backend in self.backends.items()
+            if any(glob_matches(pattern, path) for pattern in backend.sources for path in paths)
+        }
+
+    def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
+        """The first waiver covering this cell's check, expired or not (the gate decides)."""
+        return next((w for w in self.waivers if w.covers(cell, check)), None)
+
+    def cells_by_arch(self) -> dict[str, list[Cell]]:
+        by_arch: dict[str, list[Cell]] = {arch: [] for arch in self.archs}
+        for cell in self.cells:
+            by_arch[cell.arch].append(cell)
+        return by_arch
+
+
+# ---------------------------------------------------------------------------------------------- globs
+
+def glob_matches(pattern: str, path: str) -> bool:
+    """Match a repository path against a glob: `**` spans folders, `*` and `?` stay inside one."""
+    return _glob_regex(pattern).fullmatch(path) is not None
+
+
+_GLOB_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    if pattern not in _GLOB_CACHE:
+        out, i = [], 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                out.append("(?:.*/)?")
+                i += 3
+            elif pattern.startswith("**", i):
+                out.append(".*")
+                i += 2
+            elif pattern[i] == "*":
+                out.append("[^/]*")
+                i += 1
+            elif pattern[i] == "?":
+                out.append("[^/]")
+                i += 1
+            else:
+                out.append(re.escape(pattern[i]))
+                i += 1
+        _GLOB_CACHE[pattern] = re.compile("".join(out))
+    return _GLOB_CACHE[pattern]
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+def default_matrix_dir() -> Path:
+    """matrix/ at the repository root (a checkout), which is where kvgate keeps its one source of truth."""
+    return Path(__file__).resolve().parents[2] / "matrix"
+
+
+def load(folder: Path | None = None) -> Matrix:
+    """Read matrix/*.toml and parse them; raises InputErrors naming every problem."""
+    folder = folder or default_matrix_dir()
+    documents: dict[str, dict[str, Any]] = {}
+    problems = []
+    for name in MATRIX_FILES:
+        path = folder / name
+        shown = _shown_path(path)
+        try:
+            with path.open("rb") as handle:
+                documents[name] = tomllib.load(handle)
+        except FileNotFoundError:
+            problems.append(InputError(shown, "file is missing", hint=f"kvgate reads {', '.join(MATRIX_FILES)}"))
+        except tomllib.TOMLDecodeError as error:
+            problems.append(InputError(shown, f"invalid TOML: {error}"))
+        except OSError as error:
+            problems.append(InputError(shown, f"cannot read: {error.strerror}"))
+    if problems:
+        raise InputErrors(problems)
+    return parse(documents, {name: _shown_path(folder / name) for name in MATRIX_FILES})
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+class _Reader:
+    """Collects problems while walking the documents, so one run reports them all."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[InputError] = []
+
+    def error(self, what: str, where: str, hint: str | None = None) -> None:
+        self.problems.append(InputError(self.source, what, where, hint))
+
+    def keys(self, table: Any, where: str, required: Sequence[str], optional: Sequence[str] = ()) -> bool:
+        if not isinstance(table, dict):
+            self.error(f"expected a table, got {_kind(table)}", where)
+            return False
+        ok = True
+        for key in table:
+            if key not in required and key not in optional:
+                self.error(f"unknown key '{key}'", where, unknown_name_hint(key, [*required, *optional]))
+                ok = False
+        for key in required:
+            if key not in table:
+                self.error(f"missing key '{key}'", where)
+                ok = False
+        return ok
+
+    def string(self, table: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+        value = table.get(key, default)
+        if not isinstance(value, str) or not value.strip():
+            self.error(f"expected a non-empty string, got {_kind(value)}", f"{where}.{key}")
+            return ""
+        return value
+
+    def boolean(self, table: Mapping[str, Any], key: str, where: str) -> bool:
+        value = table.get(key)
+        if not isinstance(value, bool):
+            self.error(f"expected true or false, got {_kind(value)}", f"{where}.{key}")
+            return False
+        return value
+
+    def names(self, value: Any, where: str, known: Iterable[str], what: str,
+              allow_one: bool = False) -> tuple[str, ...]:
+        """A list of known names (or one name where allow_one), each checked with a 'did you mean'."""
+        if allow_one and isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.error(f"expected a list of {what} names, got {_kind(value)}", where)
+            return ()
+        known = list(known)
+        seen = set()
+        out = []
+        for index, item in enumerate(value):
+            if item not in known:
+                self.error(f"unknown {what} '{item}'", f"{where}[{index}]" if not allow_one or len(value) > 1 else where,
+                           unknown_name_hint(item, known))
+            elif item in seen:
+                self.error(f"duplicate {what} '{item}'", f"{where}[{index}]")
+            else:
+                seen.add(item)
+                out.append(item)
+        return tuple(out)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str] | None = None) -> Matrix:
+    """Build the Matrix from the five parsed TOML documents (keyed by file name)."""
+    sources = dict(sources or {})
+    readers = {name: _Reader(sources.get(name, f"matrix/{name}")) for name in MATRIX_FILES}
+    axes = documents.get("axes.toml", {})
+    kv_cache_dtypes, archs = _parse_axes(readers["axes.toml"], axes)
+    backends, shared_sources = _parse_backends(readers["backends.toml"], documents.get("backends.toml", {}),
+                                               kv_cache_dtypes, archs)
+    workloads = _parse_workloads(readers["workloads.toml"], documents.get("workloads.toml", {}), archs)
+    exclusions = _parse_exclusions(readers["exclusions.toml"], documents.get("exclusions.toml", {}),
+                                   kv_cache_dtypes, archs, backends)
+    waivers = _parse_waivers(readers["waivers.toml"], documents.get("waivers.toml", {}),
+                             kv_cache_dtypes, archs, backends)
+    problems = [p for r in readers.values() for p in r.problems]
+    if problems:
+        raise InputErrors(problems)
+
+    cells = _expand(backends, kv_cache_dtypes, archs, workloads, readers["workloads.toml"])
+    excluded = set()
+    for exclusion in exclusions:
+        hits = {c.id for c in cells if exclusion.match.matches(c)}
+        if not hits:
+            readers["exclusions.toml"].error(
+                "exclusion matches no cell (the backend's declared support already leaves it out, "
+                "or the names are stale)", exclusion.where, "Delete it or fix its match")
+        excluded |= hits
+    for waiver in waivers:
+        if not any(waiver.match.matches(c) for c in cells if c.id not in excluded):
+            readers["waivers.toml"].error("waiver matches no cell", waiver.where, "Delete it or fix its match")
+    problems = [p for r in readers.values() for p in r.problems]
+    if problems:
+        raise InputErrors(problems)
+    return Matrix(
+        kv_cache_dtypes=kv_cache_dtypes,
+        archs=archs,
+        backends=backends,
+        workloads=workloads,
+        exclusions=tuple(exclusions),
+        waivers=tuple(waivers),
+        shared_sources=shared_sources,
+        cells=tuple(c for c in cells if c.id not in excluded),
+    )
+
+
+def _parse_axes(reader: _Reader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Arch]]:
+    if not reader.keys(doc, "axes", ["kv_cache_dtypes", "archs"]):
+        return (), {}
+    dtypes = doc["kv_cache_dtypes"]
+    if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
+        reader.error(f"expected a list of dtype names, got {_kind(dtypes)}", "kv_cache_dtypes")
+        dtypes = []
+    elif "auto" not in dtypes:
+        reader.error("'auto' must be one of the kv_cache_dtypes: every FP8 cell is compared with it",
+                     "kv_cache_dtypes")
+    if len(set(dtypes)) != len(dtypes):
+        reader.error("duplicate dtype", "kv_cache_dtypes")
+    archs: dict[str, Arch] = {}
+    table = doc["archs"]
+    if not isinstance(table, dict):
+        reader.error(f"expected a table of archs, got {_kind(table)}", "archs")
+        return tuple(dtypes), archs
+    for name, spec in table.items():
+        where = f"archs.{name}"
+        if not re.fullmatch(r"sm\d{2,3}|cpu", name):
+            reader.error(f"bad arch name '{name}'", where, "Write smNN (e.g. sm90) or cpu")
+            continue
+        if not reader.keys(spec, where, ["description", "runner"], ["compute_capability"]):
+            continue
+        capability = spec.get("compute_capability")
+        if name != "cpu" and not (isinstance(capability, str) and re.fullmatch(r"\d+\.\d+", capability)):
+            reader.error(f"expected a compute capability like \"9.0\", got {_kind(capability)}",
+                         f"{where}.compute_capability")
+        archs[name] = Arch(name=name, description=reader.string(spec, "description", where),
+                           runner=reader.string(spec, "runner", where), compute_capability=capability)
+    return tuple(dtypes), archs
+
+
+BACKEND_KEYS = ("mla", "kv_cache_dtypes", "archs")
+BACKEND_OPTIONAL_KEYS = ("arch_kv_cache_dtypes", "block_sizes", "block_size_multiple", "sources", "notes")
+
+
+def _parse_backends(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str],
+                    archs: Mapping[str, Arch]) -> tuple[dict[str, Backend], tuple[str, ...]]:
+    backends: dict[str, Backend] = {}
+    if not reader.keys(doc, "backends.toml", ["backends"], ["shared"]):
+        return backends, ()
+    for name, spec in doc["backends"].items():
+        where = f"backends.{name}"
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            reader.error(f"bad backend name '{name}'", where, "Use vLLM's AttentionBackendEnum name, e.g. FLASHINFER_MLA")
+            continue
+        if not reader.keys(spec, where, BACKEND_KEYS, BACKEND_OPTIONAL_KEYS):
+            continue
+        backend_archs = reader.names(spec["archs"], f"{where}.archs", archs, "arch")
+        backend_dtypes = reader.names(spec["kv_cache_dtypes"], f"{where}.kv_cache_dtypes", dtypes, "kv_cache_dtype")
+        per_arch: dict[str, tuple[str, ...]] = {}
+        overrides = spec.get("arch_kv_cache_dtypes", {})
+        if not isinstance(overrides, dict):
+            reader.error(f"expected a table of arch = [dtypes], got {_kind(overrides)}", f"{where}.arch_kv_cache_dtypes")
+            overrides = {}
+        for arch, allowed in overrides.items():
+            sub = f"{where}.arch_kv_cache_dtypes.{arch}"
+            if arch not in archs:
+                reader.error(f"unknown arch '{arch}'", sub, unknown_name_hint(arch, archs))
+                continue
+            if arch not in backend_archs:
+                reader.error(f"{name} does not support arch '{arch}' (not in its archs)", sub,
+                             f"Add it to {where}.archs or delete this line")
+                continue
+            names = reader.names(allowed, sub, dtypes, "kv_cache_dtype")
+            for dtype in names:
+                if dtype not in backend_dtypes:
+                    reader.error(f"{name} does not support kv_cache_dtype '{dtype}' (not in its kv_cache_dtypes)", sub)
+            per_arch[arch] = names
+        blocks = spec.get("block_sizes", [])
+        if not isinstance(blocks, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in blocks):
+            reader.error(f"expected a list of positive integers, got {_kind(blocks)}", f"{where}.block_sizes")
+            blocks = []
+        multiple = spec.get("block_size_multiple")
+        if multiple is not None and (not isinstance(multiple, int) or isinstance(multiple, bool) or multiple <= 0):
+            reader.error(f"expected a positive integer, got {_kind(multiple)}", f"{where}.block_size_multiple")
+            multiple = None
+        if not blocks and multiple is None:
+            reader.error("declare block_sizes or block_size_multiple", where)
+        backends[name] = Backend(
+            name=name, mla=reader.boolean(spec, "mla", where), kv_cache_dtypes=backend_dtypes,
+            archs=backend_archs, arch_kv_cache_dtypes=per_arch, block_sizes=tuple(blocks),
+            block_size_multiple=multiple, sources=_globs(reader, spec.get("sources", []), f"{where}.sources"),
+            notes=spec.get("notes", ""),
+        )
+    shared = doc.get("shared", {})
+    shared_sources: tuple[str, ...] = ()
+    if reader.keys(shared, "shared", [], ["sources"]):
+        shared_sources = _globs(reader, shared.get("sources", []), "shared.sources")
+    return backends, shared_sources
+
+
+def _globs(reader: _Reader, value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        reader.error(f"expected a list of path globs, got {_kind(value)}", where)
+        return ()
+    return tuple(value)
+
+
+GSM8K_KEYS = ("task", "num_fewshot", "limit", "batch_size")
+THROUGHPUT_KEYS = ("dataset_name", "random_input_len", "random_output_len", "num_prompts", "repeats", "warmups")
+
+
+def _parse_workloads(reader: _Reader, doc: Mapping[str, Any], archs: Mapping[str, Arch]) -> dict[str, Workload]:
+    workloads: dict[str, Workload] = {}
+    if not reader.keys(doc, "workloads.toml", ["defaults", "workloads"]):
+        return workloads
+    defaults = doc["defaults"]
+    if not reader.keys(defaults, "defaults", ["gsm8k", "throughput"]):
+        return workloads
+    gsm8k_defaults = _settings(reader, defaults["gsm8k"], "defaults.gsm8k", GSM8K_KEYS, required=True)
+    throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True)
+    for name, spec in doc["workloads"].items():
+        where = f"workloads.{name}"
+        if not reader.keys(spec, where, ["model", "mla", "archs"], ["model_args", "gsm8k", "throughput"]):
+            continue
+        model_args = spec.get("model_args", {})
+        if not isinstance(model_args, dict):
+            reader.error(f"expected a table, got {_kind(model_args)}", f"{where}.model_args")
+            model_args = {}
+        for reserved in ("pretrained", "kv_cache_dtype", "attention_backend"):
+            if reserved in model_args:
+                reader.error(f"'{reserved}' is set by kvgate from the cell", f"{where}.model_args.{reserved}",
+                             "Delete it")
+        workloads[name] = Workload(
+            name=name, model=reader.string(spec, "model", where), mla=reader.boolean(spec, "mla", where),
+            archs=reader.names(spec["archs"], f"{where}.archs", archs, "arch"), model_args=dict(model_args),
+            gsm8k={**gsm8k_defaults, **_settings(reader, spec.get("gsm8k", {}), f"{where}.gsm8k", GSM8K_KEYS)},
+            throughput={**throughput_defaults,
+                        **_settings(reader, spec.get("throughput", {}), f"{where}.throughput", THROUGHPUT_KEYS)},
+        )
+    return workloads
+
+
+def _settings(reader: _Reader, table: Any, where: str, keys: Sequence[str], required: bool = False) -> dict[str, Any]:
+    if not reader.keys(table, where, keys if required else [], [] if required else keys):
+        return {}
+    out = {}
+    for key, value in table.items():
+        if key in ("task", "dataset_name"):
+            if not isinstance(value, str) or not value:
+                reader.error(f"expected a name, got {_kind(value)}", f"{where}.{key}")
+                continue
+        elif key == "batch_size":
+            if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0)):
+                reader.error(f"expected \"auto\" or a positive integer, got {_kind(value)}", f"{where}.{key}")
+                continue
+        else:
+            minimum = 0 if key in ("limit", "num_fewshot", "warmups") else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                reader.error(f"expected an integer >= {minimum}, got {_kind(value)}", f"{where}.{key}")
+                continue
+        out[key] = value
+    return out
+
+
+def _parse_match(reader: _Reader, value: Any, where: str, dtypes: Sequence[str], archs: Mapping[str, Arch],
+                 backends: Mapping[str, Backend]) -> Match | None:
+    if not reader.keys(value, where, [], MATCH_KEYS):
+        return None
+    if not value:
+        reader.error("empty match would select every cell", where, "Name a backend, kv_cache_dtype or arch")
+        return None
+    match = Match(
+        backend=reader.names(value.get("backend", []), f"{where}.backend", backends, "backend", allow_one=True),
+        kv_cache_dtype=reader.names(value.get("kv_cache_dtype", []), f"{where}.kv_cache_dtype", dtypes,
+                                    "kv_cache_dtype", allow_one=True),
+        arch=reader.names(value.get("arch", []), f"{where}.arch", archs, "arch", allow_one=True),
+    )
+    for backend_name in match.backend:
+        backend = backends[backend_name]
+        for arch in match.arch:
+            if arch not in backend.archs:
+                reader.error(f"{backend_name} does not support arch '{arch}' (backends.toml: archs = "
+                             f"{', '.join(backend.archs)})", f"{where}.arch")
+        for dtype in match.kv_cache_dtype:
+            if dtype not in backend.kv_cache_dtypes:
+                reader.error(f"{backend_name} does not support kv_cache_dtype '{dtype}' (backends.toml: "
+                             f"kv_cache_dtypes = {', '.join(backend.kv_cache_dtypes)})", f"{where}.kv_cache_dtype")
+    return match
+
+
+def _link(reader: _Reader, table: Mapping[str, Any], key: str, where: str) -> str:
+    value = reader.string(table, key, where)
+    if value and not re.match(r"https?://\S+$", value):
+        reader.error(f"expected a URL, got {value!r}", f"{where}.{key}")
+    return value
+
+
+def _parse_exclusions(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
+                      backends: Mapping[str, Backend]) -> list[Exclusion]:
+    out: list[Exclusion] = []
+    if not reader.keys(doc, "exclusions.toml", [], ["exclude"]):
+        return out
+    entries = doc.get("exclude", [])
+    if not isinstance(entries, list):
+        reader.error("expected [[exclude]] tables", "exclude")
+        return out
+    for index, entry in enumerate(entries):
+        where = f"exclude[{index}]"
+        if not reader.keys(entry, where, ["match", "reason", "link"]):
+            continue
+        match = _parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
+        reason, link = reader.string(entry, "reason", where), _link(reader, entry, "link", where)
+        if match is not None:
+            out.append(Exclusion(match=match, reason=reason, link=link, where=where))
+    return out
+
+
+def _parse_waivers(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
+                   backends: Mapping[str, Backend]) -> list[Waiver]:
+    out: list[Waiver] = []
+    if not reader.keys(doc, "waivers.toml", [], ["waiver"]):
+        return out
+    entries = doc.get("waiver", [])
+    if not isinstance(entries, list):
+        reader.error("expected [[waiver]] tables", "waiver")
+        return out
+    for index, entry in enumerate(entries):
+        where = f"waiver[{index}]"
+        if not reader.keys(entry, where, ["match", "checks", "reason", "issue", "expires"]):
+            continue
+        match = _parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
+        checks = entry["checks"]
+        if not isinstance(checks, list) or not checks or not all(isinstance(c, str) and c for c in checks):
+            reader.error(f"expected a list of check names (or [\"*\"]), got {_kind(checks)}", f"{where}.checks")
+            checks = []
+        expires = _date(reader, entry["expires"], f"{where}.expires")
+        reason, issue = reader.string(entry, "reason", where), _link(reader, entry, "issue", where)
+        if match is not None and expires is not None:
+            out.append(Waiver(match=match, checks=tuple(checks), reason=reason, issue=issue, expires=expires, where=where))
+    return out
+
+
+def _date(reader: _Reader, value: Any, where: str) -> dt.date | None:
+    if isinstance(value, dt.datetime):
+        return value.date()
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    reader.error(f"bad date {_kind(value)}", where, "Write YYYY-MM-DD, e.g. 2027-03-31")
+    return None
+
+
+def _expand(backends: Mapping[str, Backend], dtypes: Sequence[str], archs: Mapping[str, Arch],
+            workloads: Mapping[str, Workload], reader: _Reader) -> list[Cell]:
+    cells = []
+    for backend in backends.values():
+        for arch in archs:
+            if arch not in backend.archs:
+                continue
+            candidates = [w for w in workloads.values() if arch in w.archs and w.mla == backend.mla]
+            if len(candidates) != 1:
+                kind = "MLA" if backend.mla else "non-MLA"
+                what = "no workload" if not candidates else f"{len(candidates)} workloads ({', '.join(w.name for w in candidates)})"
+                reader.error(f"{what} for {kind} backends on {arch} ({backend.name} needs exactly one)", "workloads",
+                             f"Give one workload with mla = {str(backend.mla).lower()} and '{arch}' in its archs")
+                continue
+            for dtype in dtypes:
+                if backend.supports(arch, dtype):
+                    cells.append(Cell(backend=backend.name, kv_cache_dtype=dtype, arch=arch,
+                                      workload=candidates[0], mla=backend.mla))
+    if reader.problems:
+        raise InputErrors(reader.problems)
+    return cells

@@ -1,0 +1,54 @@
+"""Views of the matrix's cells: a text table for people, the GitHub Actions matrix for machines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvgate.matrix import Cell, Matrix
+
+CELL_SESSION = "cell"
+
+
+def cell_session(cell: Cell) -> str:
+    """The nox session that runs every stage of one cell (`nox -s "cell(<id>)"`)."""
+    return f"{CELL_SESSION}({cell.id})"
+
+
+def gha_matrix(matrix: Matrix, cells: Sequence[Cell]) -> dict[str, list[dict[str, object]]]:
+    """`{"include": [...]}` for `strategy.matrix`, one job per cell."""
+    return {
+        "include": [
+            {
+                "cell": cell.id,
+                "backend": cell.backend,
+                "kv_cache_dtype": cell.kv_cache_dtype,
+                "arch": cell.arch,
+                "model": cell.model,
+                "runner": matrix.archs[cell.arch].runner,
+                "sessions": [cell_session(cell)],
+            }
+            for cell in cells
+        ]
+    }
+
+
+def cells_table(matrix: Matrix, cells: Sequence[Cell]) -> str:
+    headers = ("cell", "backend", "kv_cache_dtype", "arch", "runner", "model", "waived")
+    rows = [
+        (cell.id, cell.backend, cell.kv_cache_dtype, cell.arch, matrix.archs[cell.arch].runner, cell.model,
+         ", ".join(w.where for w in matrix.waivers if w.match.matches(cell)) or "")
+        for cell in cells
+    ]
+    widths = [max(len(str(v)) for v in column) for column in zip(headers, *rows)]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in (headers, *rows)]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts = ", ".join(f"{arch} {n}" for arch, n in _count_by_arch(cells).items())
+    lines.append(f"{len(cells)} cells ({counts})" if cells else "0 cells")
+    return "\n".join(lines)
+
+
+def _count_by_arch(cells: Sequence[Cell]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for cell in cells:
+        counts[cell.arch] = counts.get(cell.arch, 0) + 1
+    return counts
