@@ -1,0 +1,98 @@
+"""Writing one cell's folder of a results run (../shared/CONTRACT.md), safely.
+
+    <run dir>/<cell id>/cell.json      identity (written first)
+    <run dir>/<cell id>/status.json    one entry per stage: ok | error | timeout | skipped
+    <run dir>/<cell id>/<stage>/       a stage's outputs, replaced whole on a re-run
+    <run dir>/<cell id>/logs/<stage>.log   the stage's full log (engine included)
+
+A stage writes into a hidden temporary folder and is renamed into place only when it finished, so a
+half-written stage never passes for a whole one, and a crashed re-run leaves the previous outputs
+intact while status.json says it failed (the gate fails closed on that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CONTRACT_VERSION = 1  # major version of CONTRACT.md this writer follows
+STAGES = ("kernels", "accuracy", "throughput", "probe")
+STATUSES = ("ok", "error", "timeout", "skipped")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def prepare_cell(run_dir: Path, cell_record: dict[str, Any]) -> Path:
+    """Create <run dir>/<cell id>/ and its cell.json; returns the cell folder."""
+    cell_dir = Path(run_dir) / cell_record["cell_id"]
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cell_dir / "cell.json", {"contract_version": CONTRACT_VERSION, **cell_record})
+    return cell_dir
+
+
+def log_path(cell_dir: Path, stage: str) -> Path:
+    path = Path(cell_dir) / "logs" / f"{stage}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def stage_output(cell_dir: Path, stage: str) -> Iterator[Path]:
+    """Yield an empty temporary folder for a stage's outputs; on success it replaces <cell>/<stage>/."""
+    cell_dir = Path(cell_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stage}.partial-", dir=cell_dir))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final = cell_dir / stage
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{stage}.old-", dir=cell_dir))
+        os.replace(final, old / stage)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_status(cell_dir: Path, stage: str, status: str, reason: str | None = None,
+                 log_tail: str | None = None, **extra: Any) -> None:
+    """Record one stage's outcome in status.json (merged with the other stages' entries, under a lock)."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    cell_dir = Path(cell_dir)
+    entry: dict[str, Any] = {"status": status, **extra}
+    if reason is not None:
+        entry["reason"] = reason
+    if log_tail is not None:
+        entry["log_tail"] = log_tail
+    with open(cell_dir / ".status.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = cell_dir / "status.json"
+        current: dict[str, Any] = {}
+        if path.exists():
+            try:
+                current = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                current = {}
+        current[stage] = entry
+        write_json_atomic(path, current)
+
+
+def tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
