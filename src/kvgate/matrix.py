@@ -281,7 +281,8 @@ def load(folder: Path | None = None) -> Matrix:
         except FileNotFoundError:
             problems.append(InputError(shown, "file is missing", hint=f"kvgate reads {', '.join(MATRIX_FILES)}"))
         except tomllib.TOMLDecodeError as error:
-            problems.append(InputError(shown, f"invalid TOML: {error}"))
+            problems.append(InputError(shown, f"invalid TOML: {error}",
+                                       hint="Strings need quotes, dates are YYYY-MM-DD, tables are declared once"))
         except OSError as error:
             problems.append(InputError(shown, f"cannot read: {error.strerror}"))
     if problems:

@@ -1,0 +1,297 @@
+"""The matrix: cells from matrix/*.toml, filters, changed-files selection, and every bad-input message."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvgate import matrix as kvmatrix
+from kvgate.cli import main as kvgate_main
+from kvgate.errors import InputError, InputErrors
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def real_matrix() -> kvmatrix.Matrix:
+    return kvmatrix.load(ROOT / "matrix")
+
+
+@pytest.fixture
+def matrix_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "matrix"
+    shutil.copytree(ROOT / "matrix", folder)
+    return folder
+
+
+def edit(folder: Path, name: str, old: str, new: str) -> None:
+    path = folder / name
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {name}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def load_errors(folder: Path) -> list[str]:
+    with pytest.raises(InputErrors) as info:
+        kvmatrix.load(folder)
+    return [str(e) for e in info.value.errors]
+
+
+# ---------------------------------------------------------------------------------------- the real matrix
+
+def ids(cells) -> set[str]:
+    return {c.id for c in cells}
+
+
+def test_sm100_has_flashinfer_mla_auto_and_fp8(real_matrix):
+    cells = real_matrix.select(archs=["sm100"], backends=["FLASHINFER_MLA"])
+    assert {"flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"} <= ids(cells)
+
+
+def test_sm90_has_no_sm100_mla_backends_but_flashmla_and_triton_mla_fp8(real_matrix):
+    backends = {c.backend for c in real_matrix.select(archs=["sm90"])}
+    assert "FLASHINFER_MLA" not in backends
+    assert "CUTLASS_MLA" not in backends
+    sm90 = ids(real_matrix.select(archs=["sm90"]))
+    assert {"flashmla-fp8-sm90", "triton_mla-fp8-sm90"} <= sm90
+
+
+def test_fp8_below_sm89_is_not_a_cell(real_matrix):
+    sm80 = real_matrix.select(archs=["sm80"])
+    assert not [c for c in sm80 if c.backend in ("TRITON_MLA", "TRITON_ATTN", "FLASH_ATTN") and c.is_fp8]
+
+
+def test_cpu_default_is_the_three_embedded_cells(real_matrix):
+    assert ids(real_matrix.select(archs=["cpu"])) == {"cpu_attn-auto-cpu", "cpu_attn-fp8-cpu", "cpu_mla-auto-cpu"}
+
+
+def test_every_fp8_cell_has_an_auto_partner(real_matrix):
+    all_ids = ids(real_matrix.cells)
+    for cell in real_matrix.cells:
+        if cell.is_fp8:
+            assert kvmatrix.cell_id(cell.backend, "auto", cell.arch) in all_ids, cell.id
+
+
+def test_cell_ids_are_unique_and_models_follow_mla(real_matrix):
+    assert len(ids(real_matrix.cells)) == len(real_matrix.cells)
+    for cell in real_matrix.cells:
+        assert cell.workload.mla == real_matrix.backends[cell.backend].mla
+
+
+def test_changed_flashinfer_mla_source_selects_only_flashinfer_mla(real_matrix):
+    cells = real_matrix.select(changed_files=["vllm/v1/attention/backends/mla/flashinfer_mla.py"])
+    assert cells
+    assert {c.backend for c in cells} == {"FLASHINFER_MLA"}
+
+
+def test_changed_shared_code_selects_every_cell(real_matrix):
+    cells = real_matrix.select(changed_files=["README.md", "vllm/platforms/cuda.py"])
+    assert ids(cells) == ids(real_matrix.cells)
+
+
+def test_unrelated_change_selects_nothing(real_matrix):
+    assert real_matrix.select(changed_files=["docs/source/index.md", "tests/models/test_x.py"]) == []
+
+
+@pytest.mark.parametrize(("pattern", "path", "expected"), [
+    ("csrc/cpu/**", "csrc/cpu/attention.cpp", True),
+    ("csrc/cpu/**", "csrc/cpu/sub/dir/x.cpp", True),
+    ("vllm/**/flashmla*.py", "vllm/v1/attention/ops/flashmla.py", True),
+    ("vllm/**/flashmla*.py", "vllm/flashmla.py", True),
+    ("flashinfer/mla/**", "flashinfer/decode.py", False),
+    ("vllm/v1/attention/backends/*.py", "vllm/v1/attention/backends/mla/x.py", False),
+])
+def test_glob_matches(pattern, path, expected):
+    assert kvmatrix.glob_matches(pattern, path) is expected
+
+
+def test_filters_report_unknown_names_with_did_you_mean(real_matrix):
+    with pytest.raises(InputErrors) as info:
+        real_matrix.select(archs=["sm9"], backends=["FLASHINFR"], cell_ids=["flashmla-fp8-sm91"])
+    assert [str(e) for e in info.value.errors] == [
+        "--arch: unknown value 'sm9'. Did you mean sm90?",
+        "--backend: unknown value 'FLASHINFR'. Did you mean FLASHINFER?",
+        "--cell: unknown cell 'flashmla-fp8-sm91'. Did you mean flashmla-fp8-sm90?",
+    ]
+
+
+def test_waiver_lookup(real_matrix):
+    cell = real_matrix.cell("flashinfer-fp8-sm120")
+    waiver = real_matrix.waiver_for(cell, "accuracy")
+    assert waiver is not None and waiver.issue.endswith("/41651")
+    assert real_matrix.waiver_for(real_matrix.cell("flashinfer-auto-sm120"), "accuracy") is None
+
+
+# ---------------------------------------------------------------------------------------- bad input
+
+def test_unknown_backend_in_exclusion(matrix_copy):
+    edit(matrix_copy, "exclusions.toml", 'backend = "CPU_ATTN", kv_cache_dtype = "fp8_e4m3"',
+         'backend = "CPU_ATN", kv_cache_dtype = "fp8_e4m3"')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/exclusions.toml: unknown backend 'CPU_ATN' in exclude[0].match.backend. Did you mean CPU_ATTN?",
+    ]
+
+
+def test_unknown_dtype_in_backend(matrix_copy):
+    edit(matrix_copy, "backends.toml", 'kv_cache_dtypes = ["auto", "fp8", "fp8_e4m3"]\narchs = ["sm100"]\nblock_sizes = [32, 64]',
+         'kv_cache_dtypes = ["auto", "fp8", "fp8_e4m"]\narchs = ["sm100"]\nblock_sizes = [32, 64]')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/backends.toml: unknown kv_cache_dtype 'fp8_e4m' in backends.FLASHINFER_MLA.kv_cache_dtypes[2]. "
+        "Did you mean fp8_e4m3?",
+    ]
+
+
+def test_arch_a_backend_does_not_support_in_waiver(matrix_copy):
+    edit(matrix_copy, "waivers.toml", 'backend = "FLASHINFER", arch = "sm120"', 'backend = "CUTLASS_MLA", arch = "sm90"')
+    errors = load_errors(matrix_copy)
+    assert errors[0] == (f"{matrix_copy}/waivers.toml: CUTLASS_MLA does not support arch 'sm90' "
+                         "(backends.toml: archs = sm100) in waiver[0].match.arch")
+
+
+def test_bad_date(matrix_copy):
+    edit(matrix_copy, "waivers.toml", "expires = 2027-03-31", 'expires = "2027-02-30"')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/waivers.toml: bad date the string '2027-02-30' in waiver[0].expires. "
+        "Write YYYY-MM-DD, e.g. 2027-03-31",
+    ]
+
+
+def test_invalid_toml_date_names_line(matrix_copy):
+    edit(matrix_copy, "waivers.toml", "expires = 2027-03-31", "expires = 2027-13-31")
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/waivers.toml: invalid TOML: Expected newline or end of document after a statement "
+        "(at line 12, column 15). Strings need quotes, dates are YYYY-MM-DD, tables are declared once",
+    ]
+
+
+def test_duplicate_dtype(matrix_copy):
+    edit(matrix_copy, "backends.toml", 'kv_cache_dtypes = ["auto"]\narchs = ["cpu"]',
+         'kv_cache_dtypes = ["auto", "auto"]\narchs = ["cpu"]')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/backends.toml: duplicate kv_cache_dtype 'auto' in backends.CPU_MLA.kv_cache_dtypes[1]",
+    ]
+
+
+def test_duplicate_backend_table_is_invalid_toml(matrix_copy):
+    path = matrix_copy / "backends.toml"
+    path.write_text(path.read_text() + '\n[backends.CPU_MLA]\nmla = true\n')
+    (error,) = load_errors(matrix_copy)
+    assert error.startswith(f"{matrix_copy}/backends.toml: invalid TOML: Cannot declare ('backends', 'CPU_MLA') twice")
+
+
+def test_exclusion_matching_no_cell(matrix_copy):
+    path = matrix_copy / "exclusions.toml"
+    path.write_text(path.read_text() + (
+        '\n[[exclude]]\nmatch = { backend = "FLASH_ATTN_MLA", arch = "sm90", kv_cache_dtype = "auto" }\n'
+        'reason = "x"\nlink = "https://example.org/x"\n'
+        '\n[[exclude]]\nmatch = { backend = "TRITON_MLA", arch = "sm80", kv_cache_dtype = "fp8" }\n'
+        'reason = "already unsupported"\nlink = "https://example.org/y"\n'))
+    errors = load_errors(matrix_copy)
+    assert errors == [
+        f"{matrix_copy}/exclusions.toml: exclusion matches no cell (the backend's declared support already leaves it "
+        "out, or the names are stale) in exclude[3]. Delete it or fix its match",
+    ]
+    # exclude[2] matched flash_attn_mla-auto-sm90 and removed it, which is allowed
+
+
+def test_unknown_key_with_did_you_mean(matrix_copy):
+    edit(matrix_copy, "backends.toml", "block_sizes = [128]", "block_size = [128]")
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/backends.toml: unknown key 'block_size' in backends.CUTLASS_MLA. Did you mean block_sizes?",
+    ]
+
+
+def test_link_must_be_a_url(matrix_copy):
+    edit(matrix_copy, "waivers.toml", 'issue = "https://github.com/vllm-project/vllm/issues/41651"', 'issue = "41651"')
+    assert load_errors(matrix_copy) == [f"{matrix_copy}/waivers.toml: expected a URL, got '41651' in waiver[0].issue"]
+
+
+def test_missing_file(matrix_copy):
+    (matrix_copy / "workloads.toml").unlink()
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: file is missing. kvgate reads axes.toml, backends.toml, exclusions.toml, "
+        "waivers.toml, workloads.toml",
+    ]
+
+
+def test_workload_may_not_set_what_the_cell_sets(matrix_copy):
+    edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 16384 }",
+         'model_args = { max_model_len = 16384, kv_cache_dtype = "fp8" }')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: 'kv_cache_dtype' is set by kvgate from the cell in "
+        "workloads.llama-3_1-8b.model_args.kv_cache_dtype. Delete it",
+    ]
+
+
+def test_arch_without_workload(matrix_copy):
+    edit(matrix_copy, "workloads.toml", 'mla = false\narchs = ["cpu"]', 'mla = false\narchs = []')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: no workload for non-MLA backends on cpu (CPU_ATTN needs exactly one) in "
+        "workloads. Give one workload with mla = false and 'cpu' in its archs",
+    ]
+
+
+def test_bad_integer_setting(matrix_copy):
+    edit(matrix_copy, "workloads.toml", "num_prompts = 100", "num_prompts = -3")
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: expected an integer >= 1, got the number -3 in defaults.throughput.num_prompts",
+    ]
+
+
+# ---------------------------------------------------------------------------------------- the CLI
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = kvgate_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_gha_format_is_a_github_matrix(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--format", "gha", "--arch", "sm100")
+    assert code == 0, err
+    include = json.loads(out)["include"]
+    assert {"flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"} <= {job["cell"] for job in include}
+    for job in include:
+        assert job["runner"] == "gpu-sm100"
+        assert job["sessions"] == [f"cell({job['cell']})"]
+
+
+def test_cli_changed_files(capsys, tmp_path):
+    diff = tmp_path / "changed.txt"
+    diff.write_text("vllm/v1/attention/backends/mla/flashinfer_mla.py\n")
+    code, out, _ = run_cli(capsys, "matrix", "--format", "ids", "--changed-files", str(diff))
+    assert code == 0
+    assert out.split() == ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100", "flashinfer_mla-fp8_e4m3-sm100"]
+
+
+def test_cli_bad_matrix_is_one_line_per_problem_and_exit_2(capsys, matrix_copy):
+    edit(matrix_copy, "exclusions.toml", 'backend = "CPU_ATTN", kv_cache_dtype = "fp8_e4m3"',
+         'backend = "FLASHINFR", kv_cache_dtype = "fp8_e4m3"')
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(matrix_copy))
+    assert code == 2
+    assert out == ""
+    assert err == (f"ERROR {matrix_copy}/exclusions.toml: unknown backend 'FLASHINFR' in exclude[0].match.backend. "
+                   "Did you mean FLASHINFER?\n")
+
+
+def test_cli_missing_changed_files_list(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "matrix", "--changed-files", str(tmp_path / "nope.txt"))
+    assert code == 2
+    assert err == (f"ERROR {tmp_path}/nope.txt: cannot read the changed-files list: No such file or directory. "
+                   "Pass the output of `git diff --name-only BASE...HEAD` saved to a file\n")
+
+
+def test_cli_has_no_traceback_for_bad_flags():
+    result = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--arch", "sm9"], capture_output=True,
+                            text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert result.stderr == "ERROR --arch: unknown value 'sm9'. Did you mean sm90?\n"
+
+
+def test_input_error_format():
+    assert str(InputError("f.toml", "bad", "a.b", "Fix it")) == "f.toml: bad in a.b. Fix it"
