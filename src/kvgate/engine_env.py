@@ -81,8 +81,8 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print) -> Pa
 def _torch_cpu_is_local(python: Path) -> bool:
     """True when pip can satisfy the CPU torch pin without any index (PIP_FIND_LINKS, pip.conf)."""
     probe = subprocess.run(
-        [str(python), "-m", "pip", "download", "-q", "--no-index", "--no-deps", TORCH_CPU_PIN,
-         "-d", tempfile.mkdtemp(prefix="kvgate-torch-probe-")],
+        [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--no-index", "--no-deps",
+         "--ignore-installed", TORCH_CPU_PIN],
         capture_output=True, text=True, check=False,
     )
     return probe.returncode == 0
