@@ -39,8 +39,8 @@ def cells_table(matrix: Matrix, cells: Sequence[Cell]) -> str:
          ", ".join(w.where for w in matrix.waivers if w.match.matches(cell)) or "")
         for cell in cells
     ]
-    widths = [max(len(str(v)) for v in column) for column in zip(headers, *rows)]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in (headers, *rows)]
+    widths = [max(len(str(v)) for v in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in (headers, *rows)]
     lines.insert(1, "  ".join("-" * w for w in widths))
     counts = ", ".join(f"{arch} {n}" for arch, n in _count_by_arch(cells).items())
     lines.append(f"{len(cells)} cells ({counts})" if cells else "0 cells")
