@@ -1,0 +1,332 @@
+"""The gate's thresholds, read from matrix/policy.toml: what fails a check, and how sure the gate must be.
+
+`load()` is the only function that touches the disk; `parse()` turns an already-read TOML document into a
+frozen `Policy` and reports every problem it finds (file, key path, and a did-you-mean where one fits),
+the same way kvgate.matrix does (it reuses that module's reader). Names of backends, archs, kv dtypes,
+models and cells are checked against the matrix, so a typo cannot silently switch a threshold off.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from kvgate import matrix as matrix_module
+from kvgate.errors import InputError, InputErrors, unknown_name_hint
+from kvgate.matrix import Cell, Match, Matrix, _kind, _parse_match, _Reader, _shown_path
+from kvgate.stats import MULTIPLICITY_METHODS
+
+POLICY_FILE = "policy.toml"
+GSM8K_FILTERS = ("strict-match", "flexible-extract")
+THROUGHPUT_METRICS = ("requests_per_second", "tokens_per_second", "output_tokens_per_second")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AccuracyPolicy:
+    fp8_tax_points: float  # allowed drop of an FP8 cell against auto in the same run
+    fp8_tax_points_by_model: Mapping[str, float] = field(default_factory=dict)
+    baseline_margin_points: float  # allowed drop of a cell against the same cell in the baseline run
+    alpha: float  # run-wide, after `multiplicity`
+    multiplicity: str  # holm | bh | none
+    filters: tuple[str, ...]  # gsm8k filters checked, each its own test
+    min_n: int  # fewer scored questions than this cannot resolve the margins: the check errors
+    confidence: float  # of the reported intervals
+    bootstrap_samples: int
+
+    def fp8_tax_for(self, model: str) -> float:
+        return self.fp8_tax_points_by_model.get(model, self.fp8_tax_points)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fp8OverAutoExpectation:
+    """A declared expectation on throughput(fp8 cell) / throughput(auto cell) of the same run."""
+
+    min_ratio: float
+    reason: str
+    where: str  # e.g. "throughput.fp8_over_auto[0]"
+    cell: str | None = None  # an FP8 cell id, or
+    match: Match | None = None  # a selector over FP8 cells
+
+    def covers(self, cell: Cell) -> bool:
+        if self.cell is not None:
+            return cell.id == self.cell
+        return self.match is not None and self.match.matches(cell)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ThroughputPolicy:
+    tolerance: float  # fail below (1 - tolerance) x the baseline's median ...
+    alpha: float  # ... when the slowdown is also significant over repeats (run-wide, after multiplicity)
+    multiplicity: str
+    metric: str
+    fp8_over_auto: tuple[Fp8OverAutoExpectation, ...] = ()
+
+    def fp8_over_auto_expectation(self, cell: Cell) -> Fp8OverAutoExpectation | None:
+        """The first expectation declared for this FP8 cell, or None (then the ratio is only reported)."""
+        if not cell.is_fp8:
+            return None
+        return next((e for e in self.fp8_over_auto if e.covers(cell)), None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbeThresholds:
+    """Limits for the logprob-agreement probe of a kv dtype against auto on fixed prompts."""
+
+    mean_abs_logprob_diff_max: float
+    max_abs_logprob_diff_max: float
+    top1_agreement_min: float  # a fraction, 0..1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbePolicy:
+    by_kv_cache_dtype: Mapping[str, ProbeThresholds]
+    by_kv_cache_dtype_and_arch: Mapping[tuple[str, str], ProbeThresholds] = field(default_factory=dict)
+
+    def thresholds(self, kv_cache_dtype: str, arch: str) -> ProbeThresholds:
+        found = self.by_kv_cache_dtype_and_arch.get((kv_cache_dtype, arch)) or self.by_kv_cache_dtype.get(kv_cache_dtype)
+        if found is None:
+            raise InputError("matrix/policy.toml", f"no probe thresholds for kv_cache_dtype '{kv_cache_dtype}'",
+                             "probe", f"Add a [probe.{kv_cache_dtype}] table")
+        return found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelsPolicy:
+    min_executed_tests: int  # a junit.xml with fewer executed (not skipped) tests fails; any failure fails
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Policy:
+    accuracy: AccuracyPolicy
+    throughput: ThroughputPolicy
+    probe: ProbePolicy
+    kernels: KernelsPolicy
+    source: str
+
+    def fp8_tax_points(self, model: str) -> float:
+        """The allowed FP8-vs-auto accuracy drop (points) for this model."""
+        return self.accuracy.fp8_tax_for(model)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+def default_policy_path() -> Path:
+    return matrix_module.default_matrix_dir() / POLICY_FILE
+
+
+def load(path: Path | None = None, *, matrix: Matrix | None = None) -> Policy:
+    """Read and parse the policy; names are checked against `matrix` (default: the repository's)."""
+    path = path or default_policy_path()
+    shown = _shown_path(path)
+    try:
+        with path.open("rb") as handle:
+            doc = tomllib.load(handle)
+    except FileNotFoundError:
+        raise InputError(shown, "file is missing", hint="Pass --policy or restore matrix/policy.toml") from None
+    except tomllib.TOMLDecodeError as error:
+        raise InputError(shown, f"invalid TOML: {error}") from None
+    except OSError as error:
+        raise InputError(shown, f"cannot read: {error.strerror}") from None
+    return parse(doc, shown, matrix=matrix if matrix is not None else matrix_module.load())
+
+
+TOP_KEYS = ("accuracy", "throughput", "probe", "kernels")
+ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "filters", "min_n",
+                 "confidence", "bootstrap_samples")
+ACCURACY_OPTIONAL = ("fp8_tax_points_by_model",)
+THROUGHPUT_KEYS = ("tolerance", "alpha", "multiplicity", "metric")
+PROBE_KEYS = ("mean_abs_logprob_diff_max", "max_abs_logprob_diff_max", "top1_agreement_min")
+
+
+def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix: Matrix | None = None) -> Policy:
+    """Build the Policy from a parsed TOML document; raises InputErrors naming every problem."""
+    reader = _Reader(source)
+    if not reader.keys(doc, "policy", TOP_KEYS):
+        raise InputErrors(reader.problems)
+    accuracy = _parse_accuracy(reader, doc["accuracy"], matrix)
+    throughput = _parse_throughput(reader, doc["throughput"], matrix)
+    probe = _parse_probe(reader, doc["probe"], matrix)
+    kernels = _parse_kernels(reader, doc["kernels"])
+    if reader.problems:
+        raise InputErrors(reader.problems)
+    assert accuracy and throughput and probe and kernels
+    return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source)
+
+
+def _number(reader: _Reader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float,
+            low_open: bool = False, high_open: bool = False, integer: bool = False) -> float:
+    value = table.get(key)
+    number_ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if number_ok and math.isfinite(value):
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if above and below:
+            return value
+    kind = "an integer" if integer else "a number"
+    lo = f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if math.isinf(high) else f" and {'<' if high_open else '<='} {high:g}"
+    reader.error(f"expected {kind} {lo}{hi}, got {_kind(value)}", f"{where}.{key}")
+    return math.nan
+
+
+def _count(reader: _Reader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float) -> int:
+    value = _number(reader, table, key, where, low=low, high=high, integer=True)
+    return 0 if math.isnan(value) else int(value)
+
+
+def _choice(reader: _Reader, table: Mapping[str, Any], key: str, where: str, choices: Sequence[str],
+            what: str) -> str:
+    value = table.get(key)
+    if value not in choices:
+        reader.error(f"unknown {what} {_kind(value)}", f"{where}.{key}", unknown_name_hint(value, choices))
+        return ""
+    return value
+
+
+def _parse_accuracy(reader: _Reader, table: Any, matrix: Matrix | None) -> AccuracyPolicy | None:
+    where = "accuracy"
+    if not reader.keys(table, where, ACCURACY_KEYS, ACCURACY_OPTIONAL):
+        return None
+    by_model: dict[str, float] = {}
+    overrides = table.get("fp8_tax_points_by_model", {})
+    if not isinstance(overrides, dict):
+        reader.error(f"expected a table of \"model\" = points, got {_kind(overrides)}",
+                     f"{where}.fp8_tax_points_by_model")
+        overrides = {}
+    models = sorted({w.model for w in matrix.workloads.values()}) if matrix is not None else None
+    for model in overrides:
+        sub = f"{where}.fp8_tax_points_by_model"
+        if models is not None and model not in models:
+            reader.error(f"unknown model '{model}'", sub, unknown_name_hint(model, models))
+            continue
+        by_model[model] = _number(reader, overrides, model, sub, low=0, high=100, low_open=True)
+    filters = table["filters"]
+    if not isinstance(filters, list) or not filters:
+        reader.error(f"expected a list of gsm8k filter names, got {_kind(filters)}", f"{where}.filters")
+        filters = []
+    for index, name in enumerate(filters):
+        if name not in GSM8K_FILTERS:
+            reader.error(f"unknown gsm8k filter {_kind(name)}", f"{where}.filters[{index}]",
+                         unknown_name_hint(name, GSM8K_FILTERS))
+    return AccuracyPolicy(
+        fp8_tax_points=_number(reader, table, "fp8_tax_points", where, low=0, high=100, low_open=True),
+        fp8_tax_points_by_model=by_model,
+        baseline_margin_points=_number(reader, table, "baseline_margin_points", where, low=0, high=100,
+                                       low_open=True),
+        alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
+        multiplicity=_choice(reader, table, "multiplicity", where, MULTIPLICITY_METHODS, "multiplicity method"),
+        filters=tuple(filters),
+        min_n=_count(reader, table, "min_n", where, low=1, high=math.inf),
+        confidence=_number(reader, table, "confidence", where, low=0.5, high=1, high_open=True),
+        bootstrap_samples=_count(reader, table, "bootstrap_samples", where, low=100, high=1_000_000),
+    )
+
+
+def _parse_throughput(reader: _Reader, table: Any, matrix: Matrix | None) -> ThroughputPolicy | None:
+    where = "throughput"
+    if not reader.keys(table, where, THROUGHPUT_KEYS, ["fp8_over_auto"]):
+        return None
+    expectations = []
+    entries = table.get("fp8_over_auto", [])
+    if not isinstance(entries, list):
+        reader.error("expected [[throughput.fp8_over_auto]] tables", f"{where}.fp8_over_auto")
+        entries = []
+    for index, entry in enumerate(entries):
+        sub = f"{where}.fp8_over_auto[{index}]"
+        if not reader.keys(entry, sub, ["min_ratio", "reason"], ["cell", "match"]):
+            continue
+        if ("cell" in entry) == ("match" in entry):
+            reader.error("give exactly one of 'cell' or 'match'", sub)
+            continue
+        cell_id = match = None
+        if "cell" in entry:
+            cell_id = reader.string(entry, "cell", sub)
+            if matrix is not None and cell_id:
+                fp8_cells = [c.id for c in matrix.cells if c.is_fp8]
+                if cell_id not in fp8_cells:
+                    reader.error(f"unknown FP8 cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, fp8_cells))
+        elif matrix is not None:
+            match = _parse_match(reader, entry["match"], f"{sub}.match", matrix.kv_cache_dtypes, matrix.archs,
+                                 matrix.backends)
+            if match is not None and not any(match.matches(c) for c in matrix.cells if c.is_fp8):
+                reader.error("matches no FP8 cell", f"{sub}.match", "Fix its names or delete it")
+        expectations.append(Fp8OverAutoExpectation(
+            min_ratio=_number(reader, entry, "min_ratio", sub, low=0, high=100, low_open=True),
+            reason=reader.string(entry, "reason", sub), where=sub, cell=cell_id, match=match))
+    return ThroughputPolicy(
+        tolerance=_number(reader, table, "tolerance", where, low=0, high=1, high_open=True),
+        alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
+        multiplicity=_choice(reader, table, "multiplicity", where, MULTIPLICITY_METHODS, "multiplicity method"),
+        metric=_choice(reader, table, "metric", where, THROUGHPUT_METRICS, "throughput metric"),
+        fp8_over_auto=tuple(expectations),
+    )
+
+
+def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None) -> ProbePolicy | None:
+    where = "probe"
+    if not isinstance(table, dict):
+        reader.error(f"expected a table, got {_kind(table)}", where)
+        return None
+    dtypes = list(matrix.kv_cache_dtypes) if matrix is not None else list(table)
+    archs = list(matrix.archs) if matrix is not None else None
+    by_dtype: dict[str, ProbeThresholds] = {}
+    by_arch: dict[tuple[str, str], ProbeThresholds] = {}
+    for dtype, spec in table.items():
+        sub = f"{where}.{dtype}"
+        if dtype not in dtypes:
+            reader.error(f"unknown kv_cache_dtype '{dtype}'", sub, unknown_name_hint(dtype, dtypes))
+            continue
+        if not reader.keys(spec, sub, PROBE_KEYS, ["by_arch"]):
+            continue
+        base = _probe_thresholds(reader, spec, sub, required=True)
+        by_dtype[dtype] = base
+        overrides = spec.get("by_arch", {})
+        if not isinstance(overrides, dict):
+            reader.error(f"expected a table of arch tables, got {_kind(overrides)}", f"{sub}.by_arch")
+            continue
+        for arch, override in overrides.items():
+            arch_where = f"{sub}.by_arch.{arch}"
+            if archs is not None and arch not in archs:
+                reader.error(f"unknown arch '{arch}'", arch_where, unknown_name_hint(arch, archs))
+                continue
+            if not reader.keys(override, arch_where, [], PROBE_KEYS):
+                continue
+            values = {k: getattr(base, k) for k in PROBE_KEYS}
+            values.update({k: getattr(_probe_thresholds(reader, override, arch_where, required=False), k)
+                           for k in override})
+            by_arch[(dtype, arch)] = ProbeThresholds(**values)
+    if matrix is not None:
+        missing = [d for d in matrix.kv_cache_dtypes if d not in table]
+        if missing:
+            reader.error(f"no thresholds for kv_cache_dtype {', '.join(repr(d) for d in missing)}", where,
+                         f"Add [probe.{missing[0]}] with {', '.join(PROBE_KEYS)}")
+    return ProbePolicy(by_kv_cache_dtype=by_dtype, by_kv_cache_dtype_and_arch=by_arch)
+
+
+def _probe_thresholds(reader: _Reader, spec: Mapping[str, Any], where: str, *, required: bool) -> ProbeThresholds:
+    def get(key: str, **bounds: Any) -> float:
+        if not required and key not in spec:
+            return math.nan
+        return _number(reader, spec, key, where, **bounds)
+
+    return ProbeThresholds(
+        mean_abs_logprob_diff_max=get("mean_abs_logprob_diff_max", low=0, high=math.inf),
+        max_abs_logprob_diff_max=get("max_abs_logprob_diff_max", low=0, high=math.inf),
+        top1_agreement_min=get("top1_agreement_min", low=0, high=1),
+    )
+
+
+def _parse_kernels(reader: _Reader, table: Any) -> KernelsPolicy | None:
+    if not reader.keys(table, "kernels", ["min_executed_tests"]):
+        return None
+    return KernelsPolicy(min_executed_tests=_count(reader, table, "min_executed_tests", "kernels", low=1,
+                                                   high=math.inf))
