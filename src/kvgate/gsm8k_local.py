@@ -1,0 +1,75 @@
+"""kvgate's local copy of lm-eval's gsm8k task, for runs that cannot reach the Hugging Face hub.
+
+`write_task(folder)` writes a task YAML that `include`s lm-eval's own installed `gsm8k.yaml` (so the prompt,
+the 5-shot format, the exact_match metric and the strict-match / flexible-extract filters are lm-eval's,
+for whatever lm-eval version is installed) and only swaps the data: kvgate's generated problems
+(`kvgate.gsm8k_problems`), copied next to the YAML as `train.jsonl` / `test.jsonl` in gsm8k's format.
+Run it with `lm_eval ... --include_path <folder> --tasks kvgate_gsm8k_local`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+from kvgate.errors import InputError
+
+TASK_NAME = "kvgate_gsm8k_local"
+DATA_DIR = Path(__file__).resolve().parent / "data" / "gsm8k_local"
+SPLITS = ("train", "test")
+YAML_NAME = f"{TASK_NAME}.yaml"
+
+
+def data_files() -> dict[str, Path]:
+    """The shipped split files: split -> path."""
+    return {split: DATA_DIR / f"{split}.jsonl" for split in SPLITS}
+
+
+def load(split: str) -> list[dict[str, str]]:
+    """The problems of one split, as gsm8k records {"question", "answer"}."""
+    path = data_files()[split]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def lm_eval_gsm8k_yaml() -> Path:
+    """The gsm8k task file of the installed lm-eval (found without importing lm-eval)."""
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("lm-eval", "not installed", hint="Install lm-eval==0.4.13 (without the [vllm] extra)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "tasks" / "gsm8k" / "gsm8k.yaml"
+    if not path.is_file():
+        raise InputError(str(path), "lm-eval's gsm8k task file is missing",
+                         hint="Reinstall lm-eval==0.4.13; kvgate's local task includes it")
+    return path
+
+
+def task_yaml(include: Path, train: Path, test: Path) -> str:
+    """The task YAML text: lm-eval's gsm8k with the data swapped for local JSON files."""
+    return (
+        "# Written by kvgate.gsm8k_local: lm-eval's own gsm8k task (prompt, few-shot format, metric and\n"
+        "# filters come from the included file) over kvgate's generated grade-school problems.\n"
+        f"include: {json.dumps(str(include))}\n"
+        f"task: {TASK_NAME}\n"
+        "tag: []\n"
+        "dataset_path: json\n"
+        "dataset_name: null\n"
+        "dataset_kwargs:\n"
+        "  data_files:\n"
+        f"    train: {json.dumps(str(train))}\n"
+        f"    test: {json.dumps(str(test))}\n"
+    )
+
+
+def write_task(folder: Path) -> str:
+    """Write the task YAML and its data into `folder`; returns the task name for `lm_eval --tasks`."""
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = {}
+    for split, source in data_files().items():
+        copies[split] = folder / f"{TASK_NAME}_{split}.jsonl"
+        shutil.copyfile(source, copies[split])
+    text = task_yaml(lm_eval_gsm8k_yaml(), copies["train"], copies["test"])
+    (folder / YAML_NAME).write_text(text, encoding="utf-8")
+    return TASK_NAME

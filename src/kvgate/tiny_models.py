@@ -1,0 +1,327 @@
+"""Tiny random models for the embedded CPU default, built locally on first use; nothing is downloaded.
+
+A model named `kvgate:<name>` in the matrix is a Hugging Face folder that vLLM loads: `config.json`,
+fixed-seed random weights in `model.safetensors`, a byte-level BPE tokenizer (512 tokens) trained with the
+`tokenizers` library on text kvgate ships (`data/tokenizer_corpus.txt`), and `generation_config.json`.
+
+Two architectures cover the two attention families on CPU: a Llama (CPU_ATTN; head size 64, so fp8 KV
+works) and a DeepSeek-V2 with MLA (CPU_MLA; kv_lora_rank 512 + rope 64 = head size 576).
+
+Builds are deterministic (same bytes for the same recipe and library versions) and cached under
+`cache_dir`, else $KVGATE_MODEL_DIR, else ~/.cache/kvgate/models, in a folder named after the model and a
+hash of its recipe, so any change of recipe builds a fresh folder. A build happens in a temporary folder
+that is renamed into place at the end, so a crashed or concurrent build never leaves a half model behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvgate.errors import InputError, unknown_name_hint
+
+PREFIX = "kvgate:"
+RECIPE_VERSION = 1  # bump when the build code changes in a way the spec below does not capture
+CORPUS_PATH = Path(__file__).resolve().parent / "data" / "tokenizer_corpus.txt"
+MARKER = "kvgate-model.json"  # written last inside the build folder; its presence means a complete model
+
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]  # ids 0..3
+BOS, EOS, UNK, PAD = SPECIAL_TOKENS
+MAX_POSITIONS = 4096
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TinyModel:
+    name: str
+    description: str
+    config: dict
+    seed: int
+    extra: dict = field(default_factory=dict)
+
+
+def _common_config() -> dict:
+    return {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITIONS,
+        "initializer_range": 0.02,
+        "rms_norm_eps": 1e-6,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "rope_theta": ROPE["rope_theta"],
+        "rope_parameters": dict(ROPE),
+        "bos_token_id": SPECIAL_TOKENS.index(BOS),
+        "eos_token_id": SPECIAL_TOKENS.index(EOS),
+        "pad_token_id": SPECIAL_TOKENS.index(PAD),
+        "dtype": "bfloat16",
+        "torch_dtype": "bfloat16",
+    }
+
+
+MODELS: dict[str, TinyModel] = {
+    "tiny-llama": TinyModel(
+        name="tiny-llama",
+        description="Llama: hidden 128, 2 layers, 2 heads of 64 (CPU_ATTN; fp8 KV needs head size % 32 == 0)",
+        seed=1,
+        config={
+            **_common_config(),
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "head_dim": 64,
+            "mlp_bias": False,
+        },
+    ),
+    "tiny-deepseek-v2": TinyModel(
+        name="tiny-deepseek-v2",
+        description=(
+            "DeepSeek-V2 with MLA: hidden 128, 2 layers (1 dense, 1 MoE of 4 routed + 1 shared experts), "
+            "2 heads, kv_lora_rank 512, rope 64, nope 32, v 32 (CPU_MLA; head size 576)"
+        ),
+        seed=2,
+        config={
+            **_common_config(),
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            "q_lora_rank": None,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 32,
+            "first_k_dense_replace": 1,
+            "moe_layer_freq": 1,
+            "moe_intermediate_size": 64,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "n_group": 1,
+            "topk_group": 1,
+            "topk_method": "greedy",
+            "scoring_func": "softmax",
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.0,
+            "aux_loss_alpha": 0.0,
+            "seq_aux": False,
+        },
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    configured = os.environ.get("KVGATE_MODEL_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "kvgate" / "models"
+
+
+def recipe_key(model: TinyModel) -> str:
+    """A short hash of everything that decides the built bytes."""
+    recipe = {
+        "recipe_version": RECIPE_VERSION,
+        "name": model.name,
+        "config": model.config,
+        "seed": model.seed,
+        "vocab_size": VOCAB_SIZE,
+        "special_tokens": SPECIAL_TOKENS,
+        "corpus_sha256": hashlib.sha256(CORPUS_PATH.read_bytes()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _lookup(name: str) -> TinyModel:
+    if name not in MODELS:
+        raise InputError(f"{PREFIX}{name}", "unknown tiny model", hint=unknown_name_hint(name, MODELS))
+    return MODELS[name]
+
+
+def model_dir(name: str, cache_dir: Path | None = None) -> Path:
+    """Where `ensure_model(name, cache_dir)` keeps (or will keep) the model."""
+    model = _lookup(name)
+    return (cache_dir or default_cache_dir()) / f"{model.name}-{recipe_key(model)}"
+
+
+def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
+    """The folder of tiny model `name`, built first if it is not in the cache yet."""
+    model = _lookup(name)
+    target = model_dir(name, cache_dir)
+    if (target / MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(model, staging)
+        for path in [staging, *staging.iterdir()]:  # mkdtemp and safetensors create owner-only modes
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process finished the same build first (or a stale, incomplete folder is in the way).
+            if not (target / MARKER).is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model(model: str, cache_dir: Path | None = None) -> str:
+    """`kvgate:<name>` -> the built folder (as a string); any other model id or path unchanged."""
+    if model.startswith(PREFIX):
+        return str(ensure_model(model[len(PREFIX):], cache_dir))
+    return model
+
+
+# ---- the build ---------------------------------------------------------------------------------------
+
+
+def build(model: TinyModel, folder: Path) -> None:
+    """Write the complete model into the (existing, empty) `folder`; the marker file comes last."""
+    write_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n")
+    generation = {
+        "bos_token_id": model.config["bos_token_id"],
+        "eos_token_id": model.config["eos_token_id"],
+        "pad_token_id": model.config["pad_token_id"],
+        "do_sample": False,
+    }
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    write_weights(model, folder / "model.safetensors")
+    parameters = sum(_numel(shape) for _, shape, _ in weight_specs(model.config))
+    marker = {
+        "name": model.name,
+        "recipe": recipe_key(model),
+        "recipe_version": RECIPE_VERSION,
+        "description": model.description,
+        "parameters": parameters,
+        "built_by": "kvgate.tiny_models",
+    }
+    (folder / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
+def train_tokenizer():
+    """A byte-level BPE with VOCAB_SIZE tokens trained on kvgate's corpus; adds <s> in front of a text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS_PATH.read_text(encoding="utf-8").splitlines(keepends=True), trainer)
+    bos_id = tokenizer.token_to_id(BOS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tokenizer
+
+
+def write_tokenizer(folder: Path) -> None:
+    tokenizer = train_tokenizer()
+    tokenizer.save(str(folder / "tokenizer.json"), pretty=True)
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "unk_token": UNK,
+        "pad_token": PAD,
+        "model_max_length": MAX_POSITIONS,
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": True,
+        "add_eos_token": False,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
+    special = {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": PAD}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2, sort_keys=True) + "\n")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def weight_specs(config: dict) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(checkpoint name, shape, init) for every weight, in the checkpoint naming vLLM loads.
+
+    init is "embedding" (standard normal), "linear" (normal with std 1/sqrt(fan in)) or "norm" (ones).
+    """
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads = config["num_attention_heads"]
+    yield "model.embed_tokens.weight", (vocab, hidden), "embedding"
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}"
+        yield f"{prefix}.input_layernorm.weight", (hidden,), "norm"
+        yield f"{prefix}.post_attention_layernorm.weight", (hidden,), "norm"
+        if config["model_type"] == "llama":
+            head_dim, kv_heads = config["head_dim"], config["num_key_value_heads"]
+            yield f"{prefix}.self_attn.q_proj.weight", (heads * head_dim, hidden), "linear"
+            yield f"{prefix}.self_attn.k_proj.weight", (kv_heads * head_dim, hidden), "linear"
+            yield f"{prefix}.self_attn.v_proj.weight", (kv_heads * head_dim, hidden), "linear"
+            yield f"{prefix}.self_attn.o_proj.weight", (hidden, heads * head_dim), "linear"
+            yield from _mlp(f"{prefix}.mlp", hidden, config["intermediate_size"])
+        elif config["model_type"] == "deepseek_v2":
+            rope, nope, v = config["qk_rope_head_dim"], config["qk_nope_head_dim"], config["v_head_dim"]
+            rank = config["kv_lora_rank"]
+            yield f"{prefix}.self_attn.q_proj.weight", (heads * (nope + rope), hidden), "linear"
+            yield f"{prefix}.self_attn.kv_a_proj_with_mqa.weight", (rank + rope, hidden), "linear"
+            yield f"{prefix}.self_attn.kv_a_layernorm.weight", (rank,), "norm"
+            yield f"{prefix}.self_attn.kv_b_proj.weight", (heads * (nope + v), rank), "linear"
+            yield f"{prefix}.self_attn.o_proj.weight", (hidden, heads * v), "linear"
+            if layer < config["first_k_dense_replace"]:
+                yield from _mlp(f"{prefix}.mlp", hidden, config["intermediate_size"])
+            else:
+                experts, expert_size = config["n_routed_experts"], config["moe_intermediate_size"]
+                yield f"{prefix}.mlp.gate.weight", (experts, hidden), "linear"
+                for expert in range(experts):
+                    yield from _mlp(f"{prefix}.mlp.experts.{expert}", hidden, expert_size)
+                shared_size = expert_size * config["n_shared_experts"]
+                yield from _mlp(f"{prefix}.mlp.shared_experts", hidden, shared_size)
+        else:
+            raise ValueError(f"no weight layout for model_type {config['model_type']!r}")
+    yield "model.norm.weight", (hidden,), "norm"
+    yield "lm_head.weight", (vocab, hidden), "linear"
+
+
+def _mlp(prefix: str, hidden: int, intermediate: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    yield f"{prefix}.gate_proj.weight", (intermediate, hidden), "linear"
+    yield f"{prefix}.up_proj.weight", (intermediate, hidden), "linear"
+    yield f"{prefix}.down_proj.weight", (hidden, intermediate), "linear"
+
+
+def write_weights(model: TinyModel, path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator(device="cpu").manual_seed(model.seed)
+    tensors = {}
+    for name, shape, init in weight_specs(model.config):
+        if init == "norm":
+            values = torch.ones(shape, dtype=torch.float32)
+        else:
+            std = 1.0 if init == "embedding" else shape[-1] ** -0.5
+            values = torch.randn(shape, generator=generator, dtype=torch.float32) * std
+        tensors[name] = values.to(torch.bfloat16).contiguous()
+    # One metadata key only: safetensors writes the metadata map in hash order, so several keys would
+    # make the bytes differ from build to build.
+    save_file(tensors, str(path), metadata={"format": "pt"})
