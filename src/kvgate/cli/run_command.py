@@ -1,0 +1,98 @@
+"""`kvgate run accuracy|throughput|cell`: run the real tools (lm-eval + vLLM, `vllm bench throughput`,
+the kernel tests) for the selected cells and write the results folder of CONTRACT.md.
+
+    kvgate run accuracy --run-dir reports/runs/x --arch-default cpu -- --limit 250
+    kvgate run throughput --run-dir reports/runs/x --backend CPU_ATTN
+    kvgate run cell --cell cpu_attn-fp8-cpu --run-dir reports/runs/x [--stages kernels,accuracy]
+
+Without filters the cells of --arch-default run (the noxfile passes this machine's arch). Flags kvgate does
+not know go to lm_eval (accuracy) or `vllm bench throughput` (throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvgate import hardware
+from kvgate.cli.matrix_command import add_filter_arguments
+from kvgate.errors import InputError
+from kvgate.matrix import load as load_matrix
+
+HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
+PASSES_THROUGH = True
+WHATS = ("accuracy", "throughput", "cell")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=WHATS,
+                        help="accuracy: gsm8k via lm-eval's vllm model + the logprob probe; throughput: vllm "
+                             "bench throughput repeats; cell: every stage (see --stages)")
+    parser.add_argument("--run-dir", type=Path, required=True, help="the results folder (created if absent)")
+    parser.add_argument("--arch-default", default=None,
+                        help="arch whose cells run when no filter is given (default: this machine's)")
+    add_filter_arguments(parser)
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="per stage of a cell; the stage's process group is killed after it (default 3600)")
+    parser.add_argument("--stages", default=None,
+                        help="for `run cell`: comma-separated, of kernels,accuracy,throughput (default: all)")
+
+
+def _stages(args: argparse.Namespace) -> list[str]:
+    from kvgate.runners.matrix_run import STAGES
+
+    if args.what != "cell":
+        if args.stages is not None:
+            raise InputError("--stages", "only `kvgate run cell` takes --stages",
+                             hint=f"`kvgate run {args.what}` runs the {args.what} stage")
+        return [args.what]
+    if args.stages is None:
+        return list(STAGES)
+    names = [name.strip() for name in args.stages.split(",") if name.strip()]
+    for name in names:
+        if name not in STAGES:
+            from kvgate.errors import unknown_name_hint
+
+            raise InputError("--stages", f"unknown stage '{name}'", hint=unknown_name_hint(name, STAGES))
+    if not names:
+        raise InputError("--stages", "no stage named", hint=f"Name some of {', '.join(STAGES)}")
+    return [stage for stage in STAGES if stage in names]
+
+
+def run(args: argparse.Namespace) -> int:
+    stages = _stages(args)
+    passthrough = list(args.passthrough)
+    if passthrough[:1] == ["--"]:
+        passthrough = passthrough[1:]
+    if args.what == "cell":
+        if not args.cell:
+            raise InputError("kvgate run cell", "no cell named", hint="Pass --cell ID (see `kvgate matrix`)")
+        if passthrough:
+            raise InputError("kvgate run cell", f"unrecognized arguments: {' '.join(passthrough)}",
+                             hint="Pass-through flags go to one tool: use `kvgate run accuracy` (lm_eval) or "
+                                  "`kvgate run throughput` (vllm bench throughput)")
+    if args.timeout is not None and args.timeout <= 0:
+        raise InputError("--timeout", f"expected a positive number of seconds, got {args.timeout:g}")
+    matrix = load_matrix(args.matrix_dir)
+    filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
+    arch_default = args.arch_default or hardware.local_arch()
+    archs = list(args.arch) if filtered else [arch_default]
+    if not filtered and arch_default not in matrix.archs:
+        from kvgate.errors import unknown_name_hint
+
+        raise InputError("--arch-default", f"unknown arch '{arch_default}'",
+                         hint=unknown_name_hint(arch_default, matrix.archs))
+    cells = matrix.select(archs=archs, backends=args.backend, kv_cache_dtypes=args.kv_cache_dtype,
+                          cell_ids=args.cell)
+    if not cells:
+        raise InputError(f"kvgate run {args.what}", "no cell matches these filters",
+                         hint="List the cells with `kvgate matrix`")
+
+    from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS, RunOptions, run_cells
+
+    options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough,
+                         timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
+                         command=[Path(sys.argv[0]).name, *sys.argv[1:]], arch=None if filtered else arch_default)
+    status, _ = run_cells(cells, options)
+    return status

@@ -1,0 +1,166 @@
+"""The accuracy stage of one cell (and its probe): lm-eval's gsm8k on the cell's vLLM engine.
+
+One subprocess (kvgate.runners.accuracy_worker) per cell, for fault isolation and a hard timeout. It
+writes into a scratch folder; each stage's outputs are moved into place (kvgate.cell_folder.stage_output)
+only when complete and only when the backend that ran is the cell's, so a crashed, killed or mismatched
+run never leaves outputs that pass for whole ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kvgate import cell_folder
+from kvgate.runners.accuracy_worker import EXIT_BACKEND_MISMATCH
+from kvgate.runners.backend_check import backend_mismatch
+from kvgate.runners.commands import lm_eval_arguments
+from kvgate.runners.context import CellContext
+from kvgate.runners.engine_log import read_backend_evidence
+from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.stage_process import describe_exit, run_logged
+
+STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
+
+
+def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutcome]:
+    """Outcomes of the accuracy stage and, with_probe, of the probe stage; status.json written for both."""
+    cell, cell_dir = ctx.cell, ctx.cell_dir
+    log = cell_folder.log_path(cell_dir, "accuracy")
+    log.write_bytes(b"")
+    scratch = Path(tempfile.mkdtemp(prefix=".accuracy-work-", dir=cell_dir))
+    start = time.monotonic()
+    try:
+        output, probe_dir, report_path = scratch / "accuracy", scratch / "probe", scratch / "worker.json"
+        lm_args = lm_eval_arguments(cell, ctx.model_path, output, include_path=ctx.include_path,
+                                    passthrough=ctx.passthrough)
+        argv = [ctx.python, "-m", "kvgate.runners.accuracy_worker", "--report", str(report_path),
+                "--backend", cell.backend, "--arch", cell.arch]
+        if with_probe:
+            argv += ["--probe-dir", str(probe_dir)]
+        argv += ["--", *lm_args]
+        header = (f"kvgate: {cell.id} accuracy: lm_eval {' '.join(_shell_quote(a) for a in lm_args)}")
+        result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header)
+        elapsed = time.monotonic() - start
+        report = _read_report(report_path)
+        engine_backends = report.get("attention_backends")
+        mismatch = backend_mismatch(cell.backend, cell.arch, read_backend_evidence(_read_text(log)),
+                                    engine_backends)
+
+        if result.timed_out:
+            status, reason = "timeout", f"killed after its timeout of {ctx.timeout:.0f} s ({_last_step(report)})"
+        elif result.returncode == EXIT_BACKEND_MISMATCH or (result.ok and mismatch):
+            status, reason = "error", f"wrong attention backend: {mismatch or 'the engine ran another backend'}"
+        elif not result.ok:
+            status, reason = "error", f"the accuracy run {describe_exit(result.returncode)} ({_last_step(report)})"
+        elif not list(output.rglob("results_*.json")):
+            status, reason = "error", "lm-eval wrote no results_*.json"
+        else:
+            status, reason = "ok", None
+
+        outcomes = []
+        extra: dict[str, Any] = {"elapsed_s": round(elapsed, 1), "backend": cell.backend}
+        if engine_backends is not None:
+            extra["engine_backends"] = engine_backends
+        if status == "ok":
+            _commit(cell_dir, "accuracy", output)
+            figures = accuracy_figures(cell_dir / "accuracy", str(cell.workload.gsm8k["task"]))
+            cell_folder.write_status(cell_dir, "accuracy", "ok", **extra, **figures)
+            outcomes.append(StageOutcome(cell_id=cell.id, stage="accuracy", status="ok", elapsed=elapsed,
+                                         headline=accuracy_headline(figures)))
+        else:
+            cell_folder.write_status(cell_dir, "accuracy", status, reason, result.log_tail, **extra)
+            outcomes.append(StageOutcome(cell_id=cell.id, stage="accuracy", status=status, elapsed=elapsed,
+                                         reason=reason))
+        if with_probe:
+            outcomes.append(_probe_outcome(ctx, status, reason, report, probe_dir, result.log_tail, elapsed))
+        return outcomes
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _probe_outcome(ctx: CellContext, accuracy_status: str, accuracy_reason: str | None, report: dict,
+                   probe_dir: Path, log_tail: str, elapsed: float) -> StageOutcome:
+    cell, cell_dir = ctx.cell, ctx.cell_dir
+    if accuracy_status != "ok":
+        status, reason = accuracy_status, f"not run: the accuracy run failed ({accuracy_reason})"
+    elif report.get("probe_error"):
+        status, reason = "error", f"the probe failed: {report['probe_error']}"
+    elif "probe" not in report.get("steps", []) or not any(probe_dir.iterdir()):
+        status, reason = "error", "the probe wrote nothing"
+    else:
+        status, reason = "ok", None
+    if status == "ok":
+        _commit(cell_dir, "probe", probe_dir)
+        cell_folder.write_status(cell_dir, "probe", "ok")
+    else:
+        cell_folder.write_status(cell_dir, "probe", status, reason, log_tail)
+    return StageOutcome(cell_id=cell.id, stage="probe", status=status, elapsed=elapsed, reason=reason)
+
+
+def _commit(cell_dir: Path, stage: str, source: Path) -> None:
+    """Move a finished stage's files from the scratch folder into <cell>/<stage>/, replacing it whole."""
+    with cell_folder.stage_output(cell_dir, stage) as target:
+        if source.is_dir():
+            for child in source.iterdir():
+                os.replace(child, target / child.name)
+
+
+def accuracy_figures(accuracy_dir: Path, task: str) -> dict[str, Any]:
+    """gsm8k strict/flexible exact match and the number of questions, from lm-eval's newest results file."""
+    files = sorted(accuracy_dir.rglob("results_*.json"), key=lambda p: p.name)
+    if not files:
+        return {}
+    data = json.loads(files[-1].read_text(encoding="utf-8"))
+    scores = data.get("results", {}).get(task, {})
+    figures: dict[str, Any] = {}
+    if isinstance(scores.get(STRICT), (int, float)):
+        figures["strict_match"] = scores[STRICT]
+    if isinstance(scores.get(FLEXIBLE), (int, float)):
+        figures["flexible_extract"] = scores[FLEXIBLE]
+    n = data.get("n-samples", {}).get(task, {}).get("effective")
+    if isinstance(n, int):
+        figures["questions"] = n
+    return figures
+
+
+def accuracy_headline(figures: dict[str, Any]) -> str:
+    def fmt(key: str) -> str:
+        value = figures.get(key)
+        return f"{value:.3f}" if isinstance(value, (int, float)) else "?"
+
+    return f"gsm8k strict {fmt('strict_match')} flexible {fmt('flexible_extract')} (n={figures.get('questions', '?')})"
+
+
+def _read_report(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _last_step(report: dict) -> str:
+    steps = report.get("steps") or []
+    names = {"started": "before the engine was up", "engine": "after the engine started, during lm-eval",
+             "accuracy": "after lm-eval finished, during the probe", "probe": "after the probe",
+             "probe-failed": "after the probe failed"}
+    return names.get(steps[-1], steps[-1]) if steps else "before the worker started"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _shell_quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)

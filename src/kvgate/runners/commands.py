@@ -1,0 +1,96 @@
+"""A cell's tool invocations, built but not run: lm-eval's arguments and `vllm bench throughput`'s argv.
+
+Pure. The model path is passed in (kvgate.tiny_models resolves "kvgate:<name>" to a local folder first),
+and so are the places outputs go. Pass-through flags come last, so `--limit 250` overrides the workload's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvgate.matrix import Cell
+
+LOCAL_GSM8K_TASK = "kvgate_gsm8k_local"  # kvgate.gsm8k_local's task: lm-eval's gsm8k over local data
+DEFAULT_MAX_MODEL_LEN = 4096
+VLLM_CLI = ("-m", "vllm.entrypoints.cli.main")  # `vllm` without relying on the venv's bin/ being on PATH
+
+
+def engine_model_args(cell: Cell, model_path: str) -> dict[str, Any]:
+    """vLLM engine arguments of a cell (lm-eval's vllm model passes them to `vllm.LLM(...)`).
+
+    The backend is chosen by the engine argument `attention_backend`, never the environment variable
+    VLLM_ATTENTION_BACKEND, which vLLM >= 0.26 silently ignores.
+    """
+    workload_args = dict(cell.workload.model_args)
+    args: dict[str, Any] = {
+        "pretrained": model_path,
+        "kv_cache_dtype": cell.kv_cache_dtype,
+        "attention_backend": cell.backend,
+        "trust_remote_code": bool(workload_args.pop("trust_remote_code", False)),
+        "max_model_len": workload_args.pop("max_model_len", DEFAULT_MAX_MODEL_LEN),
+    }
+    args.update(workload_args)
+    return args
+
+
+def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include_path: Path | None = None,
+                      passthrough: Sequence[str] = ()) -> list[str]:
+    """Arguments of `lm_eval run` for a cell's gsm8k: vllm model, n-shot, greedy, samples logged."""
+    gsm8k = cell.workload.gsm8k
+    argv = [
+        "run",
+        "--model", "vllm",
+        "--model_args", json.dumps(engine_model_args(cell, model_path), sort_keys=False),
+        "--tasks", str(gsm8k["task"]),
+        "--num_fewshot", str(gsm8k["num_fewshot"]),
+        "--batch_size", str(gsm8k["batch_size"]),
+        "--output_path", str(output_path),
+        "--log_samples",
+    ]
+    if gsm8k.get("limit"):
+        argv += ["--limit", str(gsm8k["limit"])]
+    if include_path is not None:
+        argv += ["--include_path", str(include_path)]
+    return argv + list(passthrough)
+
+
+def bench_throughput_argv(python: str, cell: Cell, model_path: str, output_json: Path | None,
+                          passthrough: Sequence[str] = ()) -> list[str]:
+    """`vllm bench throughput` for one repeat of a cell (output_json None: a warm-up run)."""
+    settings = cell.workload.throughput
+    engine = engine_model_args(cell, model_path)
+    argv = [python, *VLLM_CLI, "bench", "throughput",
+            "--model", engine.pop("pretrained"),
+            "--dataset-name", str(settings["dataset_name"])]
+    if settings["dataset_name"] == "random":
+        argv += ["--random-input-len", str(settings["random_input_len"]),
+                 "--random-output-len", str(settings["random_output_len"])]
+    else:
+        argv += ["--input-len", str(settings["random_input_len"]),
+                 "--output-len", str(settings["random_output_len"])]
+    argv += ["--num-prompts", str(settings["num_prompts"])]
+    argv += engine_flags(engine)
+    if output_json is not None:
+        argv += ["--output-json", str(output_json)]
+    return argv + list(passthrough)
+
+
+def engine_flags(args: Mapping[str, Any]) -> list[str]:
+    """Engine arguments as vLLM CLI flags: True -> --flag, False -> --no-flag, tables -> JSON."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + key.replace("_", "-"))
+        elif value is None:
+            continue
+        elif isinstance(value, (dict, list)):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags

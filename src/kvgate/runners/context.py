@@ -1,0 +1,23 @@
+"""Everything a stage of one cell needs to run, gathered once per cell by kvgate.runners.matrix_run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvgate.matrix import Cell
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CellContext:
+    cell: Cell
+    cell_dir: Path
+    run_dir: Path
+    model_path: str  # a local folder for "kvgate:<name>" models, else the hub id
+    python: str  # the interpreter that has vLLM and lm-eval (this one)
+    env: Mapping[str, str]  # kvgate.runners.engine_environment's
+    timeout: float | None  # per stage, seconds
+    passthrough: tuple[str, ...] = ()  # flags after `--`: lm_eval's (accuracy) or vllm bench's (throughput)
+    include_path: Path | None = None  # folder of kvgate's local gsm8k task, when the workload uses it
+    echo: bool = True  # stream the tools' output to the terminal too

