@@ -1,0 +1,118 @@
+"""Shared helpers of the parsers: strict JSON, typed field access that says where a value is wrong."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvgate.errors import InputError
+
+
+def read_text(path: Path, source: str | None = None) -> str:
+    source = source or str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(source, f"not UTF-8 text (byte {error.start})") from None
+    except OSError as error:
+        raise InputError(source, f"cannot read: {error.strerror or error}") from None
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def loads(text: str, source: str, where: str | None = None) -> Any:
+    """json.loads that refuses NaN/Infinity and reports the line and column of a syntax error."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as error:
+        place = f"line {error.lineno} column {error.colno}" if where is None else where
+        what = "truncated JSON" if error.pos >= len(text.rstrip()) else f"invalid JSON ({error.msg})"
+        raise InputError(source, what, place) from None
+    except ValueError as error:  # NaN / Infinity
+        raise InputError(source, str(error), where or "the file", "Write a finite number or null") from None
+    except RecursionError:
+        raise InputError(source, "JSON nested too deeply", where or "the file") from None
+
+
+def kind(value: Any) -> str:
+    """How a value reads in an error message: its JSON type and a short repr."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
+def path_join(where: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    if key.isidentifier():
+        return f"{where}.{key}" if where else key
+    return f"{where}[{key!r}]"
+
+
+def expect_object(value: Any, source: str, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(source, f"expected an object, got {kind(value)}", where or "the top level")
+    return value
+
+
+def expect_number(value: Any, source: str, where: str, *, minimum: float | None = None,
+                  positive: bool = False, maximum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(source, f"expected a number, got {kind(value)}", where)
+    if not math.isfinite(value):
+        raise InputError(source, f"expected a finite number, got {value!r}", where)
+    if positive and value <= 0:
+        raise InputError(source, f"expected a number > 0, got {value!r}", where)
+    if minimum is not None and value < minimum:
+        raise InputError(source, f"expected a number >= {minimum:g}, got {value!r}", where)
+    if maximum is not None and value > maximum:
+        raise InputError(source, f"expected a number <= {maximum:g}, got {value!r}", where)
+    return float(value)
+
+
+def expect_int(value: Any, source: str, where: str, *, minimum: int = 0) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(source, f"expected an integer, got {kind(value)}", where)
+    if value < minimum:
+        raise InputError(source, f"expected an integer >= {minimum}, got {value}", where)
+    return value
+
+
+def expect_string(value: Any, source: str, where: str, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InputError(source, f"expected a string, got {kind(value)}", where)
+    if not allow_empty and not value.strip():
+        raise InputError(source, "expected a non-empty string", where)
+    return value
+
+
+def major_version(value: Any, source: str, where: str) -> int:
+    """The major part of a contract/format version written as 1, "1" or "1.2"."""
+    if isinstance(value, bool):
+        raise InputError(source, f"expected a version number, got {kind(value)}", where)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        head = value.split(".", 1)[0]
+        if head.isdigit():
+            return int(head)
+    raise InputError(source, f"expected a version number like 1 or \"1.0\", got {kind(value)}", where)

@@ -1,0 +1,49 @@
+"""JUnit XML as pytest --junitxml writes it (one <testsuite>, or <testsuites> around several), via junitparser."""
+
+from __future__ import annotations
+
+from junitparser import Error, Failure, JUnitXml, Skipped, TestSuite
+from junitparser.junitparser import JUnitXmlError
+
+from kvgate.errors import InputError
+from kvgate.results import KernelCase, KernelResult
+
+
+
+def parse_junit(text: str | bytes, source: str) -> KernelResult:
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if not data.strip():
+        raise InputError(source, "empty file", "the file", "Expected pytest --junitxml output")
+    try:
+        xml = JUnitXml.fromstring(data)
+    except (SyntaxError, JUnitXmlError) as error:  # lxml's and ElementTree's parse errors are SyntaxErrors
+        raise InputError(source, f"not valid JUnit XML ({_first_line(str(error))})", "the file",
+                         "Expected pytest --junitxml output") from None
+    if not isinstance(xml, (JUnitXml, TestSuite)):
+        raise InputError(source, f"root element is <{xml.tag}>, not <testsuites> or <testsuite>", "the file",
+                         "Expected pytest --junitxml output")
+    suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+    cases: list[KernelCase] = []
+    properties: dict[str, str] = {}
+    for suite in suites:
+        for prop in suite.properties():
+            properties[str(prop.name)] = str(prop.value)
+        for case in suite:
+            name = f"{case.classname}::{case.name}" if case.classname else str(case.name)
+            outcome, message = "passed", ""
+            for result in case.result:
+                if isinstance(result, Error):
+                    outcome, message = "error", _first_line(result.message or result.text or "")
+                    break
+                if isinstance(result, Failure):
+                    outcome, message = "failed", _first_line(result.message or result.text or "")
+                    break
+                if isinstance(result, Skipped):
+                    outcome, message = "skipped", _first_line(result.message or "")
+            cases.append(KernelCase(name=name, outcome=outcome, message=message))
+    return KernelResult(source=source, cases=tuple(cases), properties=properties)
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0][:200] if text else ""

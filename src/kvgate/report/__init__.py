@@ -1,0 +1,59 @@
+"""Verdict -> what people and CI read: report.md, report.html, junit.xml, verdict.json.
+
+`render_all` is pure (file name -> bytes); `write_all` writes them into the output folder atomically:
+every file goes to a temporary name first and is renamed into place only when all four are written, and
+nothing else in the folder is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from kvgate.errors import InputError
+from kvgate.report.html import render_html
+from kvgate.report.junit_xml import render_junit
+from kvgate.report.markdown import headline, render_markdown
+from kvgate.verdict import Verdict, to_dict
+
+OUTPUT_FILES = ("verdict.json", "report.md", "report.html", "junit.xml")
+
+__all__ = ["OUTPUT_FILES", "headline", "render_all", "write_all"]
+
+
+def render_all(verdict: Verdict) -> dict[str, bytes]:
+    return {
+        "verdict.json": (json.dumps(to_dict(verdict), indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode(),
+        "report.md": render_markdown(verdict).encode(),
+        "report.html": render_html(verdict).encode(),
+        "junit.xml": render_junit(verdict),
+    }
+
+
+def write_all(verdict: Verdict, out_dir: Path) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(str(out_dir), f"cannot create the output folder: {error.strerror or error}",
+                         hint="Pass a writable --out folder") from None
+    rendered = render_all(verdict)
+    temporary: dict[str, str] = {}
+    try:
+        for name, data in rendered.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+            temporary[name] = tmp
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        paths = {}
+        for name, tmp in temporary.items():
+            os.replace(tmp, out_dir / name)
+            paths[name] = out_dir / name
+        return paths
+    except OSError as error:
+        for tmp in temporary.values():
+            Path(tmp).unlink(missing_ok=True)
+        raise InputError(str(out_dir), f"cannot write the gate's outputs: {error.strerror or error}",
+                         hint="Pass a writable --out folder") from None

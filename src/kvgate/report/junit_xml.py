@@ -1,0 +1,46 @@
+"""Verdict -> JUnit XML (junitparser): one test case per check, the figures in the failure message.
+
+GitHub's test reporters show the message, not <properties>, so the message carries the figures too.
+"""
+
+from __future__ import annotations
+
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+from kvgate.verdict import Check, Verdict
+
+
+def render_junit(verdict: Verdict) -> bytes:
+    suites: dict[str, TestSuite] = {}
+    for check in verdict.checks:
+        suite = suites.get(check.kind)
+        if suite is None:
+            suite = suites[check.kind] = TestSuite(f"kvgate.{check.kind}")
+        case = TestCase(check.name if check.subject else check.cell, classname=f"kvgate.{check.kind}")
+        if check.subject:
+            case.name = f"{check.cell}[{check.subject}]"
+        message = _message(check)
+        if check.status == "fail":
+            case.result = [Failure(message, type_="regression")]
+        elif check.status in ("error", "missing"):
+            case.result = [Error(message, type_=check.status)]
+        elif check.status in ("waived", "not_run", "info"):
+            case.result = [Skipped(message)]
+        case.system_out = message
+        suite.add_testcase(case)
+    xml = JUnitXml("kvgate gate")
+    for suite in suites.values():
+        suite.update_statistics()
+        xml.add_testsuite(suite)
+    xml.update_statistics()
+    return xml.tostring()
+
+
+def _message(check: Check) -> str:
+    parts = [f"{check.status.upper()}: {check.detail}"]
+    if check.threshold_text:
+        parts.append(f"threshold {check.threshold_text}")
+    if check.method:
+        parts.append(check.method)
+    parts.extend(check.notes)
+    return " | ".join(parts)

@@ -1,0 +1,120 @@
+"""Verdict -> report.md, for a PR comment or $GITHUB_STEP_SUMMARY.
+
+The first line is what a reviewer reads in two seconds; then the checks that need attention, the
+multiplicity note, the weaker-check notes, and every other check folded away.
+"""
+
+from __future__ import annotations
+
+from kvgate.verdict import STATUS_LABEL, Check, Verdict, sort_key
+
+ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}
+MULTIPLICITY = {
+    "holm": "Holm (family-wise error rate ≤ alpha over the whole run)",
+    "bh": "Benjamini-Hochberg (false-discovery rate ≤ alpha over the whole run)",
+    "none": "no adjustment (each check at alpha on its own: expect false alarms across many cells)",
+}
+MAX_ROWS_PER_SECTION = 400  # GitHub step summaries hold 1 MiB
+
+
+def headline(verdict: Verdict) -> str:
+    judged = verdict.judged
+    failed = sorted(verdict.failed, key=sort_key)
+    waived = sum(c.status == "waived" for c in judged)
+    if failed:
+        first = failed[0]
+        more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+        what = first.headline or first.detail
+        subject = f" [{first.subject}]" if first.subject and first.kind.endswith("accuracy") else ""
+        return (f"❌ kvgate: {len(failed)} of {len(judged)} checks failed — {first.cell} {first.kind}{subject} "
+                f"{what}{more}")
+    tail = f" ({waived} waived)" if waived else ""
+    return f"✅ kvgate: all {len(judged)} checks passed{tail}"
+
+
+def render_markdown(verdict: Verdict) -> str:
+    lines = [headline(verdict), ""]
+    lines.append(_context(verdict))
+    lines.append("")
+    counts = verdict.counts()
+    lines.append(" · ".join(f"{ICON[s]} {STATUS_LABEL[s]} {n}" for s, n in counts.items() if n))
+    lines.append("")
+    attention = [c for c in verdict.checks if c.status in ("fail", "error", "missing", "waived")]
+    if attention:
+        lines += ["### Needs attention", "", *_table(sorted(attention, key=sort_key)), ""]
+    lines += ["### Method", ""]
+    lines.append(f"- Multiplicity: {multiplicity_text(verdict)}.")
+    lines.append("- Accuracy: FP8 vs the auto cell of the same backend, arch and model, per lm-eval filter, paired "
+                 "on the same questions (exact McNemar p-value, paired-bootstrap interval of the drop); a check "
+                 "fails when the drop exceeds its margin and is significant after adjustment.")
+    if verdict.baseline:
+        lines.append(f"- Baseline: `{verdict.baseline}` (accuracy with the baseline margin; throughput as the "
+                     "ratio of medians over repeats).")
+    for note, names in sorted(_notes(verdict).items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(f"`{n}`" for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        lines.append(f"- Note: {note} ({shown}).")
+    lines.append("")
+    others = sorted((c for c in verdict.checks if c not in attention), key=sort_key)
+    if others:
+        lines += [f"<details><summary>All other checks ({len(others)})</summary>", "", *_table(others), "",
+                  "</details>", ""]
+    return "\n".join(lines)
+
+
+def multiplicity_text(verdict: Verdict) -> str:
+    parts = []
+    for family, spec in verdict.multiplicity.items():
+        method = spec.get("method", "none")
+        parts.append(f"the run's {spec.get('family_size', 0)} {family} p-values adjusted together with "
+                     f"{MULTIPLICITY.get(method, method)}, alpha {spec.get('alpha')}")
+    return "; ".join(parts) or "no p-values"
+
+
+def _context(verdict: Verdict) -> str:
+    info = verdict.run_info
+    parts = [f"Run `{verdict.run}`"]
+    for key in ("commit", "vllm_version", "gpu_name", "host"):
+        if isinstance(info.get(key), (str, int, float)):
+            parts.append(f"{key.replace('_', ' ')} {info[key]}")
+    if verdict.baseline:
+        parts.append(f"baseline `{verdict.baseline}`")
+    parts.append(f"judged {verdict.today}")
+    if verdict.required_stages:
+        parts.append(f"required stages: {', '.join(verdict.required_stages)}")
+    return " · ".join(parts)
+
+
+def _table(checks: list[Check]) -> list[str]:
+    rows = ["| status | cell | check | measured | interval | threshold | p (adj.) |",
+            "|---|---|---|---|---|---|---|"]
+    for check in checks[:MAX_ROWS_PER_SECTION]:
+        rows.append("| " + " | ".join(_cells(check)) + " |")
+    if len(checks) > MAX_ROWS_PER_SECTION:
+        rows.append(f"| … | {len(checks) - MAX_ROWS_PER_SECTION} more in verdict.json | | | | | |")
+    return rows
+
+
+def _cells(check: Check) -> list[str]:
+    kind = check.kind + (f" `{check.subject}`" if check.subject and check.kind.endswith("accuracy") else "")
+    interval = f"[{check.interval[0]:.3g}, {check.interval[1]:.3g}]" if check.interval else ""
+    p = ""
+    if check.p_value is not None:
+        p = _p(check.p_value) + (f" ({_p(check.adjusted_p_value)})" if check.adjusted_p_value is not None else "")
+    return [f"{ICON[check.status]} {STATUS_LABEL[check.status]}", f"`{check.cell}`", kind, _escape(check.detail),
+            interval, _escape(check.threshold_text), p]
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _notes(verdict: Verdict) -> dict[str, list[str]]:
+    notes: dict[str, list[str]] = {}
+    for check in verdict.checks:
+        for note in check.notes:
+            notes.setdefault(note, []).append(check.name)
+    return notes

@@ -1,0 +1,178 @@
+"""Typed records of one results run (../shared/CONTRACT.md), as the parsers read them.
+
+Plain frozen dataclasses, no I/O: the parsers (kvgate.parsers) build them at the edge, the run loader
+(kvgate.run_loader) assembles a `RunResults`, and the gate (kvgate.gate) judges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.matrix import cell_id
+
+STAGES = ("kernels", "accuracy", "throughput", "probe")
+STAGE_STATUSES = ("ok", "error", "timeout", "skipped")
+DEFAULT_TASK = "gsm8k"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CellIdentity:
+    """Who a cell is (cell.json): the gate pairs cells on these, never on folder names."""
+
+    backend: str
+    kv_cache_dtype: str
+    arch: str
+    model: str
+    task: str = DEFAULT_TASK
+
+    @property
+    def id(self) -> str:
+        return cell_id(self.backend, self.kv_cache_dtype, self.arch)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_cache_dtype != "auto"
+
+    def with_dtype(self, kv_cache_dtype: str) -> CellIdentity:
+        return CellIdentity(backend=self.backend, kv_cache_dtype=kv_cache_dtype, arch=self.arch,
+                            model=self.model, task=self.task)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageStatus:
+    """One entry of status.json."""
+
+    status: str  # ok | error | timeout | skipped
+    reason: str | None = None
+    log_tail: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FilterScore:
+    """One "<metric>,<filter>" figure of an lm-eval results file."""
+
+    filter: str
+    mean: float
+    stderr: float | None  # None when lm-eval wrote "N/A"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SampleOutcomes:
+    """Per-question outcomes of one filter, from samples_<task>_*.jsonl.
+
+    `outcomes` maps the join key (doc_hash, else "doc_id:<n>") to (correct, prompt_hash or None).
+    """
+
+    filter: str
+    outcomes: Mapping[str, tuple[bool, str | None]]
+
+    @property
+    def n(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def mean(self) -> float:
+        return sum(correct for correct, _ in self.outcomes.values()) / self.n if self.outcomes else float("nan")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AccuracyResult:
+    task: str
+    metric: str
+    scores: Mapping[str, FilterScore]  # by filter name
+    n: int | None  # n-samples effective
+    samples: Mapping[str, SampleOutcomes] | None  # by filter; None when no samples file was logged
+    results_file: str
+    samples_file: str | None = None
+    lm_eval_version: str | None = None
+    model_args: str | None = None
+    limit: float | int | None = None
+    num_fewshot: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ThroughputRepeat:
+    """One `vllm bench throughput --output-json` file (+ its captured stdout, when present)."""
+
+    source: str
+    requests_per_second: float
+    tokens_per_second: float
+    elapsed_time: float
+    num_requests: int
+    total_num_tokens: int
+    output_tokens_per_second: float | None = None  # from the log's "Throughput:" line
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ThroughputResult:
+    repeats: tuple[ThroughputRepeat, ...]
+
+    def values(self, measure: str) -> list[float]:
+        values = [getattr(r, measure) for r in self.repeats]
+        return [v for v in values if v is not None]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelCase:
+    name: str  # classname::name
+    outcome: str  # passed | failed | error | skipped
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelResult:
+    source: str
+    cases: tuple[KernelCase, ...]
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def count(self, outcome: str) -> int:
+        return sum(case.outcome == outcome for case in self.cases)
+
+    @property
+    def problems(self) -> tuple[KernelCase, ...]:
+        return tuple(c for c in self.cases if c.outcome in ("failed", "error"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageResult:
+    """A stage of a cell as found on disk: requested or not, its status.json entry, its parsed outputs."""
+
+    stage: str
+    requested: bool
+    status: StageStatus | None  # the status.json entry, when there is one
+    data: Any = None  # AccuracyResult | ThroughputResult | KernelResult | probe record | None
+    missing: str | None = None  # why the outputs are absent, when they are
+
+    @property
+    def health(self) -> str:
+        """not_run | skipped | error | timeout | missing | ok"""
+        if not self.requested:
+            return "not_run"
+        if self.status is not None and self.status.status in ("error", "timeout", "skipped"):
+            return self.status.status
+        if self.data is None:
+            return "missing"
+        return "ok"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CellResults:
+    identity: CellIdentity
+    folder: str  # as shown in messages
+    stages: Mapping[str, StageResult]
+    extra: Mapping[str, Any] = field(default_factory=dict)  # cell.json keys beyond the identity
+
+    def stage(self, name: str) -> StageResult:
+        return self.stages.get(name) or StageResult(stage=name, requested=False, status=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunResults:
+    folder: str
+    cells: tuple[CellResults, ...]
+    run_info: Mapping[str, Any] = field(default_factory=dict)  # run.json, when present
+
+    def find(self, identity: CellIdentity) -> CellResults | None:
+        return next((c for c in self.cells if c.identity == identity), None)

@@ -1,0 +1,188 @@
+"""Read a results folder (CONTRACT.md) into kvgate.results records: the only part of the gate that walks disks.
+
+Every problem is collected and raised together (InputErrors), each naming the file, so one gate run tells a
+person everything that is wrong with a folder. A stage marked error/timeout/skipped in status.json is not
+parsed (its outputs may be half there); a stage whose folder holds no outputs is recorded as missing
+(the gate fails it); a malformed file is an InputError (exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgate import probe
+from kvgate.errors import InputError, InputErrors
+from kvgate.parsers import contract, junit, lm_eval, vllm_bench
+from kvgate.parsers._common import read_text
+from kvgate.results import (STAGES, CellIdentity, CellResults, RunResults, StageResult, StageStatus,
+                            ThroughputResult)
+
+GATE_FOLDER = "gate"
+_CELL_MARKERS = (*STAGES, "status.json")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KnownNames:
+    """The axes a cell.json may name (from the matrix)."""
+
+    backends: Collection[str]
+    kv_cache_dtypes: Collection[str]
+    archs: Collection[str]
+
+    @classmethod
+    def from_matrix(cls, matrix: Any) -> KnownNames:
+        return cls(backends=tuple(matrix.backends), kv_cache_dtypes=tuple(matrix.kv_cache_dtypes),
+                   archs=tuple(matrix.archs))
+
+
+def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_METRIC) -> RunResults:
+    """All cells of a run folder; raises InputErrors listing every unusable file."""
+    run_dir = Path(run_dir)
+    shown = str(run_dir)
+    if not run_dir.exists():
+        raise InputError(shown, "no such folder", hint="Pass the run folder the runners wrote (reports/runs/...)")
+    if not run_dir.is_dir():
+        raise InputError(shown, "not a folder", hint="Pass the run folder, not a file in it")
+    problems: list[InputError] = []
+    run_info: dict[str, Any] = {}
+    if (run_dir / "run.json").exists():
+        try:
+            run_info = contract.parse_run(read_text(run_dir / "run.json", f"{shown}/run.json"), f"{shown}/run.json")
+        except InputError as error:
+            problems.append(error)
+    cells: list[CellResults] = []
+    seen: dict[CellIdentity, str] = {}
+    for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        cell_shown = f"{shown}/{folder.name}"
+        if not (folder / "cell.json").exists():
+            if folder.name != GATE_FOLDER and any((folder / marker).exists() for marker in _CELL_MARKERS):
+                problems.append(InputError(cell_shown, "cell folder without cell.json", hint=
+                                           "Write cell.json with backend, kv_cache_dtype, arch and model"))
+            continue
+        try:
+            cell = _load_cell(folder, cell_shown, known, metric)
+        except InputErrors as errors:
+            problems.extend(errors.errors)
+            continue
+        except InputError as error:
+            problems.append(error)
+            continue
+        if cell.identity in seen:
+            problems.append(InputError(f"{cell_shown}/cell.json", f"duplicate cell {cell.identity.id} "
+                                       f"(model {cell.identity.model}, task {cell.identity.task})", "the top level",
+                                       f"{seen[cell.identity]} is the same cell; keep one of them"))
+            continue
+        seen[cell.identity] = f"{cell_shown}/cell.json"
+        cells.append(cell)
+    if problems:
+        raise InputErrors(problems)
+    if not cells:
+        raise InputError(shown, "no cell folders (none holds a cell.json)",
+                         hint="Is this a run folder? Each cell writes <run dir>/<cell id>/cell.json")
+    return RunResults(folder=shown, cells=tuple(cells), run_info=run_info)
+
+
+def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> CellResults:
+    identity, extra = contract.parse_cell(
+        read_text(folder / "cell.json", f"{shown}/cell.json"), f"{shown}/cell.json",
+        backends=known.backends, kv_cache_dtypes=known.kv_cache_dtypes, archs=known.archs)
+    statuses: dict[str, StageStatus] = {}
+    if (folder / "status.json").exists():
+        statuses = contract.parse_status(read_text(folder / "status.json", f"{shown}/status.json"),
+                                         f"{shown}/status.json")
+    problems: list[InputError] = []
+    stages: dict[str, StageResult] = {}
+    for stage in STAGES:
+        stage_dir = folder / stage
+        status = statuses.get(stage)
+        requested = stage_dir.is_dir() or status is not None
+        if not requested:
+            continue
+        if status is not None and status.status != "ok":
+            stages[stage] = StageResult(stage=stage, requested=True, status=status)
+            continue
+        if not stage_dir.is_dir():
+            stages[stage] = StageResult(stage=stage, requested=True, status=status,
+                                        missing=f"status.json says {stage} ran, but there is no {stage}/ folder")
+            continue
+        try:
+            data, missing = _READERS[stage](stage_dir, f"{shown}/{stage}", identity, metric)
+        except InputErrors as errors:
+            problems.extend(errors.errors)
+            continue
+        except InputError as error:
+            problems.append(error)
+            continue
+        stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing)
+    if problems:
+        raise InputErrors(problems)
+    return CellResults(identity=identity, folder=shown, stages=stages, extra=extra)
+
+
+def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
+    results_files = sorted(p for p in stage_dir.rglob("results_*.json") if lm_eval.RESULTS_NAME.match(p.name))
+    if not results_files:
+        return None, f"no results_*.json under {shown}/"
+    if len(results_files) > 1:
+        listed = ", ".join(_rel(p, stage_dir) for p in results_files)
+        raise InputError(shown, f"{len(results_files)} lm-eval results files ({listed})", "the folder",
+                         "Keep the one of this cell's run; the stage folder should hold one lm-eval run")
+    source = f"{shown}/{_rel(results_files[0], stage_dir)}"
+    result = lm_eval.parse_results(read_text(results_files[0], source), source, task=identity.task, metric=metric)
+    sample_files = sorted(p for p in stage_dir.rglob("samples_*.jsonl") if lm_eval.samples_task(p.name) == identity.task)
+    if len(sample_files) > 1:
+        listed = ", ".join(_rel(p, stage_dir) for p in sample_files)
+        raise InputError(shown, f"{len(sample_files)} sample logs for task {identity.task!r} ({listed})", "the folder",
+                         "Keep the one of this cell's run")
+    if sample_files:
+        samples_source = f"{shown}/{_rel(sample_files[0], stage_dir)}"
+        samples = lm_eval.parse_samples(read_text(sample_files[0], samples_source), samples_source, metric=metric)
+        result = lm_eval.with_samples(result, samples, samples_source)
+    return result, None
+
+
+def _read_throughput(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
+    files = sorted(p for p in stage_dir.glob("*.json") if not vllm_bench.is_pytorch_format(p.name))
+    if not files:
+        return None, f"no `vllm bench throughput --output-json` file (*.json) in {shown}/"
+    repeats, problems = [], []
+    for path in files:
+        source = f"{shown}/{path.name}"
+        try:
+            repeat = vllm_bench.parse_output_json(read_text(path, source), source)
+            log = path.with_suffix(".log")
+            if log.exists():
+                log_source = f"{shown}/{log.name}"
+                repeat = vllm_bench.with_log(repeat, read_text(log, log_source), log_source)
+            repeats.append(repeat)
+        except InputError as error:
+            problems.append(error)
+    if problems:
+        raise InputErrors(problems)
+    return ThroughputResult(repeats=tuple(repeats)), None
+
+
+def _read_kernels(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
+    path = stage_dir / "junit.xml"
+    if not path.exists():
+        return None, f"no junit.xml in {shown}/"
+    source = f"{shown}/junit.xml"
+    return junit.parse_junit(read_text(path, source), source), None
+
+
+def _read_probe(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
+    path = stage_dir / probe.FILE_NAME
+    if not path.exists():
+        return None, f"no {probe.FILE_NAME} in {shown}/"
+    return probe.read(path), None
+
+
+def _rel(path: Path, base: Path) -> str:
+    return path.relative_to(base).as_posix()
+
+
+_READERS = {"accuracy": _read_accuracy, "throughput": _read_throughput, "kernels": _read_kernels,
+            "probe": _read_probe}

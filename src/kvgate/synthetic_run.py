@@ -1,0 +1,168 @@
+"""Write results folders in the contract's format (CONTRACT.md) from chosen per-question outcomes.
+
+For the gate's tests and benchmark, and for anyone who wants to see what the gate does with given figures:
+the files have the shapes lm-eval 0.4.13, `vllm bench throughput` and pytest --junitxml write (keys,
+nesting under a model-name folder, one sample line per document and filter), with made-up content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from junitparser import Failure, JUnitXml, TestCase, TestSuite
+
+from kvgate.matrix import cell_id
+
+SEED_MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
+GSM8K_FILTERS = ("strict-match", "flexible-extract")
+_FEWSHOT = ("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+            "in May. How many clips did Natalia sell altogether in April and May?\nAnswer: Natalia sold 48/2 = "
+            "<<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May."
+            "\n#### 72\n\n")
+
+
+def paired_outcomes(n: int, *, reference_correct: int, only_reference: int, only_candidate: int,
+                    seed: int = 0) -> tuple[list[bool], list[bool]]:
+    """Per-question outcomes of two runs with exactly these counts (shuffled with `seed`)."""
+    both = reference_correct - only_reference
+    if both < 0 or both + only_reference + only_candidate > n:
+        raise ValueError("impossible counts")
+    pairs = ([(True, True)] * both + [(True, False)] * only_reference + [(False, True)] * only_candidate
+             + [(False, False)] * (n - both - only_reference - only_candidate))
+    random.Random(seed).shuffle(pairs)
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def write_cell(run_dir: Path, *, backend: str, kv_cache_dtype: str, arch: str, model: str = SEED_MODEL,
+               task: str = "gsm8k", folder: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+    cell_dir = Path(run_dir) / (folder or cell_id(backend, kv_cache_dtype, arch))
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    record = {"contract_version": 1, "backend": backend, "kv_cache_dtype": kv_cache_dtype, "arch": arch,
+              "model": model, "task": task, "cell_id": cell_id(backend, kv_cache_dtype, arch), **(extra or {})}
+    (cell_dir / "cell.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return cell_dir
+
+
+def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, task: str = "gsm8k",
+                   model: str = SEED_MODEL, samples: bool = True, prompt_chars: int = 400,
+                   prompt_salt: str = "", stamp: str = "2026-11-30T10-00-00.000000") -> Path:
+    """accuracy/<model folder>/results_<stamp>.json (+ samples_<task>_<stamp>.jsonl) from outcomes per filter."""
+    folder = Path(cell_dir) / "accuracy" / model.replace("/", "__")
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(next(iter(outcomes.values())))
+    block: dict[str, Any] = {"name": task, "alias": task, "sample_len": n}
+    for name, values in outcomes.items():
+        mean = sum(values) / n
+        block[f"exact_match,{name}"] = mean
+        block[f"exact_match_stderr,{name}"] = (mean * (1 - mean) / (n - 1)) ** 0.5
+    results = {
+        "results": {task: block}, "group_subtasks": {task: []}, "configs": {task: {"task": task}},
+        "versions": {task: 3.0}, "n-shot": {task: 5}, "higher_is_better": {task: {"exact_match": True}},
+        "n-samples": {task: {"original": n, "effective": n}},
+        "config": {"model": "vllm", "model_args": {"pretrained": model}, "batch_size": "auto", "limit": None},
+        "lm_eval_version": "0.4.13", "model_name": model, "model_name_sanitized": model.replace("/", "__"),
+    }
+    (folder / f"results_{stamp}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if samples:
+        lines = []
+        padding = (_FEWSHOT * (prompt_chars // len(_FEWSHOT) + 1))[:prompt_chars]
+        for doc_id in range(n):
+            question = f"Question {doc_id}: how many apples are left?"
+            doc_hash = hashlib.sha256(question.encode()).hexdigest()
+            prompt = f"{padding}Question: {question}\nAnswer:"
+            prompt_hash = hashlib.sha256((prompt + prompt_salt).encode()).hexdigest()
+            for name, values in outcomes.items():
+                correct = bool(values[doc_id])
+                lines.append(json.dumps({
+                    "doc_id": doc_id, "doc": {"question": question, "answer": f"... #### {doc_id}"},
+                    "target": f"... #### {doc_id}",
+                    "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": {"until": ["Question:"], "do_sample": False}}},
+                    "resps": [[f" The answer is {doc_id if correct else -1}.\n#### {doc_id if correct else -1}"]],
+                    "filtered_resps": [str(doc_id if correct else -1)], "filter": name, "metrics": ["exact_match"],
+                    "doc_hash": doc_hash, "prompt_hash": prompt_hash, "target_hash": doc_hash[::-1],
+                    "exact_match": 1.0 if correct else 0.0}))
+        (folder / f"samples_{task}_{stamp}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def write_throughput(cell_dir: Path, requests_per_second: Sequence[float], *, num_requests: int = 100,
+                     input_len: int = 8192, output_len: int = 1024) -> Path:
+    """throughput/repeat-N.json and .log, as `vllm bench throughput --output-json` and its stdout."""
+    folder = Path(cell_dir) / "throughput"
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, rps in enumerate(requests_per_second, start=1):
+        elapsed = num_requests / rps
+        total = num_requests * (input_len + output_len)
+        data = {"model_id": "model", "elapsed_time": elapsed, "num_requests": num_requests, "total_num_tokens": total,
+                "requests_per_second": rps, "tokens_per_second": total / elapsed}
+        (folder / f"repeat-{index}.json").write_text(json.dumps(data, indent=4), encoding="utf-8")
+        output_tps = num_requests * output_len / elapsed
+        (folder / f"repeat-{index}.log").write_text(
+            f"Throughput: {rps:.2f} requests/s, {total / elapsed:.2f} total tokens/s, {output_tps:.2f} output tokens/s\n"
+            f"Total num prompt tokens:  {num_requests * input_len}\nTotal num output tokens:  {num_requests * output_len}\n",
+            encoding="utf-8")
+    return folder
+
+
+def write_kernels(cell_dir: Path, *, passed: int = 4, failed: Sequence[str] = (), skipped: int = 0) -> Path:
+    """kernels/junit.xml with these outcomes, written by junitparser (the shape pytest --junitxml has)."""
+    folder = Path(cell_dir) / "kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    suite = TestSuite("pytest")
+    for index in range(passed):
+        suite.add_testcase(TestCase(f"test_decode[{index}]", classname="tests.kernels.test_decode"))
+    for name in failed:
+        case = TestCase(name, classname="tests.kernels.test_decode")
+        case.result = [Failure("AssertionError: max abs error 0.31 > 0.05")]
+        suite.add_testcase(case)
+    for index in range(skipped):
+        from junitparser import Skipped
+
+        case = TestCase(f"test_skipped[{index}]", classname="tests.kernels.test_decode")
+        case.result = [Skipped("needs another arch")]
+        suite.add_testcase(case)
+    suite.update_statistics()
+    xml = JUnitXml("pytest tests")
+    xml.add_testsuite(suite)
+    xml.write(str(folder / "junit.xml"))
+    return folder / "junit.xml"
+
+
+def write_status(cell_dir: Path, entries: Mapping[str, Mapping[str, Any]]) -> None:
+    (Path(cell_dir) / "status.json").write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- the seed case
+
+SEED_N = 1319
+# auto strict 850/1319 = 0.6444, flexible 860/1319 = 0.6520; fp8 826 = 0.6262 and 842 = 0.6384.
+SEED_COUNTS = {"strict-match": (850, 78, 54), "flexible-extract": (860, 69, 51)}  # (auto right, only auto, only fp8)
+
+
+def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, samples: bool = True,
+                   backend: str = "FLASHINFER_MLA", arch: str = "sm100") -> Path:
+    """The seed PR's case: auto vs fp8 on gsm8k (n=1319) and 3.22 -> 3.55 req/s, one cell each.
+
+    fp8_drop_points, when given, replaces the FP8 figures by a drop of about that many points on both filters.
+    """
+    run_dir = Path(run_dir)
+    for dtype, rps in (("auto", (3.21, 3.22, 3.24)), ("fp8", (3.53, 3.55, 3.56))):
+        cell = write_cell(run_dir, backend=backend, kv_cache_dtype=dtype, arch=arch)
+        outcomes = {}
+        for index, (name, (auto_right, only_auto, only_fp8)) in enumerate(SEED_COUNTS.items()):
+            if fp8_drop_points is not None:
+                drop = round(fp8_drop_points / 100 * SEED_N)
+                only_fp8 = 30
+                only_auto = drop + only_fp8
+            auto, fp8 = paired_outcomes(SEED_N, reference_correct=auto_right, only_reference=only_auto,
+                                        only_candidate=only_fp8, seed=index)
+            outcomes[name] = auto if dtype == "auto" else fp8
+        write_accuracy(cell, outcomes, samples=samples)
+        write_throughput(cell, rps)
+        write_kernels(cell)
+    return run_dir

@@ -1,0 +1,157 @@
+"""The gate's output: one Check per (cell, kind, subject) and the Verdict over them (verdict.json, versioned).
+
+Statuses (CONTRACT.md): pass | fail | waived | missing | error, plus
+    not_run  a stage never requested (fails only when the gate was told to --require it; then it is missing)
+    info     a figure reported, never judged (e.g. FP8/auto throughput where the policy expects nothing)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.errors import InputError
+
+VERDICT_VERSION = "1.0"  # major.minor; readers refuse a newer major
+STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
+FAILING = frozenset({"fail", "error", "missing"})
+JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})
+STATUS_LABEL = {"pass": "PASS", "fail": "FAIL", "waived": "WAIVED", "missing": "MISSING", "error": "ERROR",
+                "not_run": "NOT RUN", "info": "INFO"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WaiverNote:
+    reason: str
+    issue: str
+    expires: str  # YYYY-MM-DD
+    expired: bool
+    where: str  # e.g. "matrix/waivers.toml waiver[0]"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Check:
+    cell: str  # the cell id (e.g. flashinfer_mla-fp8-sm100)
+    kind: str  # kernels | accuracy | throughput | probe | fp8_accuracy | baseline_accuracy | fp8_throughput | cell
+    status: str
+    detail: str = ""  # one line a reviewer reads
+    headline: str = ""  # the few words the report's first line quotes when this check fails (default: detail)
+    subject: str | None = None  # e.g. the lm-eval filter, or the throughput measure
+    reference: str | None = None  # what the cell was compared with ("auto cell", "baseline")
+    figures: Mapping[str, Any] = field(default_factory=dict)
+    threshold: Mapping[str, Any] = field(default_factory=dict)
+    threshold_text: str = ""
+    p_value: float | None = None
+    adjusted_p_value: float | None = None
+    interval: tuple[float, float] | None = None
+    interval_text: str = ""  # e.g. "95% CI of the drop, points"
+    method: str = ""
+    notes: tuple[str, ...] = ()
+    waiver: WaiverNote | None = None
+    model: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell} {self.kind}" + (f" [{self.subject}]" if self.subject else "")
+
+    @property
+    def failing(self) -> bool:
+        return self.status in FAILING
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    checks: tuple[Check, ...]
+    run: str
+    baseline: str | None
+    today: str
+    multiplicity: Mapping[str, Mapping[str, Any]]  # family -> {method, alpha, family_size}
+    policy: Mapping[str, Any] = field(default_factory=dict)
+    run_info: Mapping[str, Any] = field(default_factory=dict)
+    required_stages: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.failing]
+
+    @property
+    def judged(self) -> list[Check]:
+        return [c for c in self.checks if c.status in JUDGED]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        counts = Counter(c.status for c in self.checks)
+        return {status: counts.get(status, 0) for status in STATUSES}
+
+    @property
+    def exit_status(self) -> int:
+        return 0 if self.passed else 1
+
+
+# ---------------------------------------------------------------------------------------------- JSON
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: no NaN/inf (null instead), tuples as lists, floats rounded for people."""
+    if isinstance(value, float):
+        return round(value, 6) if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def check_to_dict(check: Check) -> dict[str, Any]:
+    return _clean({
+        "cell": check.cell, "kind": check.kind, "subject": check.subject, "status": check.status,
+        "model": check.model, "reference": check.reference, "figures": dict(check.figures),
+        "threshold": dict(check.threshold), "threshold_text": check.threshold_text,
+        "p_value": check.p_value, "adjusted_p_value": check.adjusted_p_value,
+        "interval": list(check.interval) if check.interval else None, "interval_text": check.interval_text,
+        "method": check.method, "detail": check.detail, "headline": check.headline or check.detail, "notes": list(check.notes),
+        "waiver": None if check.waiver is None else {
+            "reason": check.waiver.reason, "issue": check.waiver.issue, "expires": check.waiver.expires,
+            "expired": check.waiver.expired, "where": check.waiver.where},
+    })
+
+
+def to_dict(verdict: Verdict) -> dict[str, Any]:
+    from kvgate import __version__ as kvgate_version
+
+    failed = verdict.failed
+    return _clean({
+        "verdict_version": VERDICT_VERSION,
+        "kvgate_version": kvgate_version,
+        "passed": verdict.passed,
+        "exit_status": verdict.exit_status,
+        "run": verdict.run,
+        "baseline": verdict.baseline,
+        "today": verdict.today,
+        "required_stages": list(verdict.required_stages),
+        "summary": {"checks": len(verdict.judged), "failed": len(failed), **verdict.counts()},
+        "multiplicity": {k: dict(v) for k, v in verdict.multiplicity.items()},
+        "policy": dict(verdict.policy),
+        "run_info": {k: v for k, v in verdict.run_info.items() if isinstance(v, (str, int, float, bool))},
+        "checks": [check_to_dict(c) for c in verdict.checks],
+    })
+
+
+def check_version(data: Mapping[str, Any], source: str) -> None:
+    """Refuse a verdict.json of a newer major version than this kvgate writes."""
+    version = data.get("verdict_version")
+    if not isinstance(version, str) or not version.split(".", 1)[0].isdigit():
+        raise InputError(source, f"missing or malformed verdict_version ({version!r})", "the top level")
+    if int(version.split(".", 1)[0]) > int(VERDICT_VERSION.split(".", 1)[0]):
+        raise InputError(source, f"verdict version {version} is newer than this kvgate reads ({VERDICT_VERSION})",
+                         "verdict_version", "Upgrade kvgate")
+
+
+def sort_key(check: Check, order: Sequence[str] = STATUSES) -> tuple[int, str, str, str]:
+    return (order.index(check.status) if check.status in order else len(order), check.cell, check.kind,
+            check.subject or "")
