@@ -1,0 +1,121 @@
+"""The cells job: run one planned cell's nox sessions into $KVGATE_RUN_DIR, then check it wrote its folder.
+
+    KVGATE_CELL=flashinfer_mla-fp8-sm100 KVGATE_SESSIONS='["cell(flashinfer_mla-fp8-sm100)"]' \
+    KVGATE_RUN_DIR=/tmp/run python ci/cell_job.py
+
+Kernel tests on a runner with several GPUs: $KVGATE_KERNEL_WORKERS (read by `kvgate kernels`, one pytest-xdist
+worker per GPU) is, in order: the repository variable (passed as $KVGATE_KERNEL_WORKERS_OVERRIDE), the
+runner's own environment (its .env file), else the number of GPUs nvidia-smi lists when there are several.
+
+A `cell(<id>)` session skips (exit 0) on a machine of another arch; here that is a failure: the runner's
+label promised the cell's GPU. Every session runs even when one fails, so the artifact holds what there is;
+the exit status is the first non-zero one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class CellJobError(Exception):
+    """Bad job input; printed as one `ERROR` line, exit status 2."""
+
+
+def read_environment(environ: dict[str, str]) -> tuple[str, list[str], Path]:
+    cell = environ.get("KVGATE_CELL", "")
+    if not cell:
+        raise CellJobError("$KVGATE_CELL: not set. The workflow passes the matrix entry's `cell`")
+    try:
+        sessions = json.loads(environ.get("KVGATE_SESSIONS", ""))
+    except json.JSONDecodeError:
+        raise CellJobError("$KVGATE_SESSIONS: not a JSON list of nox session names") from None
+    if not isinstance(sessions, list) or not sessions or not all(isinstance(s, str) and s for s in sessions):
+        raise CellJobError("$KVGATE_SESSIONS: expected a non-empty JSON list of nox session names")
+    run_dir = environ.get("KVGATE_RUN_DIR", "")
+    if not run_dir:
+        raise CellJobError("$KVGATE_RUN_DIR: not set. Point it at the folder the artifact uploads")
+    return cell, sessions, Path(run_dir)
+
+
+def session_commands(nox: Sequence[str], sessions: Sequence[str]) -> list[list[str]]:
+    return [[*nox, "-s", session] for session in sessions]
+
+
+WORKERS_ENV = "KVGATE_KERNEL_WORKERS"  # kvgate.kernels.gpus.WORKERS_ENV
+WORKERS_OVERRIDE_ENV = "KVGATE_KERNEL_WORKERS_OVERRIDE"
+
+
+def kernel_workers(environ: dict[str, str], gpu_count: int) -> str | None:
+    """The KVGATE_KERNEL_WORKERS value for the cell's sessions; None leaves kvgate's default (one process)."""
+    for value in (environ.get(WORKERS_OVERRIDE_ENV, ""), environ.get(WORKERS_ENV, "")):
+        if value.strip():
+            if not value.strip().isdigit():
+                raise CellJobError(f"KVGATE_KERNEL_WORKERS={value!r}: expected a whole number of pytest-xdist workers")
+            return value.strip()
+    return str(gpu_count) if gpu_count > 1 else None
+
+
+def gpu_count() -> int:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def cell_folders(run_dir: Path) -> list[Path]:
+    return sorted(p.parent for p in run_dir.glob("*/cell.json"))
+
+
+def run_info(environ: dict[str, str]) -> dict[str, object]:
+    """run.json for this job's slice of the run (CONTRACT.md: free-form facts)."""
+    keys = {"commit": "GITHUB_SHA", "repository": "GITHUB_REPOSITORY", "workflow_run_id": "GITHUB_RUN_ID",
+            "runner": "RUNNER_NAME", "cell": "KVGATE_CELL"}
+    info: dict[str, object] = {"contract_version": 1, "source": "github-actions"}
+    info.update({key: environ[var] for key, var in keys.items() if environ.get(var)})
+    return info
+
+
+def main() -> int:
+    environ = dict(os.environ)
+    try:
+        cell, sessions, run_dir = read_environment(environ)
+        workers = kernel_workers(environ, gpu_count())
+    except CellJobError as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
+    environ.pop(WORKERS_OVERRIDE_ENV, None)
+    if workers is not None:
+        environ[WORKERS_ENV] = workers
+        print(f"kvgate cell job: kernel tests with {workers} pytest-xdist workers ({WORKERS_ENV})", flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    nox = environ.get("KVGATE_NOX", "nox").split()
+    status = 0
+    for argv in session_commands(nox, sessions):
+        print(f"kvgate cell job: {' '.join(argv)}", flush=True)
+        returncode = subprocess.run(argv, cwd=ROOT, env=environ, check=False).returncode
+        if returncode != 0:
+            print(f"::error::{' '.join(argv)} exited {returncode}", flush=True)
+            status = status or returncode
+    if not (run_dir / "run.json").exists():
+        (run_dir / "run.json").write_text(json.dumps(run_info(environ), indent=2) + "\n", encoding="utf-8")
+    if not cell_folders(run_dir):
+        print(f"::error::cell {cell}: no cell folder (cell.json) under {run_dir}. Did the session skip "
+              "because this runner's GPU is not the cell's arch? Check the runner's labels", flush=True)
+        status = status or 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The GitHub Actions workflows: linted (actionlint, zizmor), safe against forks, and in step with nox and matrix/.
+
+The linters come from `bash ci/install_linters.sh` (ci/linters/.venv). These are required checks: a missing
+linter fails the test with that instruction, it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+LINTERS = ROOT / "ci" / "linters" / ".venv" / "bin"
+ACTIONLINT_CONFIG = ROOT / "ci" / "actionlint.yaml"
+NOX = [sys.executable, "-m", "nox"]
+REQUIRED_CHECK = "kvgate-gate"
+FULL_SHA = re.compile(r"^[\w.-]+/[\w.-]+(?:/[\w./-]+)?@[0-9a-f]{40}$")
+# The only zizmor ignore comment allowed, with its reason in ci/README.md ("Why workflow_run").
+ALLOWED_ZIZMOR_IGNORES = {("kvgate-comment.yml", "dangerous-triggers")}
+
+
+def workflow_files() -> list[Path]:
+    return sorted([*WORKFLOWS.glob("*.yml"), *WORKFLOWS.glob("*.yaml")])
+
+
+def load_workflow(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if True in data:  # YAML 1.1 reads the key `on` as True
+        data["on"] = data.pop(True)
+    return data
+
+
+def linter(name: str) -> str:
+    path = LINTERS / name
+    if not path.exists():
+        pytest.fail(f"{name} is not installed at {path}. Install the workflow linters with "
+                    "`bash ci/install_linters.sh` (pinned wheels from PyPI, a few seconds)", pytrace=False)
+    return str(path)
+
+
+def linter_env() -> dict[str, str]:
+    """PATH with the linters' venv first, so actionlint runs the pinned shellcheck on `run:` scripts."""
+    return {**os.environ, "PATH": f"{LINTERS}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def run_actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([linter("actionlint"), "-config-file", str(ACTIONLINT_CONFIG), "-no-color",
+                           *map(str, paths)], cwd=ROOT, capture_output=True, text=True, env=linter_env(), check=False)
+
+
+def run_zizmor(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([linter("zizmor"), "--offline", "--no-progress", "--format", "json", *map(str, paths)],
+                          cwd=ROOT, capture_output=True, text=True, env=linter_env(), check=False)
+
+
+def all_steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(job_id, step) for job_id, job in workflow["jobs"].items() for step in job.get("steps", [])]
+
+
+# ------------------------------------------------------------------------------------------------ linters
+
+def test_workflows_exist():
+    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate.yml"]
+
+
+def test_actionlint_reports_nothing():
+    result = run_actionlint(*workflow_files())
+    print(result.stdout, result.stderr)
+    assert (result.returncode, result.stdout.strip()) == (0, "")
+
+
+def test_actionlint_catches_an_injection_and_a_shell_bug(tmp_path):
+    """The linter is really checking (and shellcheck is on): a known-bad workflow is reported."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: pull_request\npermissions: {}\njobs:\n  x:\n    runs-on: gpu-sm90\n    steps:\n"
+                   "      - run: echo \"${{ github.event.pull_request.title }}\"\n"
+                   "      - run: cd $HOME/$DIR\n", encoding="utf-8")
+    result = run_actionlint(bad)
+    print(result.stdout)
+    assert result.returncode == 1
+    assert "potentially untrusted" in result.stdout
+    assert "shellcheck reported issue" in result.stdout
+    assert "gpu-sm90" not in result.stdout  # the config file's self-hosted labels are read
+
+
+def test_zizmor_reports_nothing():
+    result = run_zizmor(WORKFLOWS)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0, "zizmor found something (exit 14 means findings); see the output above"
+    assert json.loads(result.stdout) == []
+
+
+def test_zizmor_catches_template_injection(tmp_path):
+    bad = tmp_path / ".github" / "workflows" / "bad.yml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("on: pull_request_target\npermissions: {}\njobs:\n  x:\n    runs-on: ubuntu-latest\n"
+                   "    permissions: {}\n    steps:\n"
+                   "      - run: echo \"${{ github.event.pull_request.title }}\"\n", encoding="utf-8")
+    result = run_zizmor(bad)
+    audits = {finding["ident"] for finding in json.loads(result.stdout)}
+    assert result.returncode == 14
+    assert {"template-injection", "dangerous-triggers"} <= audits
+
+
+def test_only_the_documented_zizmor_ignore():
+    ignores = {(path.name, audit) for path in workflow_files()
+               for audit in re.findall(r"zizmor: ignore\[([\w-]+)\]", path.read_text(encoding="utf-8"))}
+    assert ignores == ALLOWED_ZIZMOR_IGNORES
+    assert "Why `workflow_run`" in (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ security
+
+@pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
+def test_top_level_permissions_are_empty(path):
+    assert load_workflow(path)["permissions"] == {}
+
+
+@pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
+def test_no_pull_request_target(path):
+    assert "pull_request_target" not in load_workflow(path)["on"]
+
+
+@pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
+def test_no_expression_inside_run_scripts(path):
+    runs = [(job, step["run"]) for job, step in all_steps(load_workflow(path)) if "run" in step]
+    assert runs
+    assert [(job, script) for job, script in runs if "${{" in script] == []
+
+
+@pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
+def test_actions_are_pinned_to_full_shas_and_checkouts_drop_credentials(path):
+    text = path.read_text(encoding="utf-8")
+    for job, step in all_steps(load_workflow(path)):
+        if "uses" not in step:
+            continue
+        assert FULL_SHA.match(step["uses"]), f"{job}: {step['uses']} is not pinned to a commit SHA"
+        assert re.search(re.escape(step["uses"]) + r" # v\d+\.\d+\.\d+", text), f"{step['uses']}: no `# vX.Y.Z`"
+        if step["uses"].startswith("actions/checkout@"):
+            assert step["with"]["persist-credentials"] is False
+
+
+def test_only_the_jobs_that_need_it_get_more_than_read():
+    widened = {}
+    for path in workflow_files():
+        for job_id, job in load_workflow(path)["jobs"].items():
+            assert "permissions" in job, f"{path.name}:{job_id} inherits the top-level permissions"
+            widened.update({(path.name, job_id, scope): level for scope, level in job["permissions"].items()
+                            if level != "read" or scope not in ("contents", "actions")})
+    assert widened == {("kvgate-comment.yml", "comment", "pull-requests"): "write"}
+
+
+def test_the_comment_workflow_never_checks_out_pull_request_code():
+    workflow = load_workflow(WORKFLOWS / "kvgate-comment.yml")
+    assert set(workflow["on"]) == {"workflow_run"}
+    for _, step in all_steps(workflow):
+        if step.get("uses", "").startswith("actions/checkout@"):
+            assert set(step["with"]) <= {"persist-credentials", "sparse-checkout"}  # no ref: the default branch
+
+
+# ------------------------------------------------------------------------------------------------ shape
+
+def test_the_cells_job_fans_out_the_plan():
+    jobs = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]
+    cells = jobs["cells"]
+    assert cells["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert cells["strategy"]["fail-fast"] is False
+    assert cells["runs-on"] == "${{ matrix.runner }}"
+    assert cells["if"] == "needs.plan.outputs.has-cells == 'true'"
+    assert isinstance(cells["timeout-minutes"], int)
+    upload = [s for s in cells["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert [(s["if"], s["with"]["name"]) for s in upload] == [("always()", "kvgate-cell-${{ matrix.cell }}")]
+    assert jobs["plan"]["outputs"]["has-cells"] == "${{ steps.plan.outputs.has-cells }}"
+
+
+def test_the_gate_job_always_reports_under_the_required_check_name():
+    gate = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["gate"]
+    assert (gate["name"], gate["if"], gate["needs"]) == (REQUIRED_CHECK, "always()", ["plan", "cells"])
+    readme = (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
+    assert f"`{REQUIRED_CHECK}`" in readme
+
+
+def test_the_comment_workflow_follows_the_main_workflow_by_name():
+    main = load_workflow(WORKFLOWS / "kvgate.yml")
+    comment = load_workflow(WORKFLOWS / "kvgate-comment.yml")
+    assert comment["on"]["workflow_run"]["workflows"] == [main["name"]]
+    uploads = [s["with"]["name"] for _, s in all_steps(main) if s.get("uses", "").startswith("actions/upload-artifact@")]
+    downloads = [s["with"]["name"] for _, s in all_steps(comment)
+                 if s.get("uses", "").startswith("actions/download-artifact@")]
+    assert downloads == ["kvgate-gate"] and "kvgate-gate" in uploads
+
+
+# ------------------------------------------------------------------------------------------------ runners
+
+def axes_runners() -> dict[str, str]:
+    axes = tomllib.loads((ROOT / "matrix" / "axes.toml").read_text(encoding="utf-8"))
+    return {arch: spec["runner"] for arch, spec in axes["archs"].items()}
+
+
+def test_actionlint_knows_exactly_the_self_hosted_gpu_labels():
+    config = yaml.safe_load(ACTIONLINT_CONFIG.read_text(encoding="utf-8"))
+    gpu_labels = {label for arch, label in axes_runners().items() if arch != "cpu"}
+    assert set(config["self-hosted-runner"]["labels"]) == gpu_labels
+
+
+def test_cpu_jobs_run_on_the_matrix_cpu_runner():
+    literal = {job.get("runs-on") for path in workflow_files() for job in load_workflow(path)["jobs"].values()
+               if "${{" not in str(job.get("runs-on"))}
+    assert literal == {axes_runners()["cpu"]}
+
+
+# ------------------------------------------------------------------------------------------------ plan + nox
+
+def run_plan(tmp_path: Path, *args: str, event: str = "pull_request") -> tuple[dict[str, Any], dict[str, str]]:
+    """ci/plan.py exactly as the plan step runs it (through nox), with its $GITHUB_OUTPUT read back."""
+    output = tmp_path / "github_output"
+    env = {**os.environ, "GITHUB_EVENT_NAME": event, "GITHUB_OUTPUT": str(output),
+           "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"), "KVGATE_NOX": " ".join(NOX)}
+    result = subprocess.run([sys.executable, "ci/plan.py", *args], cwd=ROOT, capture_output=True, text=True,
+                            env=env, check=False)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0
+    outputs = dict(line.split("=", 1) for line in output.read_text(encoding="utf-8").splitlines())
+    return json.loads(result.stdout), outputs
+
+
+def test_the_plan_step_runs_in_the_workflow_as_tested():
+    plan = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["plan"]
+    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python ci/plan.py"]
+
+
+@pytest.mark.slow
+def test_plan_for_a_flashinfer_mla_diff(tmp_path):
+    diff = tmp_path / "changed.txt"
+    diff.write_text("vllm/v1/attention/backends/mla/flashinfer_mla.py\n", encoding="utf-8")
+    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff))
+    assert [(e["cell"], e["runner"], e["sessions"]) for e in matrix["include"]] == [
+        ("flashinfer_mla-auto-sm100", "gpu-sm100", ["cell(flashinfer_mla-auto-sm100)"]),
+        ("flashinfer_mla-fp8-sm100", "gpu-sm100", ["cell(flashinfer_mla-fp8-sm100)"]),
+        ("flashinfer_mla-fp8_e4m3-sm100", "gpu-sm100", ["cell(flashinfer_mla-fp8_e4m3-sm100)"]),
+    ]
+    assert json.loads(outputs["matrix"]) == matrix
+    assert (outputs["has-cells"], outputs["cell-count"]) == ("true", "3")
+
+
+@pytest.mark.slow
+def test_plan_for_a_diff_touching_no_backend_skips_the_cells_job(tmp_path):
+    diff = tmp_path / "changed.txt"
+    diff.write_text("docs/usage.md\nREADME.md\n", encoding="utf-8")
+    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff))
+    assert matrix == {"include": []}
+    assert (outputs["has-cells"], outputs["cell-count"]) == ("false", "0")
+
+
+@pytest.mark.slow
+def test_every_session_the_workflow_runs_is_a_nox_session(tmp_path):
+    """The full plan (a push to main) names only `cell(<id>)` sessions that `nox -l --json` lists."""
+    matrix, _ = run_plan(tmp_path, event="push")
+    planned = [session for entry in matrix["include"] for session in entry["sessions"]]
+    listed = json.loads(subprocess.run([*NOX, "-l", "--json", "-t", "cell"], cwd=ROOT, capture_output=True,
+                                       text=True, check=True).stdout)
+    assert sorted(planned) == sorted(s["session"] for s in listed)
+    assert {entry["runner"] for entry in matrix["include"]} <= set(axes_runners().values())
+    used_by_ci = ["matrix", "gate"]  # ci/plan.py and ci/gate_job.py
+    named = json.loads(subprocess.run([*NOX, "-l", "--json", "-s", *used_by_ci], cwd=ROOT, capture_output=True,
+                                      text=True, check=True).stdout)
+    assert sorted(s["session"] for s in named) == sorted(used_by_ci)
