@@ -92,7 +92,7 @@ def _two_names(rng: random.Random) -> tuple[str, str]:
 
 def shopping_change(rng: random.Random) -> Problem:
     name = rng.choice(NAMES)
-    (one_a, many_a), (one_b, many_b) = rng.sample(SHOP_ITEMS, 2)
+    (_, many_a), (_, many_b) = rng.sample(SHOP_ITEMS, 2)
     count_a, price_a = rng.randint(2, 9), rng.randint(2, 15)
     count_b, price_b = rng.randint(2, 6), rng.randint(3, 20)
     total = count_a * price_a + count_b * price_b
@@ -180,7 +180,7 @@ def travel_time(rng: random.Random) -> Problem:
 
 def fractions_given_away(rng: random.Random) -> Problem:
     name, friend = _two_names(rng)
-    one, many = rng.choice(COUNTED)
+    _, many = rng.choice(COUNTED)
     first = rng.choice([2, 3, 4, 5])
     second = rng.choice([2, 3, 4])
     start = first * second * rng.randint(2, 9)

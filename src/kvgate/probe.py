@@ -297,10 +297,10 @@ def _prompt_from_dict(item: Any, source: str, where: str) -> PromptProbe:
         if values[0] is not None:
             raise InputError(source, "the first prompt position has no logprob; expected null",
                              f"{where}.{key}[0]")
-    prompt_logprobs = (None,) + tuple(
-        _logprob(v, source, f"{where}.prompt_logprobs[{i}]") for i, v in enumerate(logprobs_in) if i > 0)
-    prompt_top = (None,) + tuple(
-        _top_list(v, source, f"{where}.prompt_top[{i}]") for i, v in enumerate(top_in) if i > 0)
+    prompt_logprobs = (None, *(
+        _logprob(v, source, f"{where}.prompt_logprobs[{i}]") for i, v in enumerate(logprobs_in) if i > 0))
+    prompt_top = (None, *(
+        _top_list(v, source, f"{where}.prompt_top[{i}]") for i, v in enumerate(top_in) if i > 0))
     generated = _token_ids(_field(item, "generated_token_ids", list, source, where), source,
                            f"{where}.generated_token_ids")
     generated_logprobs_in = _field(item, "generated_logprobs", list, source, where)

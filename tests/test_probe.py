@@ -1,0 +1,191 @@
+"""The logprob-agreement probe: the comparison math on records the tests build, the file format, and one
+real-engine run (tiny-llama, auto twice in one engine: must agree exactly)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kvgate import probe
+from kvgate.errors import InputError
+
+
+def make_record(prompts: int = 2, prompt_len: int = 5, generated: int = 4) -> dict:
+    """A probe record in the file format, with distinct, predictable values."""
+    items = []
+    for p in range(prompts):
+        ids = [10 * p + i for i in range(prompt_len)]
+        items.append({
+            "prompt": f"prompt {p}",
+            "prompt_token_ids": ids,
+            "prompt_logprobs": [None] + [-(0.5 + 0.1 * i) for i in range(1, prompt_len)],
+            "prompt_top": [None] + [[[100 + i, -0.2], [200 + i, -2.0]] for i in range(1, prompt_len)],
+            "generated_token_ids": [300 + i for i in range(generated)],
+            "generated_logprobs": [-0.3] * generated,
+            "generated_top": [[[300 + i, -0.3], [400, -1.5]] for i in range(generated)],
+            "generated_text": "abcd"[:generated],
+        })
+    return {"format": "kvgate-probe", "version": 1,
+            "settings": {"max_tokens": generated, "top_k": 2, "temperature": 0.0, "seed": 0, "ignore_eos": True},
+            "engine": {}, "prompts": items}
+
+
+def test_identical_records_agree_exactly() -> None:
+    agreement = probe.compare(make_record(), make_record())
+    assert agreement.as_record() == {
+        "prompts": 2, "prompt_positions": 8, "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0,
+        "top1_agreement": 1.0, "generated_positions": 8, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
+    }
+
+
+def test_logprob_differences_top1_and_greedy_match() -> None:
+    reference, candidate = make_record(), make_record()
+    for item in candidate["prompts"]:
+        item["prompt_logprobs"] = [None] + [v - 0.1 for v in item["prompt_logprobs"][1:]]
+    candidate["prompts"][0]["prompt_logprobs"][2] -= 0.4  # one position moves 0.5 in all
+    candidate["prompts"][1]["prompt_top"][3] = [[999, -0.1], [103, -0.3]]  # 1 of 8 argmaxes differs
+    candidate["prompts"][0]["generated_token_ids"] = [300, 301, 999, 303]  # diverges at index 2, rejoins
+    candidate["prompts"][1]["generated_token_ids"] = [999, 301, 302, 303]  # diverges at once
+    agreement = probe.compare(reference, candidate)
+    assert agreement.mean_abs_logprob_diff == pytest.approx((7 * 0.1 + 0.5) / 8)
+    assert agreement.max_abs_logprob_diff == pytest.approx(0.5)
+    assert agreement.top1_agreement == 7 / 8
+    assert agreement.greedy_token_match == 6 / 8
+    assert agreement.greedy_prefix_match == 2 / 8
+
+
+def test_a_shorter_generation_counts_missing_tokens_as_mismatches() -> None:
+    reference, candidate = make_record(prompts=1), make_record(prompts=1)
+    item = candidate["prompts"][0]
+    for key in ("generated_token_ids", "generated_logprobs", "generated_top"):
+        item[key] = item[key][:2]
+    agreement = probe.compare(reference, candidate)
+    assert (agreement.generated_positions, agreement.greedy_token_match, agreement.greedy_prefix_match) == (
+        4, 0.5, 0.5)
+
+
+def test_a_nan_logprob_is_an_infinite_difference() -> None:
+    candidate = make_record()
+    candidate["prompts"][1]["prompt_logprobs"][1] = "nan"
+    agreement = probe.compare(make_record(), candidate)
+    assert math.isinf(agreement.mean_abs_logprob_diff) and math.isinf(agreement.max_abs_logprob_diff)
+    assert agreement.as_record()["max_abs_logprob_diff"] == "inf"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda r: r["prompts"].pop(),
+     "<candidate>: 1 prompts, but the reference <reference> has 2 in 'prompts'. "
+     "Probe both cells with the same kvgate version"),
+    (lambda r: r["prompts"][1].update(prompt="other"),
+     "<candidate>: prompt differs from the reference <reference> in prompts[1].prompt. "
+     "Probe both cells with the same kvgate version"),
+    (lambda r: r["prompts"][0]["prompt_token_ids"].__setitem__(3, 77),
+     "<candidate>: prompt token ids differ from the reference <reference> in prompts[0].prompt_token_ids. "
+     "Compare cells of the same model and tokenizer"),
+    (lambda r: r["settings"].update(max_tokens=8),
+     "<candidate>: max_tokens 8 differs from the reference's 4 in settings.max_tokens. "
+     "Probe both cells with the same settings"),
+])
+def test_compare_refuses_records_of_different_prompts(change, message) -> None:
+    candidate = make_record()
+    change(candidate)
+    with pytest.raises(InputError) as error:
+        probe.compare(make_record(), candidate)
+    assert str(error.value) == message
+
+
+def test_write_then_read_round_trips(tmp_path: Path) -> None:
+    record = make_record()
+    record["prompts"][0]["generated_logprobs"][1] = "-inf"
+    path = probe.write(record, tmp_path / "probe")
+    assert path == tmp_path / "probe" / "probe.json"
+    assert [p.name for p in path.parent.iterdir()] == ["probe.json"]
+    read = probe.read(path)
+    assert read.source == str(path)
+    assert read.prompts[0].generated_logprobs[1] == -math.inf
+    assert read.prompts[1].prompt_top[2] == ((102, -0.2), (202, -2.0))
+    assert probe.compare(read, probe.from_dict(record)).mean_abs_logprob_diff == 0.0
+
+
+def malformed(change) -> dict:
+    record = make_record()
+    change(record)
+    return record
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"format": "kvgate-probe", ', "not valid JSON (Expecting property name enclosed in double quotes) in "
+     "line 1 column 28. Was the probe interrupted while writing?"),
+    ("[]", "expected a JSON object in the top level"),
+    ('{"format": "lm-eval"}', "not a kvgate probe file (format 'lm-eval') in 'format'. "
+     "Expected format 'kvgate-probe'"),
+    (json.dumps(malformed(lambda r: r.update(version=2))),
+     "probe format version 2 is newer than this kvgate reads (1) in 'version'. Upgrade kvgate"),
+    (json.dumps(malformed(lambda r: r.pop("settings"))), "missing key 'settings' in the top level"),
+    (json.dumps(malformed(lambda r: r.update(prompts=[]))), "no prompts in 'prompts'"),
+    (json.dumps(malformed(lambda r: r["prompts"][1].pop("prompt_top"))), "missing key 'prompt_top' in prompts[1]"),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_logprobs"].pop())),
+     "4 positions for 5 prompt tokens in prompts[0].prompt_logprobs"),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_logprobs"].__setitem__(0, -1.0))),
+     "the first prompt position has no logprob; expected null in prompts[0].prompt_logprobs[0]"),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_token_ids"].__setitem__(2, "x"))),
+     "expected a token id, got 'x' in prompts[0].prompt_token_ids[2]"),
+    (json.dumps(malformed(lambda r: r["prompts"][1]["generated_logprobs"].__setitem__(3, None))),
+     "expected a logprob, got None in prompts[1].generated_logprobs[3]"),
+    (json.dumps(malformed(lambda r: r["prompts"][1]["generated_top"].__setitem__(0, [[1, -0.1, 2]]))),
+     "expected a [token id, logprob] pair, got [1, -0.1, 2] in prompts[1].generated_top[0][0]"),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["generated_token_ids"].append(5))),
+     "4 positions for 5 generated tokens in prompts[0].generated_logprobs"),
+])
+def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "probe.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as error:
+        probe.read(path)
+    assert str(error.value) == f"{path}: {message}"
+
+
+def test_a_missing_probe_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as error:
+        probe.read(tmp_path / "probe.json")
+    assert str(error.value) == f"{tmp_path / 'probe.json'}: no probe file. Did the probe stage run for this cell?"
+
+
+def test_the_fixed_prompts_are_sixteen_distinct_texts() -> None:
+    assert len(probe.PROMPTS) == 16 and len(set(probe.PROMPTS)) == 16
+
+
+@pytest.mark.engine
+def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatch) -> None:
+    """One real vLLM engine (tiny-llama, kv_cache_dtype auto): the probe is reproducible to the bit."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    from kvgate.tiny_models import ensure_model
+
+    llm = LLM(model=str(ensure_model("tiny-llama", tmp_path / "models")), kv_cache_dtype="auto",
+              max_model_len=4096, seed=0)
+    first = probe.collect(llm)
+    second = probe.collect(llm)
+    path = probe.write(first, tmp_path / "probe")
+    read = probe.read(path)
+    agreement = probe.compare(read, second)
+    print(agreement.as_record(), first["engine"])
+    assert len(read.prompts) == len(probe.PROMPTS)
+    assert all(len(p.generated_token_ids) == 64 for p in read.prompts)
+    assert all(len(top) == 5 for p in read.prompts for top in p.prompt_top[1:])
+    assert first["engine"]["kv_cache_dtype"] == "auto"
+    assert agreement.as_record() == {
+        "prompts": 16, "prompt_positions": sum(len(p.prompt_token_ids) - 1 for p in read.prompts),
+        "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0, "top1_agreement": 1.0,
+        "generated_positions": 16 * 64, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
+    }
+    # The tops are sorted, and greedy picked a most likely token (bf16 logits can tie).
+    for p in read.prompts:
+        for logprob, top in zip(p.generated_logprobs, p.generated_top, strict=True):
+            assert logprob == top[0][1]
+            assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)

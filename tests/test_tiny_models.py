@@ -1,0 +1,159 @@
+"""The tiny models: shapes, deterministic builds, the cache, and that transformers reads what is built.
+(Loading them in the real vLLM engine is covered by tests/test_probe.py's engine test and the runners.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate import tiny_models
+from kvgate.errors import InputError
+from kvgate.tiny_models import MODELS, ensure_model, model_dir, resolve_model, weight_specs
+
+needs_builder = pytest.mark.usefixtures("builder_libraries")
+
+
+@pytest.fixture(scope="session")
+def builder_libraries() -> None:
+    for module in ("torch", "tokenizers", "safetensors"):
+        pytest.importorskip(module, reason=f"building a tiny model needs {module} (the cpu extra)")
+
+
+def parameters(name: str) -> int:
+    total = 0
+    for _, shape, _ in weight_specs(MODELS[name].config):
+        count = 1
+        for size in shape:
+            count *= size
+        total += count
+    return total
+
+
+def test_parameter_counts() -> None:
+    assert parameters("tiny-llama") == 459_392
+    assert parameters("tiny-deepseek-v2") == 698_496
+
+
+def test_llama_head_size_allows_fp8_on_cpu_attn() -> None:
+    config = MODELS["tiny-llama"].config
+    assert config["head_dim"] % 32 == 0
+    assert config["head_dim"] * config["num_attention_heads"] == config["hidden_size"]
+
+
+def test_deepseek_is_mla_with_cpu_mlas_head_size() -> None:
+    config = MODELS["tiny-deepseek-v2"].config
+    assert config["architectures"] == ["DeepseekV2ForCausalLM"]
+    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576
+    assert config["q_lora_rank"] is None
+    assert (config["n_routed_experts"], config["n_shared_experts"]) == (4, 1)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_take_the_matrixs_prompt_length(name: str) -> None:
+    assert MODELS[name].config["max_position_embeddings"] >= 4096
+
+
+def test_unknown_name_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as error:
+        ensure_model("tiny-lama", tmp_path)
+    assert str(error.value) == "kvgate:tiny-lama: unknown tiny model. Did you mean tiny-llama?"
+
+
+def test_resolve_model_leaves_hub_ids_and_paths_alone(tmp_path: Path) -> None:
+    assert resolve_model("deepseek-ai/DeepSeek-V2-Lite-Chat", tmp_path) == "deepseek-ai/DeepSeek-V2-Lite-Chat"
+    assert resolve_model("/models/llama", tmp_path) == "/models/llama"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cache_folder_follows_the_recipe(tmp_path: Path, monkeypatch) -> None:
+    before = model_dir("tiny-llama", tmp_path)
+    assert before.parent == tmp_path and before.name.startswith("tiny-llama-")
+    monkeypatch.setitem(MODELS, "tiny-llama", tiny_models.TinyModel(
+        name="tiny-llama", description="", seed=99, config=MODELS["tiny-llama"].config))
+    assert model_dir("tiny-llama", tmp_path) != before
+    monkeypatch.setattr(tiny_models, "RECIPE_VERSION", tiny_models.RECIPE_VERSION + 1)
+    assert model_dir("tiny-llama", tmp_path).name != before.name
+
+
+def test_the_cache_defaults_to_kvgate_model_dir(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("KVGATE_MODEL_DIR", str(tmp_path / "models"))
+    assert model_dir("tiny-llama").parent == tmp_path / "models"
+    monkeypatch.delenv("KVGATE_MODEL_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert model_dir("tiny-llama").parent == tmp_path / "home" / ".cache" / "kvgate" / "models"
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@needs_builder
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_builds_are_byte_identical_and_complete(tmp_path: Path, name: str) -> None:
+    first = ensure_model(name, tmp_path / "a")
+    second = ensure_model(name, tmp_path / "b")
+    assert first.name == second.name
+    assert folder_bytes(first) == folder_bytes(second)
+    assert sorted(folder_bytes(first)) == [
+        "config.json", "generation_config.json", "kvgate-model.json", "model.safetensors",
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    marker = json.loads((first / "kvgate-model.json").read_text())
+    assert marker["parameters"] == parameters(name)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == [first.name], "a temporary build folder was left"
+
+
+@needs_builder
+def test_a_cached_model_is_not_rebuilt_and_a_half_one_is(tmp_path: Path) -> None:
+    path = ensure_model("tiny-llama", tmp_path)
+    weights = path / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert ensure_model("tiny-llama", tmp_path) == path
+    assert weights.stat().st_mtime_ns == stamp
+    (path / "kvgate-model.json").unlink()  # as if a build had crashed in place
+    weights.write_bytes(b"garbage")
+    assert ensure_model("tiny-llama", tmp_path) == path
+    assert (path / "kvgate-model.json").is_file() and weights.stat().st_size > 900_000
+
+
+@needs_builder
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_weights_are_bf16_with_the_checkpoint_names_and_shapes(tmp_path: Path, name: str) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(ensure_model(name, tmp_path) / "model.safetensors"))
+    expected = {n: shape for n, shape, _ in weight_specs(MODELS[name].config)}
+    assert {n: tuple(t.shape) for n, t in tensors.items()} == expected
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert torch.all(tensors["model.norm.weight"] == 1)
+    assert 0.9 < tensors["model.embed_tokens.weight"].float().std().item() < 1.1
+
+
+@needs_builder
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_transformers_reads_the_config(tmp_path: Path, name: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.from_pretrained(ensure_model(name, tmp_path))
+    assert config.architectures == MODELS[name].config["architectures"]
+    assert config.max_position_embeddings == 4096
+    assert config.vocab_size == 512
+
+
+@needs_builder
+def test_the_tokenizer_covers_gsm8k_prompts_compactly(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from kvgate import gsm8k_local
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_model("tiny-llama", tmp_path))
+    assert len(tokenizer) == 512
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1)
+    for word in ("Question", "Answer", "Ġ<<"):
+        assert word in tokenizer.get_vocab(), word
+    record = gsm8k_local.load("test")[0]
+    text = f"Question: {record['question']}\nAnswer: {record['answer']}"
+    ids = tokenizer(text).input_ids
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert len(text) / len(ids) > 2.0, "the tokenizer should compress grade-school text"
