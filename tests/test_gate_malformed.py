@@ -1,0 +1,254 @@
+"""Unusable input: `kvgate gate` exits 2 with one whole `ERROR <file>: ...` line per problem, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput
+
+FP8 = "flashinfer_mla-fp8-sm100"
+AUTO = "flashinfer_mla-auto-sm100"
+
+
+def build_run(run_dir: Path, n: int = 300) -> Path:
+    auto, fp8 = paired_outcomes(n, reference_correct=int(0.65 * n), only_reference=20, only_candidate=15)
+    for dtype, outcomes, rps in (("auto", auto, (3.2, 3.22)), ("fp8", fp8, (3.5, 3.55))):
+        cell = write_cell(run_dir, backend="FLASHINFER_MLA", kv_cache_dtype=dtype, arch="sm100")
+        write_accuracy(cell, {"strict-match": outcomes, "flexible-extract": outcomes})
+        write_throughput(cell, rps)
+        write_kernels(cell)
+    return run_dir
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return build_run(tmp_path / "run")
+
+
+def _results(run: Path, cell: str) -> Path:
+    return next((run / cell / "accuracy").rglob("results_*.json"))
+
+
+def _samples(run: Path, cell: str) -> Path:
+    return next((run / cell / "accuracy").rglob("samples_*.jsonl"))
+
+
+def _edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _set_cell(key: str, value: object) -> Callable[[Path], None]:
+    return lambda run: _edit_json(run / FP8 / "cell.json", lambda d: d.__setitem__(key, value))
+
+
+def _truncate(path_of: Callable[[Path], Path], keep: int = 40) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        path = path_of(run)
+        path.write_text(path.read_text()[:keep])
+    return apply
+
+
+def _duplicate(run: Path) -> None:
+    shutil.copytree(run / FP8, run / "fp8-again")
+
+
+def _empty(run: Path) -> None:
+    shutil.rmtree(run)
+    run.mkdir()
+
+
+def _garbage_sample_line(run: Path) -> None:
+    path = _samples(run, FP8)
+    lines = path.read_text().splitlines()
+    lines[6] = "Killed"
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _drop_task(run: Path) -> None:
+    _edit_json(_results(run, AUTO), lambda d: d["results"].update({"mmlu": d["results"].pop("gsm8k")}))
+
+
+def _nan_mean(run: Path) -> None:
+    path = _results(run, AUTO)
+    path.write_text(path.read_text().replace('"exact_match,strict-match": 0.65', '"exact_match,strict-match": NaN'))
+
+
+def _status(entries: dict) -> Callable[[Path], None]:
+    return lambda run: (run / FP8 / "status.json").write_text(json.dumps(entries))
+
+
+def _second_results(run: Path) -> None:
+    first = _results(run, FP8)
+    shutil.copy(first, first.with_name("results_2026-12-01T00-00-00.000000.json"))
+
+
+def _orphan_folder(run: Path) -> None:
+    (run / "stray" / "accuracy").mkdir(parents=True)
+
+
+def _bench(change: dict) -> Callable[[Path], None]:
+    return lambda run: _edit_json(run / FP8 / "throughput" / "repeat-1.json", lambda d: d.update(change))
+
+
+def _text(relative: str, text: str) -> Callable[[Path], None]:
+    def apply(run: Path) -> None:
+        path = run / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return apply
+
+
+R = "{run}"
+CASES = {
+    "truncated cell.json": (_truncate(lambda r: r / FP8 / "cell.json"),
+                            [f"ERROR {R}/{FP8}/cell.json: truncated JSON in line 3 column 14"]),
+    "cell.json not an object": (_text(f"{FP8}/cell.json", "[]"),
+                                [f"ERROR {R}/{FP8}/cell.json: expected an object, got a list in the top level"]),
+    "wrong type in cell.json": (_set_cell("arch", 100),
+                                [f"ERROR {R}/{FP8}/cell.json: expected a string, got number 100 in arch"]),
+    "missing identity key": (lambda r: _edit_json(r / FP8 / "cell.json", lambda d: d.pop("model")),
+                             [f"ERROR {R}/{FP8}/cell.json: missing key 'model' in the top level. cell.json needs "
+                              "backend, kv_cache_dtype, arch and model"]),
+    "unknown backend": (_set_cell("backend", "FLASHINFR_MLA"),
+                        [f"ERROR {R}/{FP8}/cell.json: unknown backend 'FLASHINFR_MLA' in backend. "
+                         "Did you mean FLASHINFER_MLA?"]),
+    "unknown dtype": (_set_cell("kv_cache_dtype", "fp4"),
+                      [f"ERROR {R}/{FP8}/cell.json: unknown kv_cache_dtype 'fp4' in kv_cache_dtype. "
+                       "Did you mean fp8?"]),
+    "unknown arch": (_set_cell("arch", "h100"),
+                     [f"ERROR {R}/{FP8}/cell.json: unknown arch 'h100' in arch. Did you mean sm100?"]),
+    "newer contract major version": (_set_cell("contract_version", "2.0"),
+                                     [f"ERROR {R}/{FP8}/cell.json: written for results contract version 2.0, but "
+                                      "this kvgate reads version 1 in contract_version. Upgrade kvgate to a release "
+                                      "that reads it"]),
+    "duplicate cells": (_duplicate,
+                        [f"ERROR {R}/fp8-again/cell.json: duplicate cell {FP8} (model deepseek-ai/DeepSeek-V2-Lite-Chat, "
+                         f"task gsm8k) in the top level. {R}/{FP8}/cell.json is the same cell; keep one of them"]),
+    "empty run folder": (_empty, [f"ERROR {R}: no cell folders (none holds a cell.json). Is this a run folder? "
+                                  "Each cell writes <run dir>/<cell id>/cell.json"]),
+    "cell folder without cell.json": (_orphan_folder,
+                                      [f"ERROR {R}/stray: cell folder without cell.json. Write cell.json with "
+                                       "backend, kv_cache_dtype, arch and model"]),
+    "results without the gsm8k task": (_drop_task,
+                                       [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
+                                        "results_2026-11-30T10-00-00.000000.json: no results for task 'gsm8k' in "
+                                        "results. Tasks found: mmlu"]),
+    "truncated results json": (_truncate(lambda r: _results(r, AUTO), keep=200),
+                               [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
+                                "results_2026-11-30T10-00-00.000000.json: truncated JSON in line 8 column 57"]),
+    "NaN accuracy": (_nan_mean,
+                     [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
+                      "results_2026-11-30T10-00-00.000000.json: NaN is not a number JSON allows in the file. "
+                      "Write a finite number or null"]),
+    "accuracy above 1": (lambda r: _edit_json(_results(r, AUTO), lambda d: d["results"]["gsm8k"].update(
+                             {"exact_match,flexible-extract": 65.2})),
+                         [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
+                          "results_2026-11-30T10-00-00.000000.json: expected a number <= 1, got 65.2 in "
+                          "results.gsm8k['exact_match,flexible-extract']"]),
+    "garbage line in a sample log": (_garbage_sample_line,
+                                     [f"ERROR {R}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
+                                      "samples_gsm8k_2026-11-30T10-00-00.000000.jsonl: not a JSON object (Expecting "
+                                      "value at column 1) in line 7. Each line must be one sample record as lm-eval "
+                                      "--log_samples writes it"]),
+    "two lm-eval results files": (_second_results,
+                                  [f"ERROR {R}/{FP8}/accuracy: 2 lm-eval results files (deepseek-ai__DeepSeek-V2-"
+                                   "Lite-Chat/results_2026-11-30T10-00-00.000000.json, deepseek-ai__DeepSeek-V2-Lite-"
+                                   "Chat/results_2026-12-01T00-00-00.000000.json) in the folder. Keep the one of this "
+                                   "cell's run; the stage folder should hold one lm-eval run"]),
+    "negative throughput": (_bench({"requests_per_second": -3.5}),
+                            [f"ERROR {R}/{FP8}/throughput/repeat-1.json: expected a number > 0, got -3.5 in "
+                             "requests_per_second"]),
+    "throughput as a string": (_bench({"tokens_per_second": "32757.46"}),
+                               [f"ERROR {R}/{FP8}/throughput/repeat-1.json: expected a number, got string "
+                                "'32757.46' in tokens_per_second"]),
+    "unknown stage status": (_status({"accuracy": {"status": "crashed"}}),
+                             [f"ERROR {R}/{FP8}/status.json: unknown status string 'crashed' in accuracy.status. "
+                              "Known: error, ok, skipped, timeout"]),
+    "unknown stage in status.json": (_status({"acuracy": {"status": "ok"}}),
+                                     [f"ERROR {R}/{FP8}/status.json: unknown stage 'acuracy' in the top level. "
+                                      "Did you mean accuracy?"]),
+    "garbage junit.xml": (_text(f"{FP8}/kernels/junit.xml", "<testsuites><testcase"),
+                          [f"ERROR {R}/{FP8}/kernels/junit.xml: not valid JUnit XML (Couldn't find end of Start Tag "
+                           "testcase line 1, line 1, column 22 (<string>, line 1)) in the file. Expected pytest "
+                           "--junitxml output"]),
+    "newer run.json": (_text("run.json", '{"contract_version": 3}'),
+                       [f"ERROR {R}/run.json: written for results contract version 3, but this kvgate reads "
+                        "version 1 in contract_version. Upgrade kvgate to a release that reads it"]),
+    "probe file of another tool": (_text(f"{FP8}/probe/probe.json", '{"format": "other"}'),
+                                   [f"ERROR {R}/{FP8}/probe/probe.json: not a kvgate probe file (format 'other') in "
+                                    "'format'. Expected format 'kvgate-probe'"]),
+    "several problems at once": (lambda r: (_set_cell("arch", "sm101")(r), _bench({"elapsed_time": 0})(r),
+                                            _text(f"{AUTO}/kernels/junit.xml", "")(r)),
+                                 [f"ERROR {R}/{AUTO}/kernels/junit.xml: empty file in the file. Expected pytest "
+                                  "--junitxml output",
+                                  f"ERROR {R}/{FP8}/cell.json: unknown arch 'sm101' in arch. Did you mean sm120?"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_input_exits_2_with_whole_error_lines(case, run, capsys):
+    mutate, expected = CASES[case]
+    mutate(run)
+    status = main(["gate", str(run), "--today", "2026-11-30"])
+    err = capsys.readouterr().err
+    print(err)
+    assert status == 2
+    assert err.splitlines() == [line.replace(R, str(run)) for line in expected]
+    assert not (run / "gate").exists()  # no verdict from unusable input
+
+
+def test_missing_run_folder(tmp_path, capsys):
+    assert main(["gate", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (f"ERROR {tmp_path / 'nope'}: no such folder. Pass the run folder the runners "
+                                       "wrote (reports/runs/...)\n")
+
+
+def test_problems_of_run_and_baseline_are_all_reported(tmp_path, capsys):
+    run = build_run(tmp_path / "run")
+    baseline = build_run(tmp_path / "base")
+    _set_cell("backend", "TRITON")(run)
+    _bench({"num_requests": 0})(baseline)
+    assert main(["gate", str(run), "--baseline", str(baseline)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"ERROR {run}/{FP8}/cell.json: unknown backend 'TRITON' in backend. Did you mean TRITON_MLA?",
+        f"ERROR {baseline}/{FP8}/throughput/repeat-1.json: expected an integer >= 1, got 0 in num_requests",
+    ]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--require", "accuracy,speed"], "ERROR --require: unknown stage 'speed'. Stages: kernels, accuracy, throughput, "
+                                      "probe (comma-separated), or all"),
+    (["--today", "30/11/2026"], "ERROR --today: bad date '30/11/2026'. Write YYYY-MM-DD, e.g. 2026-11-30"),
+])
+def test_bad_flags(flags, message, run, capsys):
+    assert main(["gate", str(run), *flags]) == 2
+    assert capsys.readouterr().err == message + "\n"
+
+
+def test_the_installed_command_prints_no_traceback(run):
+    """The same through a real process: stderr is the ERROR lines and nothing else."""
+    _garbage_sample_line(run)
+    _bench({"requests_per_second": float("nan")})(run)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run)], capture_output=True, text=True,
+                          env=env, check=False)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"ERROR {run}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/samples_gsm8k_2026-11-30T10-00-00.000000.jsonl: "
+        "not a JSON object (Expecting value at column 1) in line 7. Each line must be one sample record as lm-eval "
+        "--log_samples writes it",
+        f"ERROR {run}/{FP8}/throughput/repeat-1.json: NaN is not a number JSON allows in the file. "
+        "Write a finite number or null",
+    ]

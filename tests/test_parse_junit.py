@@ -1,0 +1,51 @@
+"""JUnit parser on real pytest 9.2.0 --junitxml outputs (tests/fixtures/junit) read through junitparser 5.0.3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvgate.errors import InputError
+from kvgate.parsers import junit
+from kvgate.parsers._common import read_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "junit"
+
+
+def test_pass_failure_error_and_skip_of_pytest():
+    result = junit.parse_junit(read_text(FIXTURES / "pytest-mixed.xml"), "junit.xml")
+    outcomes = {case.name: (case.outcome, case.message) for case in result.cases}
+    print(outcomes)
+    assert outcomes == {
+        "test_kernels_demo::test_decode_matches_reference[auto]": ("passed", ""),
+        "test_kernels_demo::test_decode_matches_reference[fp8]": ("passed", ""),
+        "test_kernels_demo::test_fp8_decode_tolerance": ("failed", "AssertionError: max abs error 0.31 > 0.05"),
+        "test_kernels_demo::test_uses_fixture": (
+            "error", 'failed on setup with "RuntimeError: CUDA error: no kernel image is available"'),
+        "test_kernels_demo::test_sm100_only": ("skipped", "needs sm100"),
+    }
+    assert [c.name for c in result.problems] == ["test_kernels_demo::test_fp8_decode_tolerance",
+                                                 "test_kernels_demo::test_uses_fixture"]
+
+
+def test_all_passing():
+    result = junit.parse_junit(read_text(FIXTURES / "pytest-pass.xml"), "junit.xml")
+    assert (result.count("passed"), len(result.problems)) == (2, 0)
+
+
+def test_a_bare_testsuite_root_is_read_too():
+    result = junit.parse_junit('<testsuite name="s"><testcase classname="c" name="t"/></testsuite>', "j")
+    assert [(c.name, c.outcome) for c in result.cases] == [("c::t", "passed")]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "j.xml: empty file in the file. Expected pytest --junitxml output"),
+    ("<testsuites><testsuite", "j.xml: not valid JUnit XML (Couldn't find end of Start Tag testsuite line 1, line 1, "
+                               "column 23 (<string>, line 1)) in the file. Expected pytest --junitxml output"),
+    ("<html></html>", "j.xml: not valid JUnit XML (Invalid format.) in the file. Expected pytest --junitxml output"),
+])
+def test_unreadable_junit(text, message):
+    with pytest.raises(InputError) as error:
+        junit.parse_junit(text, "j.xml")
+    assert str(error.value) == message

