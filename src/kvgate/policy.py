@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,10 +22,21 @@ else:  # pragma: no cover
 
 from kvgate import matrix as matrix_module
 from kvgate.errors import InputError, InputErrors, unknown_name_hint
-from kvgate.matrix import Cell, Match, Matrix, _kind, _parse_match, _Reader, _shown_path
+from kvgate.matrix import Match, Matrix, _kind, _parse_match, _Reader, _shown_path
 from kvgate.stats import MULTIPLICITY_METHODS
 
 POLICY_FILE = "policy.toml"
+
+
+class CellLike(Protocol):
+    """What the policy needs of a cell: kvgate.matrix.Cell and kvgate.results.CellIdentity both fit."""
+
+    backend: str
+    kv_cache_dtype: str
+    arch: str
+
+    @property
+    def id(self) -> str: ...
 GSM8K_FILTERS = ("strict-match", "flexible-extract")
 THROUGHPUT_METRICS = ("requests_per_second", "tokens_per_second", "output_tokens_per_second")
 
@@ -56,7 +67,7 @@ class Fp8OverAutoExpectation:
     cell: str | None = None  # an FP8 cell id, or
     match: Match | None = None  # a selector over FP8 cells
 
-    def covers(self, cell: Cell) -> bool:
+    def covers(self, cell: CellLike) -> bool:
         if self.cell is not None:
             return cell.id == self.cell
         return self.match is not None and self.match.matches(cell)
@@ -70,9 +81,9 @@ class ThroughputPolicy:
     metric: str
     fp8_over_auto: tuple[Fp8OverAutoExpectation, ...] = ()
 
-    def fp8_over_auto_expectation(self, cell: Cell) -> Fp8OverAutoExpectation | None:
+    def fp8_over_auto_expectation(self, cell: CellLike) -> Fp8OverAutoExpectation | None:
         """The first expectation declared for this FP8 cell, or None (then the ratio is only reported)."""
-        if not cell.is_fp8:
+        if cell.kv_cache_dtype == "auto":
             return None
         return next((e for e in self.fp8_over_auto if e.covers(cell)), None)
 
@@ -150,7 +161,7 @@ PROBE_KEYS = ("mean_abs_logprob_diff_max", "max_abs_logprob_diff_max", "top1_agr
 def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix: Matrix | None = None) -> Policy:
     """Build the Policy from a parsed TOML document; raises InputErrors naming every problem."""
     reader = _Reader(source)
-    if not reader.keys(doc, "policy", TOP_KEYS):
+    if not reader.keys(doc, Path(source).name, TOP_KEYS):
         raise InputErrors(reader.problems)
     accuracy = _parse_accuracy(reader, doc["accuracy"], matrix)
     throughput = _parse_throughput(reader, doc["throughput"], matrix)
@@ -186,10 +197,11 @@ def _count(reader: _Reader, table: Mapping[str, Any], key: str, where: str, *, l
 def _choice(reader: _Reader, table: Mapping[str, Any], key: str, where: str, choices: Sequence[str],
             what: str) -> str:
     value = table.get(key)
-    if value not in choices:
-        reader.error(f"unknown {what} {_kind(value)}", f"{where}.{key}", unknown_name_hint(value, choices))
-        return ""
-    return value
+    if isinstance(value, str) and value in choices:
+        return value
+    shown = f"'{value}'" if isinstance(value, str) else _kind(value)
+    reader.error(f"unknown {what} {shown}", f"{where}.{key}", unknown_name_hint(value, choices))
+    return ""
 
 
 def _parse_accuracy(reader: _Reader, table: Any, matrix: Matrix | None) -> AccuracyPolicy | None:
@@ -215,8 +227,11 @@ def _parse_accuracy(reader: _Reader, table: Any, matrix: Matrix | None) -> Accur
         filters = []
     for index, name in enumerate(filters):
         if name not in GSM8K_FILTERS:
-            reader.error(f"unknown gsm8k filter {_kind(name)}", f"{where}.filters[{index}]",
+            shown = f"'{name}'" if isinstance(name, str) else _kind(name)
+            reader.error(f"unknown gsm8k filter {shown}", f"{where}.filters[{index}]",
                          unknown_name_hint(name, GSM8K_FILTERS))
+        elif name in filters[:index]:
+            reader.error(f"duplicate gsm8k filter '{name}'", f"{where}.filters[{index}]")
     return AccuracyPolicy(
         fp8_tax_points=_number(reader, table, "fp8_tax_points", where, low=0, high=100, low_open=True),
         fp8_tax_points_by_model=by_model,

@@ -335,9 +335,13 @@ def _throughputs(values: Sequence[float], name: str) -> np.ndarray:
 
 
 def throughput_regressed(test: RatioTest, *, tolerance: float, alpha: float, adjusted_p: float | None) -> bool:
-    """Fail when current/baseline < 1 - tolerance AND (when a test exists) the slowdown is significant."""
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    """Fail when current/baseline < 1 - tolerance AND (when a test exists) the slowdown is significant.
+
+    A negative tolerance demands a speed-up (a declared fp8/auto expectation of min_ratio 1.05 is
+    tolerance -0.05).
+    """
+    if not (math.isfinite(tolerance) and tolerance < 1):
+        raise ValueError(f"tolerance must be < 1, got {tolerance}")
     _check_alpha(alpha)
     below = test.ratio < 1 - tolerance
     if adjusted_p is None or test.p_value is None:

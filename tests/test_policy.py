@@ -1,0 +1,223 @@
+"""kvgate.policy: matrix/policy.toml loads, its thresholds mean what the comments say, bad files are named."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvgate import matrix as matrix_module
+from kvgate import policy as policy_module
+from kvgate.cli import main
+from kvgate.errors import InputError, InputErrors
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def matrix() -> matrix_module.Matrix:
+    return matrix_module.load()
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    with (ROOT / "matrix" / "policy.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def test_the_repository_policy_loads(matrix: matrix_module.Matrix) -> None:
+    policy = policy_module.load(matrix=matrix)
+    accuracy = policy.accuracy
+    print(policy)
+    assert (accuracy.fp8_tax_points, accuracy.baseline_margin_points) == (3.0, 1.0)
+    assert (accuracy.alpha, accuracy.multiplicity) == (0.01, "bh")
+    assert accuracy.filters == ("strict-match", "flexible-extract")
+    assert policy.fp8_tax_points("deepseek-ai/DeepSeek-V2-Lite-Chat") == 3.0
+    assert policy.fp8_tax_points("some/other-model") == accuracy.fp8_tax_points
+    assert (policy.throughput.tolerance, policy.throughput.alpha) == (0.05, 0.05)
+    assert policy.kernels.min_executed_tests == 1
+
+
+def test_per_model_fp8_tax_overrides_the_default(document: dict[str, Any], matrix: matrix_module.Matrix) -> None:
+    doc = copy.deepcopy(document)
+    doc["accuracy"]["fp8_tax_points_by_model"] = {"meta-llama/Llama-3.1-8B-Instruct": 2.0}
+    policy = policy_module.parse(doc, matrix=matrix)
+    assert policy.fp8_tax_points("meta-llama/Llama-3.1-8B-Instruct") == 2.0
+    assert policy.fp8_tax_points("deepseek-ai/DeepSeek-V2-Lite-Chat") == 3.0
+
+
+# The CPU measurements of ../shared/facts/cpu.md (random tiny Llama, 16 prompts, vs a first auto run):
+# (mean abs prompt-logprob diff, max abs diff, top-1 agreement)
+CPU_PROBE = {
+    "auto again": ("auto", 0.0, 0.0, 1.00),
+    "fp8": ("fp8", 0.050, 0.145, 0.81),
+    "fp8_e4m3": ("fp8_e4m3", 0.050, 0.145, 0.81),
+    "fp8_e5m2": ("fp8_e5m2", 0.094, 0.415, 0.67),
+}
+BROKEN_INT8 = (0.651, 1.67, 0.19)
+
+
+def _passes(limits: policy_module.ProbeThresholds, mean: float, worst: float, top1: float) -> bool:
+    return (mean <= limits.mean_abs_logprob_diff_max and worst <= limits.max_abs_logprob_diff_max
+            and top1 >= limits.top1_agreement_min)
+
+
+@pytest.mark.parametrize("dtype, mean, worst, top1", CPU_PROBE.values(), ids=CPU_PROBE.keys())
+def test_probe_thresholds_pass_the_measured_healthy_paths_and_fail_the_broken_one(
+        dtype: str, mean: float, worst: float, top1: float, matrix: matrix_module.Matrix) -> None:
+    limits = policy_module.load(matrix=matrix).probe.thresholds(dtype, "cpu")
+    assert _passes(limits, mean, worst, top1)
+    # headroom: the healthy figure is at least 1.5x inside each limit (top-1 by its disagreement) ...
+    assert mean * 1.5 <= limits.mean_abs_logprob_diff_max or mean == 0
+    assert worst * 1.5 <= limits.max_abs_logprob_diff_max or worst == 0
+    assert (1 - top1) * 1.5 <= 1 - limits.top1_agreement_min or top1 == 1
+    # ... and a broken path (int8 through the same check) misses every one of the three limits by 1.4x+
+    bad_mean, bad_worst, bad_top1 = BROKEN_INT8
+    assert bad_mean > 1.4 * limits.mean_abs_logprob_diff_max
+    assert bad_worst > 1.4 * limits.max_abs_logprob_diff_max
+    assert 1 - bad_top1 > 1.4 * (1 - limits.top1_agreement_min)
+
+
+def test_probe_thresholds_per_arch_override_only_what_they_name(document: dict[str, Any],
+                                                                matrix: matrix_module.Matrix) -> None:
+    doc = copy.deepcopy(document)
+    doc["probe"]["fp8"]["by_arch"] = {"sm90": {"top1_agreement_min": 0.9}}
+    probe = policy_module.parse(doc, matrix=matrix).probe
+    assert probe.thresholds("fp8", "sm90").top1_agreement_min == 0.9
+    assert probe.thresholds("fp8", "sm90").mean_abs_logprob_diff_max == probe.thresholds("fp8", "sm100").mean_abs_logprob_diff_max
+    assert probe.thresholds("fp8", "sm100").top1_agreement_min == 0.60
+
+
+def test_fp8_over_auto_is_only_checked_where_declared(document: dict[str, Any], matrix: matrix_module.Matrix) -> None:
+    seed_cell = matrix.cell("flashinfer_mla-fp8-sm100")
+    assert policy_module.load(matrix=matrix).throughput.fp8_over_auto_expectation(seed_cell) is None
+    doc = copy.deepcopy(document)
+    doc["throughput"]["fp8_over_auto"] = [
+        {"match": {"backend": "FLASHINFER_MLA", "arch": "sm100"}, "min_ratio": 1.0, "reason": "seed PR: +10 %"},
+        {"cell": "flashmla-fp8-sm90", "min_ratio": 0.3, "reason": "fp8 decode is slower on SM90"},
+    ]
+    throughput = policy_module.parse(doc, matrix=matrix).throughput
+    found = throughput.fp8_over_auto_expectation(seed_cell)
+    assert found is not None and (found.min_ratio, found.where) == (1.0, "throughput.fp8_over_auto[0]")
+    assert throughput.fp8_over_auto_expectation(matrix.cell("flashmla-fp8-sm90")).min_ratio == 0.3
+    assert throughput.fp8_over_auto_expectation(matrix.cell("flashinfer_mla-auto-sm100")) is None
+    assert throughput.fp8_over_auto_expectation(matrix.cell("cutlass_mla-fp8-sm100")) is None
+
+
+# ---------------------------------------------------------------------------------------------- bad files
+
+def _set(*path: str, value: Any):
+    def edit(doc: dict[str, Any]) -> None:
+        for key in path[:-1]:
+            doc = doc[key]
+        doc[path[-1]] = value
+    return edit
+
+
+def _rename(table: str, old: str, new: str):
+    def edit(doc: dict[str, Any]) -> None:
+        doc[table][new] = doc[table].pop(old)
+    return edit
+
+
+BAD_POLICIES = {
+    "misspelt key": (
+        _rename("accuracy", "fp8_tax_points", "fp8_tax_point"),
+        ["matrix/policy.toml: unknown key 'fp8_tax_point' in accuracy. Did you mean fp8_tax_points?",
+         "matrix/policy.toml: missing key 'fp8_tax_points' in accuracy"]),
+    "alpha out of range": (
+        _set("accuracy", "alpha", value=5),
+        ["matrix/policy.toml: expected a number > 0 and <= 0.5, got the number 5 in accuracy.alpha"]),
+    "multiplicity in capitals": (
+        _set("accuracy", "multiplicity", value="Holm"),
+        ["matrix/policy.toml: unknown multiplicity method 'Holm' in accuracy.multiplicity. Did you mean holm?"]),
+    "unknown multiplicity": (
+        _set("throughput", "multiplicity", value="bonferroni"),
+        ["matrix/policy.toml: unknown multiplicity method 'bonferroni' in throughput.multiplicity. "
+         "Known: bh, holm, none"]),
+    "model not in the matrix": (
+        _set("accuracy", "fp8_tax_points_by_model", value={"deepseek-ai/DeepSeek-V2-Lite": 4.0}),
+        ["matrix/policy.toml: unknown model 'deepseek-ai/DeepSeek-V2-Lite' in accuracy.fp8_tax_points_by_model. "
+         "Did you mean deepseek-ai/DeepSeek-V2-Lite-Chat?"]),
+    "filter with an underscore": (
+        _set("accuracy", "filters", value=["strict_match", "flexible-extract"]),
+        ["matrix/policy.toml: unknown gsm8k filter 'strict_match' in accuracy.filters[0]. Did you mean strict-match?"]),
+    "fractional min_n": (
+        _set("accuracy", "min_n", value=200.5),
+        ["matrix/policy.toml: expected an integer >= 1, got the number 200.5 in accuracy.min_n"]),
+    "probe dtype typo": (
+        _rename("probe", "fp8_e5m2", "fp8_e4m2"),
+        ["matrix/policy.toml: unknown kv_cache_dtype 'fp8_e4m2' in probe.fp8_e4m2. Did you mean fp8_e5m2?",
+         "matrix/policy.toml: no thresholds for kv_cache_dtype 'fp8_e5m2' in probe. Add [probe.fp8_e5m2] with "
+         "mean_abs_logprob_diff_max, max_abs_logprob_diff_max, top1_agreement_min"]),
+    "probe arch typo": (
+        _set("probe", "fp8", "by_arch", value={"sm9": {"top1_agreement_min": 0.5}}),
+        ["matrix/policy.toml: unknown arch 'sm9' in probe.fp8.by_arch.sm9. Did you mean sm90?"]),
+    "top-1 as a percentage": (
+        _set("probe", "fp8", "top1_agreement_min", value=60),
+        ["matrix/policy.toml: expected a number >= 0 and <= 1, got the number 60 in probe.fp8.top1_agreement_min"]),
+    "expectation for a cell id typo": (
+        _set("throughput", "fp8_over_auto",
+             value=[{"cell": "flashinfer_mla-fp8-sm10", "min_ratio": 1.0, "reason": "seed PR"}]),
+        ["matrix/policy.toml: unknown FP8 cell 'flashinfer_mla-fp8-sm10' in throughput.fp8_over_auto[0].cell. "
+         "Did you mean flashinfer_mla-fp8-sm100?"]),
+    "expectation for a backend typo": (
+        _set("throughput", "fp8_over_auto",
+             value=[{"match": {"backend": "FLASHINFR_MLA"}, "min_ratio": 1.0, "reason": "seed PR"}]),
+        ["matrix/policy.toml: unknown backend 'FLASHINFR_MLA' in throughput.fp8_over_auto[0].match.backend. "
+         "Did you mean FLASHINFER_MLA?"]),
+    "expectation on auto cells": (
+        _set("throughput", "fp8_over_auto",
+             value=[{"match": {"kv_cache_dtype": "auto"}, "min_ratio": 1.0, "reason": "seed PR"}]),
+        ["matrix/policy.toml: matches no FP8 cell in throughput.fp8_over_auto[0].match. Fix its names or delete it"]),
+    "expectation with cell and match": (
+        _set("throughput", "fp8_over_auto",
+             value=[{"cell": "flashinfer_mla-fp8-sm100", "match": {"arch": "sm100"}, "min_ratio": 1.0,
+                     "reason": "seed PR"}]),
+        ["matrix/policy.toml: give exactly one of 'cell' or 'match' in throughput.fp8_over_auto[0]"]),
+    "no kernels table": (
+        lambda doc: doc.pop("kernels"),
+        ["matrix/policy.toml: missing key 'kernels' in policy.toml"]),
+}
+
+
+@pytest.mark.parametrize("edit, messages", BAD_POLICIES.values(), ids=BAD_POLICIES.keys())
+def test_bad_policy_documents_name_the_file_the_key_and_the_fix(
+        edit, messages: list[str], document: dict[str, Any], matrix: matrix_module.Matrix) -> None:
+    doc = copy.deepcopy(document)
+    edit(doc)
+    with pytest.raises(InputErrors) as caught:
+        policy_module.parse(doc, "matrix/policy.toml", matrix=matrix)
+    assert [str(e) for e in caught.value.errors] == messages
+
+
+def test_a_bad_policy_file_is_one_error_line_per_problem_and_exit_2(tmp_path: Path, capsys) -> None:
+    text = (ROOT / "matrix" / "policy.toml").read_text(encoding="utf-8")
+    bad = tmp_path / "policy.toml"
+    bad.write_text(text.replace('multiplicity = "bh"', 'multiplicity = "BH"', 1)
+                   .replace("alpha = 0.01", "alpha = 0", 1), encoding="utf-8")
+    status = main(["power", "--n", "1319", "--discordance", "0.1", "--policy", str(bad)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.splitlines() == [
+        f"ERROR {bad}: expected a number > 0 and <= 0.5, got the number 0 in accuracy.alpha",
+        f"ERROR {bad}: unknown multiplicity method 'BH' in accuracy.multiplicity. Did you mean bh?",
+    ]
+
+
+def test_unreadable_policy_files(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as caught:
+        policy_module.load(tmp_path / "nope.toml")
+    assert str(caught.value) == f"{tmp_path / 'nope.toml'}: file is missing. Pass --policy or restore matrix/policy.toml"
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[accuracy\nalpha = 1\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"broken.toml: invalid TOML: Expected ']' at the end of a table declaration"):
+        policy_module.load(broken)
