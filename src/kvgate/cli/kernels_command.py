@@ -1,0 +1,62 @@
+"""`kvgate kernels`: run the decode-kernel tests of the selected cells into a results folder.
+
+    kvgate kernels --run-dir DIR [--cell ID ...] [--arch A] [--backend B] [--kv-cache-dtype D]
+                   [--arch-default ARCH] [--gpus N] [pytest args ...]
+
+Without filters it selects the cells of --arch-default (the noxfile passes this machine's arch). Each
+cell's JUnit lands in <run dir>/<cell id>/kernels/junit.xml, its timings in kernels/timings.json
+(kvgate.kernels.runner). Unknown flags go to pytest. Exit status 1 when any cell's kernels stage
+errored or timed out, 0 otherwise (skipped cells included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvgate import hardware
+from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
+from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
+from kvgate.kernels import gpus, runner
+
+HELP = "run the decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) of the selected cells"
+PASSES_THROUGH = True
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-dir", type=Path, required=True, help="the results folder (one subfolder per cell)")
+    add_filter_arguments(parser)
+    parser.add_argument("--arch-default", default=None, metavar="ARCH",
+                        help="with no --cell/--arch/--backend/--kv-cache-dtype filter, select this arch's cells "
+                             "(default: this machine's)")
+    parser.add_argument("--gpus", type=int, default=None, metavar="N",
+                        help=f"pytest-xdist workers, one GPU each (default ${gpus.WORKERS_ENV} or 0: one process)")
+    parser.add_argument("--timeout", type=float, default=runner.DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help="per cell")
+
+
+def run(args: argparse.Namespace) -> int:
+    local_arch = hardware.local_arch()
+    if not (args.cell or args.arch or args.backend or args.kv_cache_dtype):
+        args.arch = [args.arch_default or local_arch]
+    _, cells = selected_cells(args)
+    if not cells:
+        raise InputError("kvgate kernels", "no cell matches these filters", hint="List them with `kvgate matrix`")
+    if not runner.TESTS_DIR.is_dir():
+        raise InputError("kvgate kernels", f"the kernel tests are missing ({runner.TESTS_DIR})",
+                         hint="Run kvgate from a checkout of its repository")
+    workers = args.gpus if args.gpus is not None else gpus.workers_from_env()
+    if workers < 0:
+        raise InputError("kvgate kernels", f"--gpus must be 0 or more, got {workers}")
+    failed = False
+    for cell in cells:
+        outcome = runner.run_cell(cell, args.run_dir, local_arch=local_arch, workers=workers,
+                                  pytest_args=args.passthrough, timeout_s=args.timeout)
+        counts = outcome.counts
+        figures = (f" ({counts.passed} passed, {counts.failures + counts.errors} failed, {counts.skipped} skipped"
+                   f", {outcome.seconds:.0f} s)") if counts.tests else ""
+        print(f"{cell.id}: {outcome.status}{figures}" + (f" - {outcome.reason}" if outcome.reason else ""))
+        failed |= outcome.status in ("error", "timeout")
+    print(f"kvgate kernels: {len(cells)} cells under {args.run_dir}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK

@@ -1,0 +1,66 @@
+"""One module per kernel family; each turns `DecodeInputs` into a launch the tests and the benchmark share.
+
+Every adapter module exposes ``prepare(inputs, family) -> PreparedDecode``. ``PreparedDecode.run()``
+launches the kernel once and returns its output ``[batch, heads, kv_lora_rank]``; it allocates nothing
+and never synchronises with the host, so the benchmark can capture it in a CUDA graph. An adapter
+raises `KernelUnavailable` (a skip, with the reason) when this machine cannot run the kernel: the
+package is missing, the GPU arch is not the kernel's, the kv dtype has no path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+
+class KernelUnavailable(Exception):
+    """This kernel cannot run on this machine; the message says why (the test is skipped with it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedDecode:
+    run: Callable[[], torch.Tensor]
+    provenance: str  # which library and version ran, for the JUnit properties and timings.json
+
+
+def adapter_module(module_name: str) -> ModuleType:
+    return importlib.import_module(module_name)
+
+
+def import_quietly(module_name: str) -> tuple[ModuleType, list[str]]:
+    """Import a kernel library, collecting (not raising) the warnings its import emits.
+
+    The import of a library is not what a kernel test checks; its warnings are reported in the
+    provenance instead of failing every test under `filterwarnings = error`. Warnings the kernel
+    call itself raises still fail the test.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(module_name)
+    return module, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+
+
+def compute_capability() -> tuple[int, int] | None:
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability()
+
+
+def require_cuda(what: str) -> torch.device:
+    if not torch.cuda.is_available():
+        raise KernelUnavailable(f"{what} needs a CUDA GPU; none is visible here")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def require_capability(what: str, allowed_majors: tuple[int, ...], label: str) -> tuple[int, int]:
+    """Refuse (KernelUnavailable) unless the visible GPU's major compute capability is allowed."""
+    require_cuda(what)
+    major, minor = torch.cuda.get_device_capability()
+    if major not in allowed_majors:
+        raise KernelUnavailable(f"{what} runs on {label} only; this GPU is SM{major}{minor}")
+    return major, minor

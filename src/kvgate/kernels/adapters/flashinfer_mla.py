@@ -1,0 +1,99 @@
+"""FlashInfer's ``BatchMLAPagedAttentionWrapper`` with the fa3 / fa2 backends (SM90; fa2 also SM80+).
+
+Families ``flashinfer_mla_fa3`` and ``flashinfer_mla_fa2``. bf16 KV, and FP8 e4m3 KV with a bf16
+query: planned with ``scale_mode="kv-per-tensor"`` and run with ``ckv_scale = kpe_scale = k_scale``
+(kvgate.kernels.fp8.to_flashinfer). This is the kernel vLLM's FLASHINFER_MLA_SPARSE_SM90 backend calls
+(fa3, ``ckv_scale = k_scale``); vLLM's dense FLASHINFER_MLA uses trtllm-gen on SM100 instead
+(adapters/flashinfer_trtllm_mla.py).
+
+`plan_only` plans a wrapper with any FlashInfer backend name without running it: the arch-refusal
+tests use it to pin the error FlashInfer raises on an arch the matrix says is unsupported
+(trtllm-gen, cute-dsl, cutile, xqa, cutlass all refuse SM90 at plan time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvgate.kernels import fp8
+from kvgate.kernels.adapters import KernelUnavailable, PreparedDecode, import_quietly, require_cuda
+from kvgate.kernels.cases import DecodeInputs
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+BACKEND_OF_FAMILY = {"flashinfer_mla_fa3": "fa3", "flashinfer_mla_fa2": "fa2"}
+_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def _flashinfer():
+    try:
+        flashinfer, import_warnings = import_quietly("flashinfer")
+        mla, more = import_quietly("flashinfer.mla")
+    except ImportError as error:
+        raise KernelUnavailable(f"FlashInfer is not installed ({error})") from None
+    IMPORT_WARNINGS[:] = sorted({*import_warnings, *more})
+    return flashinfer, mla.BatchMLAPagedAttentionWrapper, mla.MLAPlanMetadata
+
+
+IMPORT_WARNINGS: list[str] = []
+
+
+def _workspace(device: torch.device) -> torch.Tensor:
+    if device not in _WORKSPACES:
+        _WORKSPACES[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _WORKSPACES[device]
+
+
+def plan_only(inputs: DecodeInputs, backend: str):
+    """A planned wrapper for `backend` ('fa3', 'trtllm-gen', ...); raises what FlashInfer raises."""
+    device = require_cuda(f"FlashInfer MLA ({backend})")
+    _, wrapper_type, metadata_type = _flashinfer()
+    cache = inputs.cache
+    kv_indptr, kv_indices, kv_lens = cache.csr()
+    batch = cache.batch
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    wrapper = wrapper_type(_workspace(device), backend=backend)
+    wrapper.plan(
+        metadata=metadata_type.csr(qo_indptr, kv_indptr.to(device), kv_indices.to(device), kv_lens.to(device)),
+        num_heads=inputs.case.num_heads,
+        head_dim_ckv=cache.kv_lora_rank,
+        head_dim_kpe=cache.rope_dim,
+        page_size=cache.page_size,
+        causal=False,
+        sm_scale=_scales(inputs).sm_scale,
+        q_data_type=inputs.query.dtype,
+        kv_data_type=inputs.kv_dtype,
+        query_layout="split",
+        kv_cache_layout="split",
+        scale_mode="kv-per-tensor" if inputs.is_fp8 else "default",
+    )
+    return wrapper
+
+
+def _scales(inputs: DecodeInputs) -> fp8.FlashInferKvScales:
+    vllm = inputs.scales
+    return fp8.to_flashinfer(vllm.bmm1_scale, vllm.bmm2_scale)
+
+
+def prepare(inputs: DecodeInputs, family: str) -> PreparedDecode:
+    backend = BACKEND_OF_FAMILY[family]
+    if inputs.kv_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise KernelUnavailable(f"FlashInfer MLA {backend} takes bf16 or FP8 e4m3 KV, not {inputs.kv_dtype}")
+    flashinfer, _, _ = _flashinfer()
+    wrapper = plan_only(inputs, backend)
+    kv_lora_rank = inputs.cache.kv_lora_rank
+    q_nope = inputs.query[..., :kv_lora_rank]
+    q_pe = inputs.query[..., kv_lora_rank:]
+    ckv, kpe = inputs.cache.ckv, inputs.cache.kpe
+    out = torch.empty(*inputs.query.shape[:2], kv_lora_rank, dtype=inputs.query.dtype, device=inputs.query.device)
+    extra = {}
+    if inputs.is_fp8:
+        scales = _scales(inputs)
+        extra = {"ckv_scale": scales.ckv_scale, "kpe_scale": scales.kpe_scale}
+
+    def run() -> torch.Tensor:
+        return wrapper.run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=out, **extra)
+
+    provenance = f"flashinfer {flashinfer.__version__} BatchMLAPagedAttentionWrapper backend={backend}"
+    if IMPORT_WARNINGS:
+        provenance += f" (import warnings: {'; '.join(IMPORT_WARNINGS)})"
+    return PreparedDecode(run=run, provenance=provenance)
