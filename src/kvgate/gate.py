@@ -29,6 +29,8 @@ from kvgate.results import (STAGES, AccuracyResult, CellIdentity, CellResults, R
                             StageResult, ThroughputResult)
 from kvgate.verdict import Check, Verdict, WaiverNote
 
+KIND_ORDER = ("cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",
+              "probe")
 UNITS = {"requests_per_second": "req/s", "tokens_per_second": "tok/s", "output_tokens_per_second": "output tok/s"}
 WaiverLookup = Callable[[CellIdentity, str], Any]  # -> matrix.Waiver | None
 
@@ -55,9 +57,10 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         checks.append(_kernels_check(cell, policy, require))
         checks.append(_accuracy_check(cell, require))
         throughput_check, throughput_pending = _throughput_check(cell, baseline, policy, require)
-        checks.append(throughput_check)
         if throughput_pending:
             pending.append(throughput_pending)
+        else:
+            checks.append(throughput_check)
         checks.append(_probe_check(cell, run, policy, require, probe_compare))
         if cell.identity.is_fp8:
             partner = run.find(cell.identity.with_dtype("auto"))
@@ -89,6 +92,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         checks.append(_decide(item, adjusted_by_id.get(id(item))))
     if waiver_for is not None:
         checks = [_apply_waiver(c, run, baseline, waiver_for, today) for c in checks]
+    checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
     return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
                    today=today.isoformat(), multiplicity={
                        "accuracy": {"method": policy.accuracy.multiplicity, "alpha": policy.accuracy.alpha,

@@ -166,3 +166,28 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
         write_throughput(cell, rps)
         write_kernels(cell)
     return run_dir
+
+
+def write_probe(cell_dir: Path, *, shift: float = 0.0, flip_every: int = 0, prompts: int = 4,
+                length: int = 12) -> Path:
+    """probe/probe.json in kvgate's probe format: prompt logprobs moved by `shift`, and the top-1 token
+    changed at every `flip_every`-th position (0: never), against the same record with shift 0."""
+    items = []
+    for p in range(prompts):
+        ids = [(p * 7 + i) % 500 + 4 for i in range(length)]
+        logprobs: list[Any] = [None]
+        top: list[Any] = [None]
+        for i in range(1, length):
+            value = -1.0 - 0.1 * i - shift * (1 if i % 2 else -1)
+            logprobs.append(value)
+            best = ids[i] if not (flip_every and i % flip_every == 0) else (ids[i] + 1) % 500
+            top.append([[best, value]])
+        items.append({"prompt": f"prompt {p}", "prompt_token_ids": ids, "prompt_logprobs": logprobs,
+                      "prompt_top": top, "generated_token_ids": [5, 6], "generated_logprobs": [-0.5, -0.6],
+                      "generated_top": [[[5, -0.5]], [[6, -0.6]]], "generated_text": "ab"})
+    record = {"format": "kvgate-probe", "version": 1, "settings": {"max_tokens": 2, "top_k": 1}, "engine": {},
+              "prompts": items}
+    folder = Path(cell_dir) / "probe"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "probe.json").write_text(json.dumps(record), encoding="utf-8")
+    return folder / "probe.json"

@@ -1,0 +1,48 @@
+"""The seed PR's case end to end through `kvgate gate`: folder in, verdict + reports + exit status out."""
+
+from __future__ import annotations
+
+import json
+
+from junitparser import JUnitXml
+
+from kvgate.cli import main
+from kvgate.synthetic_run import write_seed_run
+
+FP8 = "flashinfer_mla-fp8-sm100"
+
+
+def test_seed_case_passes(tmp_path, capsys):
+    run = write_seed_run(tmp_path / "run")
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "✅ kvgate: all 8 checks passed"
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    strict = next(c for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match")
+    print(json.dumps(strict, indent=1))
+    assert strict["status"] == "pass"
+    assert (strict["figures"]["reference"], strict["figures"]["candidate"]) == (0.644428, 0.626232)
+    assert strict["threshold"] == {"margin_points": 3.0, "alpha": 0.01}
+    assert strict["interval"][0] < strict["figures"]["drop_points"] < strict["interval"][1]
+    ratio = next(c for c in verdict["checks"] if c["kind"] == "fp8_throughput")
+    assert ratio["status"] == "info" and ratio["figures"]["ratio"] == round(3.55 / 3.22, 6)
+    report = (run / "gate" / "report.md").read_text()
+    assert report.splitlines()[0] == first
+    assert "0.6444 -> 0.6262, drop 1.82 pts" in report
+
+
+def test_seed_case_with_a_seven_point_drop_fails_and_names_the_cell(tmp_path, capsys):
+    run = write_seed_run(tmp_path / "run", fp8_drop_points=7.1)
+    out = tmp_path / "out"
+    assert main(["gate", str(run), "--out", str(out), "--today", "2026-11-30"]) == 1
+    first = (out / "report.md").read_text().splitlines()[0]
+    assert first == (f"❌ kvgate: 2 of 8 checks failed — {FP8} fp8_accuracy [flexible-extract] drop 7.1 pts > 3.0 "
+                     "(p<0.001) (+1 more)")
+    assert capsys.readouterr().out.splitlines()[0] == first
+    assert not (run / "gate").exists()  # --out elsewhere leaves the run folder alone
+    junit = JUnitXml.fromfile(str(out / "junit.xml"))
+    failures = [(case.classname, case.name, case.result[0].message) for suite in junit for case in suite
+                if case.result and case.result[0]._tag == "failure"]
+    assert [f[:2] for f in failures] == [("kvgate.fp8_accuracy", f"{FP8}[flexible-extract]"),
+                                         ("kvgate.fp8_accuracy", f"{FP8}[strict-match]")]
+    assert failures[1][2].startswith("FAIL: drop 7.1 pts > 3.0 [5.4, 8.9]; 0.6444 -> 0.5732, p<0.001")
