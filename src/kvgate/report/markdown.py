@@ -6,7 +6,7 @@ multiplicity note, the weaker-check notes, and every other check folded away.
 
 from __future__ import annotations
 
-from kvgate.verdict import STATUS_LABEL, Check, Verdict, sort_key
+from kvgate.verdict import STATUS_LABEL, STATUSES, Check, Verdict, sort_key
 
 ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}
 MULTIPLICITY = {
@@ -14,12 +14,17 @@ MULTIPLICITY = {
     "bh": "Benjamini-Hochberg (false-discovery rate ≤ alpha over the whole run)",
     "none": "no adjustment (each check at alpha on its own: expect false alarms across many cells)",
 }
-MAX_ROWS_PER_SECTION = 400  # GitHub step summaries hold 1 MiB
+MAX_ROWS_PER_SECTION = 400
+# which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
+HEADLINE_PRIORITY = ("fp8_accuracy", "baseline_accuracy", "probe", "kernels", "throughput", "fp8_throughput",
+                     "accuracy", "cell")  # GitHub step summaries hold 1 MiB
 
 
 def headline(verdict: Verdict) -> str:
     judged = verdict.judged
-    failed = sorted(verdict.failed, key=sort_key)
+    failed = sorted(verdict.failed, key=lambda c: (STATUSES.index(c.status), HEADLINE_PRIORITY.index(c.kind)
+                                                   if c.kind in HEADLINE_PRIORITY else len(HEADLINE_PRIORITY),
+                                                   sort_key(c)))
     waived = sum(c.status == "waived" for c in judged)
     if failed:
         first = failed[0]

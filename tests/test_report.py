@@ -1,0 +1,98 @@
+"""Reports of a verdict: verdict.json (versioned), report.md, report.html (self-contained), junit.xml."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+from kvgate import gate, matrix as matrix_module, policy as policy_module
+from kvgate.errors import InputError
+from kvgate.report import headline, render_all, write_all
+from kvgate.run_loader import KnownNames, load_run
+from kvgate.synthetic_run import write_kernels, write_seed_run
+from kvgate.verdict import VERDICT_VERSION, Verdict, check_version
+
+MATRIX = matrix_module.load()
+POLICY = policy_module.load(matrix=MATRIX)
+
+
+def verdict_of(run: Path, today: dt.date = dt.date(2026, 11, 30)) -> Verdict:
+    return gate.evaluate(load_run(run, KnownNames.from_matrix(MATRIX)), policy=POLICY, waiver_for=MATRIX.waiver_for,
+                         today=today)
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory) -> Verdict:
+    run = write_seed_run(tmp_path_factory.mktemp("r") / "run", fp8_drop_points=7.1)
+    write_kernels(run / "flashinfer_mla-auto-sm100", passed=0, skipped=3)
+    return verdict_of(run)
+
+
+def test_verdict_json_is_versioned_and_complete(failing):
+    data = json.loads(render_all(failing)["verdict.json"])
+    assert data["verdict_version"] == VERDICT_VERSION
+    assert data["summary"] == {"checks": 8, "failed": 3, "fail": 3, "error": 0, "missing": 0, "waived": 0,
+                               "pass": 5, "not_run": 2, "info": 1}
+    assert data["exit_status"] == 1 and data["passed"] is False
+    assert {c["status"] for c in data["checks"]} <= {"pass", "fail", "waived", "missing", "error", "not_run", "info"}
+    for check in data["checks"]:
+        assert set(check) >= {"cell", "kind", "status", "figures", "threshold", "p_value", "interval", "detail"}
+
+
+def test_a_verdict_of_a_newer_major_version_is_refused():
+    check_version({"verdict_version": "1.7"}, "v.json")
+    with pytest.raises(InputError) as error:
+        check_version({"verdict_version": "2.0"}, "v.json")
+    assert str(error.value) == "v.json: verdict version 2.0 is newer than this kvgate reads (1.0) in verdict_version. Upgrade kvgate"
+
+
+def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(failing):
+    text = render_all(failing)["report.md"].decode()
+    lines = text.splitlines()
+    print(text)
+    assert lines[0] == ("❌ kvgate: 3 of 8 checks failed — flashinfer_mla-fp8-sm100 fp8_accuracy [flexible-extract] "
+                        "drop 7.1 pts > 3.0 (p<0.001) (+2 more)")
+    attention = text.split("### Needs attention")[1].split("###")[0]
+    assert attention.count("❌ FAIL") == 3
+    assert "0 kernel tests ran (3 skipped of 3)" in attention
+    assert "Benjamini-Hochberg" in text
+
+
+def test_a_waived_run_says_so_in_its_first_line(tmp_path):
+    run = write_seed_run(tmp_path / "run", backend="FLASHINFER", arch="sm120")
+    assert headline(verdict_of(run)) == "✅ kvgate: all 8 checks passed (5 waived)"
+
+
+def test_html_is_self_contained_with_both_plots(failing):
+    page = render_all(failing)["report.html"].decode()
+    assert page.count("<svg") == 2
+    assert "<script" not in page
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)  # nothing fetched from the network
+    assert "flashinfer_mla-fp8-sm100 · strict-match" in page
+
+
+def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_path):
+    (tmp_path / "junit.xml").write_bytes(render_all(failing)["junit.xml"])
+    xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    cases = [case for suite in xml for case in suite]
+    assert len(cases) == len(failing.checks)
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (11, 3, 0, 3)
+    kernels = next(c for c in cases if c.classname == "kvgate.kernels" and c.name == "flashinfer_mla-auto-sm100")
+    assert kernels.result[0].message == ("FAIL: 0 kernel tests ran (3 skipped of 3); the policy needs at least 1 | "
+                                         "threshold 0 failed, 0 errors")
+
+
+def test_outputs_replace_only_their_own_files(failing, tmp_path):
+    out = tmp_path / "gate"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "report.md").write_text("old")
+    paths = write_all(failing, out)
+    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "notes.txt", "report.html", "report.md", "verdict.json"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert paths["report.md"].read_text().startswith("❌ kvgate")
