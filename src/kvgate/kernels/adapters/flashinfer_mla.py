@@ -43,17 +43,30 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return _WORKSPACES[device]
 
 
-def plan_only(inputs: DecodeInputs, backend: str):
-    """A planned wrapper for `backend` ('fa3', 'trtllm-gen', ...); raises what FlashInfer raises."""
+def plan_only(inputs: DecodeInputs, backend: str, *, packed: bool = False):
+    """A planned wrapper for `backend` ('fa3', 'trtllm-gen', ...); raises what FlashInfer raises.
+
+    fa2/fa3 are planned as kvgate runs them: split query and cache, CSR metadata, FP8 with
+    scale_mode="kv-per-tensor". `packed=True` plans the contract the other backends accept (packed
+    query and cache, CSR + dense metadata, FP8 with "bmm-scalar"), so that what a refusal test meets
+    is the backend's arch check rather than a layout or scale-contract rejection.
+    """
     device = require_cuda(f"FlashInfer MLA ({backend})")
     _, wrapper_type, metadata_type = _flashinfer()
     cache = inputs.cache
-    kv_indptr, kv_indices, kv_lens = cache.csr()
+    kv_indptr, kv_indices, kv_lens = (t.to(device) for t in cache.csr())
     batch = cache.batch
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    if packed:
+        metadata = metadata_type.dual(qo_indptr, kv_indptr, kv_indices, kv_lens, cum_seq_lens_q=qo_indptr,
+                                      block_tables=cache.block_table.to(device), seq_lens=kv_lens, max_q_len=1)
+        scale_mode = "bmm-scalar" if inputs.is_fp8 else "default"
+    else:
+        metadata = metadata_type.csr(qo_indptr, kv_indptr, kv_indices, kv_lens)
+        scale_mode = "kv-per-tensor" if inputs.is_fp8 else "default"
     wrapper = wrapper_type(_workspace(device), backend=backend)
     wrapper.plan(
-        metadata=metadata_type.csr(qo_indptr, kv_indptr.to(device), kv_indices.to(device), kv_lens.to(device)),
+        metadata=metadata,
         num_heads=inputs.case.num_heads,
         head_dim_ckv=cache.kv_lora_rank,
         head_dim_kpe=cache.rope_dim,
@@ -62,9 +75,9 @@ def plan_only(inputs: DecodeInputs, backend: str):
         sm_scale=_scales(inputs).sm_scale,
         q_data_type=inputs.query.dtype,
         kv_data_type=inputs.kv_dtype,
-        query_layout="split",
-        kv_cache_layout="split",
-        scale_mode="kv-per-tensor" if inputs.is_fp8 else "default",
+        query_layout="packed" if packed else "split",
+        kv_cache_layout="packed" if packed else "split",
+        scale_mode=scale_mode,
     )
     return wrapper
 

