@@ -9,7 +9,8 @@ A planned cell with no folder (its job crashed, timed out or was cancelled befor
 with its cell.json and a status.json marking its stages `error`, so the gate fails it (fail closed), and the
 report says which job to look at. No planned cell: nothing to check, a pass with that note.
 
-Then `nox -s gate -- $KVGATE_RUN_DIR [--baseline $BASELINE_DIR]`; `gate/report.md` goes to
+A planned cell whose folder lacks a stage that nothing reported (the job was killed mid-cell) gets that
+stage marked `error` too. Then `nox -s gate -- $KVGATE_RUN_DIR [--baseline $BASELINE_DIR]`; `gate/report.md` goes to
 $GITHUB_STEP_SUMMARY; `gate/pull_request.json` tells kvgate-comment.yml which pull request it is for.
 The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
 """
@@ -114,6 +115,33 @@ def write_missing_cell(run_dir: Path, entry: Mapping[str, Any], reason: str) -> 
     return folder
 
 
+def mark_unreported_stages(cell_dir: Path, stages: Sequence[str], reason: str) -> list[str]:
+    """In a planned cell's folder, mark `error` each stage that left no folder and no status.json entry.
+
+    A job killed mid-cell leaves its later stages unreported; the gate would call them "not run" and pass
+    them. Stages the runner reported (ok, error, skipped with a reason) are left as they are.
+    """
+    status_path = cell_dir / "status.json"
+    status: dict[str, Any] = {}
+    if status_path.exists():
+        try:
+            status = json.loads(status_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return []  # the gate reports the unreadable file (exit 2)
+        if not isinstance(status, dict):
+            return []
+    unreported = [stage for stage in stages if not (cell_dir / stage).is_dir() and stage not in status]
+    if unreported:
+        status.update({stage: {"status": "error", "reason": reason} for stage in unreported})
+        status_path.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
+    return unreported
+
+
+def unreported_reason(cells_result: str) -> str:
+    return (f"the cell's job ended before this stage reported anything (cells job result: {cells_result or 'unknown'}); "
+            "see the job's log")
+
+
 def missing_reason(entry: Mapping[str, Any], cells_result: str) -> str:
     return (f"no results from the job `{entry['cell']}` (cells job result: {cells_result or 'unknown'}): "
             f"it failed, timed out or was cancelled before uploading kvgate-cell-{entry['cell']}; see its log")
@@ -130,8 +158,10 @@ def merged_run_info(assembly: Assembly, environ: Mapping[str, str]) -> dict[str,
     return info
 
 
-def gate_command(nox: Sequence[str], run_dir: Path, baseline: Path | None) -> list[str]:
-    argv = [*nox, "-s", "gate", "--", str(run_dir)]
+def gate_command(nox: Sequence[str], run_dir: Path, baseline: Path | None, root: Path = ROOT) -> list[str]:
+    # --matrix-dir / --policy: the gate session installs kvgate into its own venv, away from the checkout's matrix/.
+    argv = [*nox, "-s", "gate", "--", str(run_dir), "--matrix-dir", str(root / "matrix"),
+            "--policy", str(root / "matrix" / "policy.toml")]
     if baseline is not None:
         argv += ["--baseline", str(baseline)]
     return argv
@@ -206,8 +236,14 @@ def run(environ: Mapping[str, str]) -> int:
 
     planned = planned_cells(environ.get("PLANNED_MATRIX", ""))
     assembly = assemble(artifacts_dir, run_dir)
+    cells_result = environ.get("CELLS_RESULT", "")
+    planned_ids = {identity(entry) for entry in planned}
+    for name, found in assembly.cells.items():
+        if found in planned_ids:
+            for stage in mark_unreported_stages(run_dir / name, CELL_STAGES, unreported_reason(cells_result)):
+                print(f"::error::cell {name}: its {stage} stage never reported; the gate fails it", flush=True)
     for entry in missing_cells(planned, assembly.cells.values()):
-        folder = write_missing_cell(run_dir, entry, missing_reason(entry, environ.get("CELLS_RESULT", "")))
+        folder = write_missing_cell(run_dir, entry, missing_reason(entry, cells_result))
         assembly.cells[folder.name] = identity(entry)
         print(f"::error::cell {entry['cell']}: no artifact from its job; the gate fails it", flush=True)
     for problem in assembly.problems:
@@ -226,7 +262,9 @@ def run(environ: Mapping[str, str]) -> int:
     print(f"kvgate gate job: {len(assembly.cells)} cells; baseline: {baseline or 'none'}", flush=True)
     print(f"kvgate gate job: {' '.join(argv)}", flush=True)
     try:
-        result = subprocess.run(argv, cwd=ROOT, check=False, capture_output=True, text=True)
+        # The gate appends report.md to $GITHUB_STEP_SUMMARY itself; this job does it once, clipped, with notes.
+        gate_env = {key: value for key, value in environ.items() if key != "GITHUB_STEP_SUMMARY"}
+        result = subprocess.run(argv, cwd=ROOT, env=gate_env, check=False, capture_output=True, text=True)
     except OSError as error:
         raise GateJobError(f"{argv[0]}: {error.strerror}. Install nox (`pip install nox`)") from None
     sys.stdout.write(result.stdout)
