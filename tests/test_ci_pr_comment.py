@@ -88,7 +88,7 @@ def test_a_link_in_place_of_a_file_is_refused(tmp_path):
     folder = gate_artifact(tmp_path, "report")
     (folder / "report.md").unlink()
     (folder / "report.md").symlink_to("/etc/passwd")
-    with pytest.raises(pr_comment.ArtifactError, match="report.md: not a plain file"):
+    with pytest.raises(pr_comment.ArtifactError, match=r"report\.md: not a plain file"):
         pr_comment.comment(folder, {"HEAD_SHA": HEAD})
 
 
