@@ -106,3 +106,13 @@ def test_samples_that_disagree_with_the_results_file_are_refused():
         lm_eval.with_samples(results, lm_eval.parse_samples("\n".join(lines[:-2]), "s"), "s")
     assert str(error.value) == ("s: 8 documents for filter 'flexible-extract', but r.json says n-samples effective 10 in "
                                 "the file. The samples and results files come from different runs")
+
+
+def test_the_fast_and_the_stdlib_sample_readers_agree(monkeypatch):
+    pytest.importorskip("msgspec")
+    data = _samples("fp8").read_bytes()
+    fast = lm_eval._fast_samples(data, "exact_match")
+    assert fast is not None
+    monkeypatch.setitem(lm_eval._FAST_DECODERS, "exact_match", None)
+    assert lm_eval._fast_samples(data, "exact_match") is None
+    assert lm_eval.parse_samples(data, "s") == fast

@@ -91,7 +91,9 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     for item in pending:
         checks.append(_decide(item, adjusted_by_id.get(id(item))))
     if waiver_for is not None:
-        checks = [_apply_waiver(c, run, baseline, waiver_for, today) for c in checks]
+        identities = {(c.identity.id, c.identity.model): c.identity
+                      for results in (baseline, run) if results is not None for c in results.cells}
+        checks = [_apply_waiver(c, identities.get((c.cell, c.model)), waiver_for, today) for c in checks]
     checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
     return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
                    today=today.isoformat(), multiplicity={
@@ -393,15 +395,19 @@ def _pair(ref: SampleOutcomes, cand: SampleOutcomes) -> tuple[tuple[list[bool], 
     notes = []
     if not common:
         return None, ["the two sample logs share no document: unpaired test on the reported means (weaker)"]
-    mismatched = sum(1 for key in common if ref.outcomes[key][1] and cand.outcomes[key][1]
-                     and ref.outcomes[key][1] != cand.outcomes[key][1])
-    if mismatched:
-        return None, [f"prompt_hash differs on {mismatched} of {len(common)} questions (different prompts or "
-                      f"few-shot examples): unpaired test on the reported means (weaker)"]
+    keys = list(common)
+    ref_rows = [ref.outcomes[k] for k in keys]
+    cand_rows = [cand.outcomes[k] for k in keys]
+    ref_prompts = [row[1] for row in ref_rows]
+    cand_prompts = [row[1] for row in cand_rows]
+    if ref_prompts != cand_prompts:  # the common case (identical prompts) costs one C-level comparison
+        mismatched = sum(1 for a, b in zip(ref_prompts, cand_prompts, strict=True) if a and b and a != b)
+        if mismatched:
+            return None, [f"prompt_hash differs on {mismatched} of {len(common)} questions (different prompts or "
+                          f"few-shot examples): unpaired test on the reported means (weaker)"]
     if len(common) < max(ref.n, cand.n):
         notes.append(f"paired on the {len(common)} questions both logs hold ({ref.n} and {cand.n} logged)")
-    keys = sorted(common)
-    return ([ref.outcomes[k][0] for k in keys], [cand.outcomes[k][0] for k in keys]), notes
+    return ([row[0] for row in ref_rows], [row[0] for row in cand_rows]), notes
 
 
 def _fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy: Policy) -> Any:
@@ -454,11 +460,9 @@ def _decide(item: _Pending, adjusted: float | None) -> Check:
 
 # ---------------------------------------------------------------------------------------------- waivers
 
-def _apply_waiver(check: Check, run: RunResults, baseline: RunResults | None, waiver_for: WaiverLookup,
-                  today: dt.date) -> Check:
+def _apply_waiver(check: Check, identity: CellIdentity | None, waiver_for: WaiverLookup, today: dt.date) -> Check:
     if check.status in ("not_run", "info"):
         return check
-    identity = _identity_of(check, run, baseline)
     if identity is None:
         return check
     waiver = waiver_for(identity, check.kind)
@@ -472,16 +476,6 @@ def _apply_waiver(check: Check, run: RunResults, baseline: RunResults | None, wa
     outcome = {"pass": "passes now, the waiver may be removed"}.get(check.status, f"would be {check.status}")
     return replace(check, status="waived", waiver=note,
                    detail=f"{check.detail} [waived until {note.expires}: {waiver.issue}; {outcome}]")
-
-
-def _identity_of(check: Check, run: RunResults, baseline: RunResults | None) -> CellIdentity | None:
-    for results in (run, baseline):
-        if results is None:
-            continue
-        for cell in results.cells:
-            if cell.identity.id == check.cell and cell.identity.model == check.model:
-                return cell.identity
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -507,7 +501,7 @@ def _p_text(p: float | None, adjusted: float | None) -> str:
         return ""
     text = f"p{_p(p)}"
     if adjusted is not None and abs(adjusted - p) > 1e-12:
-        text += f" (adj. p{_p(adjusted)})"
+        text += f", adj. p{_p(adjusted)}"
     return text
 
 

