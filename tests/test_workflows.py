@@ -279,3 +279,74 @@ def test_every_session_the_workflow_runs_is_a_nox_session(tmp_path):
     named = json.loads(subprocess.run([*NOX, "-l", "--json", "-s", *used_by_ci], cwd=ROOT, capture_output=True,
                                       text=True, check=True).stdout)
     assert sorted(s["session"] for s in named) == sorted(used_by_ci)
+
+
+# ------------------------------------------------------------------------------------------------ comment poster
+
+POSTER_HARNESS = r"""
+const fs = require("fs");
+const calls = [];
+const world = JSON.parse(process.env.WORLD);
+const github = {
+  paginate: async (method, args) => (await method(args)).data,
+  rest: {
+    pulls: { get: async (args) => { calls.push(["pulls.get", args.pull_number]); return { data: world.pr }; } },
+    issues: {
+      listComments: async () => ({ data: world.comments }),
+      createComment: async (args) => { calls.push(["create", args.issue_number, args.body]); },
+      updateComment: async (args) => { calls.push(["update", args.comment_id, args.body]); },
+    },
+  },
+};
+const core = { setFailed: (m) => calls.push(["failed", m]), warning: (m) => calls.push(["warning", m]) };
+const context = { repo: { owner: "acme", repo: "kvgate" } };
+const script = fs.readFileSync(process.env.SCRIPT_FILE, "utf8");
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+new AsyncFunction("require", "github", "context", "core", script)(require, github, context, core)
+  .then(() => console.log(JSON.stringify(calls)))
+  .catch((e) => { console.error(e); process.exit(3); });
+"""
+
+
+def run_poster(tmp_path: Path, comment: dict[str, Any], world: dict[str, Any]) -> list[list[Any]]:
+    """The posting step's github-script code, run by Node with a recording stand-in for the GitHub API."""
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not installed; the PR comment poster (actions/github-script) is checked with it. "
+                    "Install Node.js 20 (`apt-get install nodejs`)", pytrace=False)
+    step = next(s for _, s in all_steps(load_workflow(WORKFLOWS / "kvgate-comment.yml"))
+                if s.get("uses", "").startswith("actions/github-script@"))
+    (tmp_path / "script.js").write_text(step["with"]["script"], encoding="utf-8")
+    (tmp_path / "harness.js").write_text(POSTER_HARNESS, encoding="utf-8")
+    (tmp_path / "comment.json").write_text(json.dumps(comment), encoding="utf-8")
+    env = {**os.environ, "WORLD": json.dumps(world), "SCRIPT_FILE": str(tmp_path / "script.js"),
+           "COMMENT_FILE": str(tmp_path / "comment.json"), "HEAD_SHA": "a" * 40}
+    result = subprocess.run([node, str(tmp_path / "harness.js")], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+MARKER = "<!-- kvgate-gate-report -->"
+COMMENT = {"pull_request": 17, "marker": MARKER, "body": MARKER + "\nreport"}
+
+
+def test_the_poster_creates_one_comment_then_updates_it(tmp_path):
+    pr = {"head": {"sha": "a" * 40}}
+    assert run_poster(tmp_path, COMMENT, {"pr": pr, "comments": []}) == [
+        ["pulls.get", 17], ["create", 17, MARKER + "\nreport"]]
+    comments = [{"id": 5, "user": {"login": "someone"}, "body": MARKER + " spoofed by a person"},
+                {"id": 9, "user": {"login": "github-actions[bot]"}, "body": MARKER + "\nold"}]
+    assert run_poster(tmp_path, COMMENT, {"pr": pr, "comments": comments}) == [
+        ["pulls.get", 17], ["update", 9, MARKER + "\nreport"]]
+
+
+def test_the_poster_posts_nothing_when_the_pr_head_is_not_the_runs(tmp_path):
+    calls = run_poster(tmp_path, COMMENT, {"pr": {"head": {"sha": "b" * 40}}, "comments": []})
+    assert calls == [["pulls.get", 17], ["warning", f"pull request #17 is at {'b' * 40}, not this run's {'a' * 40}"]]
+
+
+def test_the_poster_refuses_a_bad_pull_request_number(tmp_path):
+    calls = run_poster(tmp_path, {**COMMENT, "pull_request": "17; drop"}, {"pr": {}, "comments": []})
+    assert calls == [["failed", "the gate artifact names no valid pull request number"]]
