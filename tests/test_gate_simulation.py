@@ -175,7 +175,7 @@ def test_operating_curve_of_the_fp8_check() -> None:
     """What "fail above the tax AND significant" means for drops that are allowed: reported, and bounded."""
     rows = []
     for drop in (0.0, 1.5, 2.0, 3.0, 4.0, 5.0):
-        rate, flips, _ = failure_rate(discordance=0.12, drop_points=drop, margin_points=FP8_TAX, runs=2000, seed=300)
+        rate, _, _ = failure_rate(discordance=0.12, drop_points=drop, margin_points=FP8_TAX, runs=1000, seed=300)
         rows.append((drop, rate))
         print(f"\nfp8 check, 12 % flips: true drop {drop:.1f} pts -> fails {rate:.1%}")
     rates = dict(rows)
@@ -210,6 +210,43 @@ def test_a_run_of_64_cells_with_and_without_the_correction(discordance: float) -
     assert figures["bh"][0] <= ALPHA + 3 * se
     assert figures["bh"][2] >= figures["holm"][2]  # BH keeps power when several cells regress
     assert figures["bh"][3] <= 0.01  # ... without making unchanged cells fail noticeably
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+
+def throughput_failure_rate(*, repeats: int, cv: float, slowdown: float, tests_in_family: int, runs: int,
+                            seed: int) -> float:
+    """Share of simulated baseline-vs-current comparisons (log-normal repeats) that fail the policy's rule,
+    for a lone tested cell among `tests_in_family` (BH then asks p <= alpha / tests_in_family of it)."""
+    policy = policy_module.load().throughput
+    rng = np.random.default_rng(seed)
+    failures = 0
+    for _ in range(runs):
+        baseline = 3.22 * np.exp(rng.normal(0, cv, repeats))
+        current = 3.22 * (1 - slowdown) * np.exp(rng.normal(0, cv, repeats))
+        test = stats.ratio_test(baseline, current)
+        adjusted = None if test.p_value is None else min(1.0, test.p_value * tests_in_family)
+        failures += stats.throughput_regressed(test, tolerance=policy.tolerance, alpha=policy.alpha,
+                                               adjusted_p=adjusted)
+    return failures / runs
+
+
+@pytest.mark.parametrize("repeats", [3, 5])
+def test_throughput_rule_figures(repeats: int) -> None:
+    """Tolerance 5 %, Welch t on log throughput at alpha 0.05: the figures matrix/policy.toml quotes."""
+    rows = {}
+    for cv in (0.02, 0.03):
+        for slowdown in (0.0, 0.10):
+            for family in (1, 64):
+                rate = throughput_failure_rate(repeats=repeats, cv=cv, slowdown=slowdown, tests_in_family=family,
+                                               runs=400, seed=500)
+                rows[(cv, slowdown, family)] = rate
+                print(f"\nthroughput, {repeats} vs {repeats} repeats, CV {cv:.0%}, true slowdown {slowdown:.0%}, "
+                      f"{'alone' if family == 1 else 'lone cell of 64 tests (bh)'}: fails {rate:.1%}")
+    assert rows[(0.02, 0.0, 1)] < 0.02 and rows[(0.02, 0.0, 64)] < 0.01
+    assert rows[(0.02, 0.10, 1)] > 0.95
+    if repeats == 5:
+        assert rows[(0.02, 0.10, 64)] > 0.85
 
 
 # ---------------------------------------------------------------------------------------------- the seed PR

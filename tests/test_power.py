@@ -7,7 +7,13 @@ import math
 import pytest
 
 from kvgate.cli import main
-from kvgate.power import accuracy_power, cell_probabilities, questions_needed, simulate_run, unpaired_se_points
+from kvgate.power import (
+    accuracy_power,
+    cell_probabilities,
+    questions_needed,
+    simulate_run,
+    unpaired_se_points,
+)
 
 
 def test_minimum_detectable_drop_matches_the_published_figures() -> None:

@@ -374,26 +374,32 @@ def student_t_cdf(t: float, df: float) -> float:
 
 
 def student_t_ppf(probability: float, df: float) -> float:
-    """The t with P(T <= t) = probability (bisection on student_t_cdf)."""
+    """The t with P(T <= t) = probability: Newton from the normal quantile, kept inside a bisection bracket."""
     if not 0 < probability < 1:
         raise ValueError(f"probability must be in (0, 1), got {probability}")
     if probability == 0.5:
         return 0.0
     if probability < 0.5:
         return -student_t_ppf(1 - probability, df)
-    high = 1.0
+    low, high = 0.0, 1.0
     while student_t_cdf(high, df) < probability:
-        high *= 2
-    low = 0.0
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        if student_t_cdf(mid, df) < probability:
-            low = mid
-        else:
-            high = mid
-        if high - low <= 1e-12 * max(1.0, high):
+        low, high = high, high * 2
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    t = min(max(_NORMAL.inv_cdf(probability), low), high)
+    for _ in range(100):
+        error = student_t_cdf(t, df) - probability
+        if abs(error) < 1e-14:
             break
-    return 0.5 * (low + high)
+        if error < 0:
+            low = t
+        else:
+            high = t
+        density = math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+        step = t - error / density if density > 0 else math.nan
+        t = step if low < step < high else 0.5 * (low + high)
+        if high - low < 1e-13 * max(1.0, high):
+            break
+    return t
 
 
 def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
