@@ -8,7 +8,10 @@ parsed (its outputs may be half there); a stage whose folder holds no outputs is
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import concurrent.futures
+import multiprocessing
+import os
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +41,11 @@ class KnownNames:
                    archs=tuple(matrix.archs))
 
 
-def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_METRIC) -> RunResults:
-    """All cells of a run folder; raises InputErrors listing every unusable file."""
+def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_METRIC,
+             workers: int | None = None) -> RunResults:
+    """All cells of a run folder; raises InputErrors listing every unusable file.
+
+    Large runs are read by `workers` processes (default: one per CPU when the run has many cells)."""
     run_dir = Path(run_dir)
     shown = str(run_dir)
     if not run_dir.exists():
@@ -55,6 +61,7 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
             problems.append(error)
     cells: list[CellResults] = []
     seen: dict[CellIdentity, str] = {}
+    jobs = []
     for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         cell_shown = f"{shown}/{folder.name}"
         if not (folder / "cell.json").exists():
@@ -62,14 +69,12 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
                 problems.append(InputError(cell_shown, "cell folder without cell.json", hint=
                                            "Write cell.json with backend, kv_cache_dtype, arch and model"))
             continue
-        try:
-            cell = _load_cell(folder, cell_shown, known, metric)
-        except InputErrors as errors:
-            problems.extend(errors.errors)
+        jobs.append((folder, cell_shown, known, metric))
+    for cell, errors in _map(_load_cell_collecting, jobs, workers):
+        if cell is None:
+            problems.extend(InputError(*error) for error in errors)
             continue
-        except InputError as error:
-            problems.append(error)
-            continue
+        cell_shown = cell.folder
         if cell.identity in seen:
             problems.append(InputError(f"{cell_shown}/cell.json", f"duplicate cell {cell.identity.id} "
                                        f"(model {cell.identity.model}, task {cell.identity.task})", "the top level",
@@ -83,6 +88,30 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         raise InputError(shown, "no cell folders (none holds a cell.json)",
                          hint="Is this a run folder? Each cell writes <run dir>/<cell id>/cell.json")
     return RunResults(folder=shown, cells=tuple(cells), run_info=run_info)
+
+
+PARALLEL_FROM_CELLS = 16
+
+
+def _map(function: Callable[[Any], Any], jobs: list[Any], workers: int | None) -> Iterator[Any]:
+    """map(), over processes when it pays: forked workers, results in job order."""
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 8) if len(jobs) >= PARALLEL_FROM_CELLS else 1
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield from map(function, jobs)
+        return
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        yield from pool.map(function, jobs, chunksize=max(1, len(jobs) // (workers * 4)))
+
+
+def _load_cell_collecting(job: tuple[Path, str, KnownNames, str]) -> tuple[CellResults | None, list[tuple]]:
+    """_load_cell with its problems as plain tuples (InputError does not survive pickling between processes)."""
+    try:
+        return _load_cell(*job), []
+    except InputErrors as errors:
+        return None, [(e.source, e.what, e.where, e.hint) for e in errors.errors]
+    except InputError as error:
+        return None, [(error.source, error.what, error.where, error.hint)]
 
 
 def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> CellResults:

@@ -1,0 +1,66 @@
+"""Reading a run folder: nesting lm-eval chose, stage requests, and the same result from parallel workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvgate import matrix as matrix_module
+from kvgate.errors import InputErrors
+from kvgate.run_loader import KnownNames, load_run
+from kvgate.synthetic_run import write_seed_run, write_status
+
+KNOWN = KnownNames.from_matrix(matrix_module.load())
+FIXTURES = Path(__file__).parent / "fixtures"
+FP8 = "flashinfer_mla-fp8-sm100"
+
+
+def test_real_lm_eval_and_bench_outputs_in_a_cell_folder(tmp_path):
+    """The real tools' files, laid out as the contract says, read back through the loader."""
+    run = tmp_path / "run"
+    for dtype in ("auto", "fp8"):
+        cell = run / f"cpu_attn-{dtype}-cpu"
+        cell.mkdir(parents=True)
+        (cell / "cell.json").write_text(json.dumps({"backend": "CPU_ATTN", "kv_cache_dtype": dtype, "arch": "cpu",
+                                                    "model": "/tmp/kvg4/tiny-llama"}))
+        shutil.copytree(FIXTURES / "lm_eval" / dtype, cell / "accuracy")  # results one folder deeper
+        shutil.copytree(FIXTURES / "vllm_bench", cell / "throughput")
+        (cell / "kernels").mkdir()
+        shutil.copy(FIXTURES / "junit" / "pytest-pass.xml", cell / "kernels" / "junit.xml")
+    results = load_run(run, KNOWN)
+    fp8 = results.cells[1]
+    assert fp8.identity.id == "cpu_attn-fp8-cpu" and fp8.identity.task == "gsm8k"
+    assert fp8.stage("accuracy").data.samples["strict-match"].n == 10
+    assert [r.output_tokens_per_second for r in fp8.stage("throughput").data.repeats] == [6417.46, 5172.10]
+    assert fp8.stage("kernels").data.count("passed") == 2
+    assert fp8.stage("probe").requested is False
+
+
+def test_status_json_alone_requests_a_stage(tmp_path):
+    run = write_seed_run(tmp_path / "run")
+    write_status(run / FP8, {"probe": {"status": "ok"}})
+    stage = load_run(run, KNOWN).cells[1].stage("probe")
+    assert (stage.requested, stage.health, stage.missing) == (
+        True, "missing", "status.json says probe ran, but there is no probe/ folder")
+
+
+def test_the_gate_output_folder_is_not_a_cell(tmp_path):
+    run = write_seed_run(tmp_path / "run")
+    (run / "gate").mkdir()
+    (run / "gate" / "verdict.json").write_text("{}")
+    assert len(load_run(run, KNOWN).cells) == 2
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parallel_workers_read_the_same_and_report_the_same_problems(tmp_path, workers):
+    run = tmp_path / "run"
+    for backend, arch in (("FLASHINFER_MLA", "sm100"), ("CUTLASS_MLA", "sm100"), ("FLASHMLA", "sm90")):
+        write_seed_run(run, backend=backend, arch=arch)
+    assert load_run(run, KNOWN, workers=workers) == load_run(run, KNOWN, workers=1)
+    (run / "flashmla-fp8-sm90" / "cell.json").write_text("{")
+    with pytest.raises(InputErrors) as errors:
+        load_run(run, KNOWN, workers=workers)
+    assert [str(e) for e in errors.value.errors] == [f"{run}/flashmla-fp8-sm90/cell.json: truncated JSON in line 1 column 2"]
