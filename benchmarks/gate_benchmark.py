@@ -19,11 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvgate import gate, matrix as matrix_module, policy as policy_module, probe  # noqa: E402
+from kvgate import gate, probe  # noqa: E402
+from kvgate import matrix as matrix_module  # noqa: E402
+from kvgate import policy as policy_module  # noqa: E402
 from kvgate.report import headline, write_all  # noqa: E402
 from kvgate.run_loader import KnownNames, load_run  # noqa: E402
-from kvgate.synthetic_run import (paired_outcomes, write_accuracy, write_cell, write_kernels,  # noqa: E402
-                                  write_throughput)
+from kvgate.synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput  # noqa: E402
 
 PAIRS = (("FLASHINFER_MLA", "sm100"), ("CUTLASS_MLA", "sm100"), ("FLASHMLA", "sm90"), ("TRITON_MLA", "sm90"),
          ("FLASHINFER", "sm90"), ("FLASH_ATTN", "sm90"), ("TRITON_ATTN", "sm89"), ("FLASHINFER", "sm100"))

@@ -8,11 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import gate, matrix as matrix_module, policy as policy_module, probe
+from kvgate import gate, probe
+from kvgate import matrix as matrix_module
+from kvgate import policy as policy_module
 from kvgate.run_loader import KnownNames, load_run
 from kvgate.stats import UNPAIRED_METHOD
-from kvgate.synthetic_run import (paired_outcomes, write_accuracy, write_cell, write_kernels, write_probe,
-                                  write_seed_run, write_status, write_throughput)
+from kvgate.synthetic_run import (
+    paired_outcomes,
+    write_accuracy,
+    write_cell,
+    write_kernels,
+    write_probe,
+    write_seed_run,
+    write_status,
+    write_throughput,
+)
 from kvgate.verdict import Verdict
 
 MATRIX = matrix_module.load()
@@ -75,7 +85,7 @@ def test_different_prompts_fall_back_to_the_unpaired_test(tmp_path):
     run = write_seed_run(tmp_path / "run")
     cell = run / FP8
     shutil.rmtree(cell / "accuracy")
-    auto, fp8 = paired_outcomes(1319, reference_correct=850, only_reference=78, only_candidate=54)
+    _, fp8 = paired_outcomes(1319, reference_correct=850, only_reference=78, only_candidate=54)
     write_accuracy(cell, {"strict-match": fp8, "flexible-extract": fp8}, prompt_salt="other few-shot")
     check = only(judge(run), FP8, "fp8_accuracy", "strict-match")
     assert check.method == UNPAIRED_METHOD

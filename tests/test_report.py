@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from kvgate import gate, matrix as matrix_module, policy as policy_module
+from kvgate import gate
+from kvgate import matrix as matrix_module
+from kvgate import policy as policy_module
 from kvgate.errors import InputError
 from kvgate.report import headline, render_all, write_all
 from kvgate.run_loader import KnownNames, load_run

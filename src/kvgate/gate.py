@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgate import stats
 from kvgate.policy import Policy
-from kvgate.results import (STAGES, AccuracyResult, CellIdentity, CellResults, RunResults, SampleOutcomes,
-                            StageResult, ThroughputResult)
+from kvgate.results import (
+    STAGES,
+    AccuracyResult,
+    CellIdentity,
+    CellResults,
+    RunResults,
+    SampleOutcomes,
+    ThroughputResult,
+)
 from kvgate.verdict import Check, Verdict, WaiverNote
 
 KIND_ORDER = ("cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",

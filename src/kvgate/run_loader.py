@@ -20,8 +20,15 @@ from kvgate import probe
 from kvgate.errors import InputError, InputErrors
 from kvgate.parsers import contract, junit, lm_eval, vllm_bench
 from kvgate.parsers._common import read_bytes, read_text
-from kvgate.results import (STAGES, CellIdentity, CellResults, RunResults, StageResult, StageStatus,
-                            ThroughputResult)
+from kvgate.results import (
+    STAGES,
+    CellIdentity,
+    CellResults,
+    RunResults,
+    StageResult,
+    StageStatus,
+    ThroughputResult,
+)
 
 GATE_FOLDER = "gate"
 _CELL_MARKERS = (*STAGES, "status.json")

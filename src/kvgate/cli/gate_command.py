@@ -12,7 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from kvgate import gate, matrix as matrix_module, policy as policy_module, probe
+from kvgate import gate, probe
+from kvgate import matrix as matrix_module
+from kvgate import policy as policy_module
 from kvgate.errors import InputError, InputErrors
 from kvgate.report import headline, write_all
 from kvgate.results import STAGES

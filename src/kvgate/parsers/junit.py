@@ -9,7 +9,6 @@ from kvgate.errors import InputError
 from kvgate.results import KernelCase, KernelResult
 
 
-
 def parse_junit(text: str | bytes, source: str) -> KernelResult:
     data = text.encode("utf-8") if isinstance(text, str) else text
     if not data.strip():

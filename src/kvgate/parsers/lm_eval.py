@@ -14,8 +14,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgate.errors import InputError, unknown_name_hint
-from kvgate.parsers._common import (expect_int, expect_number, expect_object, expect_string, kind, loads,
-                                    path_join)
+from kvgate.parsers._common import (
+    expect_int,
+    expect_number,
+    expect_object,
+    expect_string,
+    kind,
+    loads,
+    path_join,
+)
 from kvgate.results import AccuracyResult, FilterScore, SampleOutcomes
 
 RESULTS_NAME = re.compile(r"^results_(?P<stamp>.+)\.json$")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvgate.verdict import STATUS_LABEL, STATUSES, Check, Verdict, sort_key
 
-ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}
+ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}  # noqa: RUF001
 MULTIPLICITY = {
     "holm": "Holm (family-wise error rate ≤ alpha over the whole run)",
     "bh": "Benjamini-Hochberg (false-discovery rate ≤ alpha over the whole run)",
