@@ -96,7 +96,7 @@ def matrix(session: nox.Session) -> None:
     if "--check-vllm" in session.posargs:
         _kvgate(session, _engine(session), "matrix")
         return
-    session.install(".")
+    session.install("-e", ".")
     session.run("kvgate", "matrix", *session.posargs)
 
 
@@ -135,7 +135,7 @@ def cell(session: nox.Session, cell_id: str) -> None:
 @nox.session
 def gate(session: nox.Session) -> None:
     """Judge a results folder: `nox -s gate -- [<run dir>] [--baseline <run dir>]` (default: this run, else latest)."""
-    session.install(".")
+    session.install("-e", ".")
     args = list(session.posargs)
     if not args or args[0].startswith("-"):
         latest = ROOT / "reports" / "runs" / "latest"

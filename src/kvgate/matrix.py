@@ -8,6 +8,7 @@ reports every problem it finds, each naming the file, the place and, where it fi
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -262,9 +263,17 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
 # ---------------------------------------------------------------------------------------------- loading
 
+MATRIX_DIR_ENV = "KVGATE_MATRIX_DIR"
+
+
 def default_matrix_dir() -> Path:
-    """matrix/ at the repository root (a checkout), which is where kvgate keeps its one source of truth."""
-    return Path(__file__).resolve().parents[2] / "matrix"
+    """$KVGATE_MATRIX_DIR, else the checkout's matrix/ (editable install), else ./matrix."""
+    if os.environ.get(MATRIX_DIR_ENV):
+        return Path(os.environ[MATRIX_DIR_ENV])
+    checkout = Path(__file__).resolve().parents[2] / "matrix"
+    if (checkout / MATRIX_FILES[0]).exists():
+        return checkout
+    return Path.cwd() / "matrix"
 
 
 def load(folder: Path | None = None) -> Matrix:
