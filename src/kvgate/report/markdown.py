@@ -15,6 +15,8 @@ MULTIPLICITY = {
     "none": "no adjustment (each check at alpha on its own: expect false alarms across many cells)",
 }
 MAX_ROWS_PER_SECTION = 400
+COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe")
+OPEN_COMPARISONS = 40  # shown unfolded up to this many rows
 # which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
 HEADLINE_PRIORITY = ("fp8_accuracy", "baseline_accuracy", "probe", "kernels", "throughput", "fp8_throughput",
                      "accuracy", "cell")  # GitHub step summaries hold 1 MiB
@@ -44,9 +46,23 @@ def render_markdown(verdict: Verdict) -> str:
     counts = verdict.counts()
     lines.append(" · ".join(f"{ICON[s]} {STATUS_LABEL[s]} {n}" for s, n in counts.items() if n))
     lines.append("")
+    weaker = [c for c in verdict.checks if any("weaker" in note for note in c.notes)]
+    if weaker:
+        lines += [f"⚠️ {len(weaker)} check{'s' if len(weaker) > 1 else ''} used a weaker test than the paired one "
+                  "(see the notes under Method).", ""]
     attention = [c for c in verdict.checks if c.status in ("fail", "error", "missing", "waived")]
     if attention:
         lines += ["### Needs attention", "", *_table(sorted(attention, key=sort_key)), ""]
+    comparisons = sorted((c for c in verdict.checks if c not in attention and c.kind in COMPARISON_KINDS
+                          and c.reference and c.status in ("pass", "info")), key=sort_key)
+    if comparisons:
+        opened = " open" if len(comparisons) <= OPEN_COMPARISONS else ""
+        lines += [f"<details{opened}><summary>Comparisons that passed or are only reported ({len(comparisons)})"
+                  "</summary>", "", *_table(comparisons), "", "</details>", ""]
+    others = sorted((c for c in verdict.checks if c not in attention and c not in comparisons), key=sort_key)
+    if others:
+        lines += [f"<details><summary>Stage checks ({len(others)})</summary>", "", *_table(others), "",
+                  "</details>", ""]
     lines += ["### Method", ""]
     lines.append(f"- Multiplicity: {multiplicity_text(verdict)}.")
     lines.append("- Accuracy: FP8 vs the auto cell of the same backend, arch and model, per lm-eval filter, paired "
@@ -58,12 +74,7 @@ def render_markdown(verdict: Verdict) -> str:
     for note, names in sorted(_notes(verdict).items(), key=lambda item: -len(item[1])):
         shown = ", ".join(f"`{n}`" for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
         lines.append(f"- Note: {note} ({shown}).")
-    lines.append("")
-    others = sorted((c for c in verdict.checks if c not in attention), key=sort_key)
-    if others:
-        lines += [f"<details><summary>All other checks ({len(others)})</summary>", "", *_table(others), "",
-                  "</details>", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 def multiplicity_text(verdict: Verdict) -> str:
