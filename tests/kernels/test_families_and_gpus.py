@@ -1,0 +1,51 @@
+"""Which kernel families test which cell; GPU pinning of xdist workers. Stdlib code, on CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate import matrix
+from kvgate.kernels import families, gpus
+
+
+def test_every_mla_cell_has_a_family_or_a_reason() -> None:
+    for cell in matrix.load().cells:
+        plan = families.kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)
+        assert bool(plan.families) != bool(plan.skip_reason), cell.id
+        for family in plan.families:
+            assert cell.arch in family.archs and cell.kv_cache_dtype in family.kv_cache_dtypes
+
+
+@pytest.mark.parametrize(("backend", "dtype", "arch", "families_", "reason"), [
+    ("TRITON_MLA", "fp8", "sm90", ("vllm_triton_mla",), None),
+    ("FLASHINFER_MLA", "fp8", "sm100", ("flashinfer_trtllm_mla",), None),
+    ("CPU_MLA", "auto", "cpu", ("vllm_cpu_mla",), None),
+    ("CPU_MLA", "fp8", "cpu", (), "no kernel family of CPU_MLA has a fp8 KV path"),
+    ("FLASHINFER_MLA", "auto", "sm90", (), "no kernel family of FLASHINFER_MLA runs on sm90"),
+    ("FLASHMLA", "fp8", "sm90", (), families.NO_FAMILY_REASONS["FLASHMLA"]),
+    ("NEW_MLA", "auto", "sm90", (), "kvgate has no kernel adapter for the MLA backend NEW_MLA yet"),
+])
+def test_kernels_for_cell(backend, dtype, arch, families_, reason) -> None:
+    plan = families.kernels_for_cell(backend, dtype, arch, mla=True)
+    assert tuple(f.name for f in plan.families) == families_ and plan.skip_reason == reason
+
+
+def test_non_mla_backends_say_so() -> None:
+    plan = families.kernels_for_cell("FLASHINFER", "fp8", "sm90", mla=False)
+    assert plan.skip_reason == ("kvgate's kernel tests cover MLA decode only; the non-MLA backend FLASHINFER has "
+                                "no kernel test yet (its accuracy and throughput stages still run)")
+
+
+@pytest.mark.parametrize(("worker", "devices", "expected"), [
+    ("gw0", ["0", "1"], "0"), ("gw1", ["0", "1"], "1"), ("gw2", ["0", "1"], "0"),
+    ("gw1", ["4", "6"], "6"), (None, ["0"], None), ("main", ["0"], None), ("gw0", [], None),
+])
+def test_device_for_worker(worker, devices, expected) -> None:
+    assert gpus.device_for_worker(worker, devices) == expected
+
+
+def test_pin_this_worker_sets_visible_devices_once() -> None:
+    env = {"PYTEST_XDIST_WORKER": "gw1", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert gpus.pin_this_worker(env) == "3"
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert gpus.pin_this_worker(env) == "3" and env["CUDA_VISIBLE_DEVICES"] == "3"  # not re-pinned to "3"[1 % 1]

