@@ -221,3 +221,13 @@ def test_unreadable_policy_files(tmp_path: Path) -> None:
     broken.write_text("[accuracy\nalpha = 1\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"broken.toml: invalid TOML: Expected ']' at the end of a table declaration"):
         policy_module.load(broken)
+
+
+def test_a_kv_dtype_without_probe_thresholds_is_an_input_error(document: dict[str, Any]) -> None:
+    doc = copy.deepcopy(document)
+    del doc["probe"]["fp8_e5m2"]
+    probe = policy_module.parse(doc, "custom/policy.toml").probe  # without a matrix nothing says it is needed
+    with pytest.raises(InputError) as caught:
+        probe.thresholds("fp8_e5m2", "sm90")
+    assert str(caught.value) == ("custom/policy.toml: no probe thresholds for kv_cache_dtype 'fp8_e5m2' in probe. "
+                                 "Add a [probe.fp8_e5m2] table")

@@ -101,11 +101,12 @@ class ProbeThresholds:
 class ProbePolicy:
     by_kv_cache_dtype: Mapping[str, ProbeThresholds]
     by_kv_cache_dtype_and_arch: Mapping[tuple[str, str], ProbeThresholds] = field(default_factory=dict)
+    source: str = "matrix/policy.toml"
 
     def thresholds(self, kv_cache_dtype: str, arch: str) -> ProbeThresholds:
         found = self.by_kv_cache_dtype_and_arch.get((kv_cache_dtype, arch)) or self.by_kv_cache_dtype.get(kv_cache_dtype)
         if found is None:
-            raise InputError("matrix/policy.toml", f"no probe thresholds for kv_cache_dtype '{kv_cache_dtype}'",
+            raise InputError(self.source, f"no probe thresholds for kv_cache_dtype '{kv_cache_dtype}'",
                              "probe", f"Add a [probe.{kv_cache_dtype}] table")
         return found
 
@@ -165,7 +166,7 @@ def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix:
         raise InputErrors(reader.problems)
     accuracy = _parse_accuracy(reader, doc["accuracy"], matrix)
     throughput = _parse_throughput(reader, doc["throughput"], matrix)
-    probe = _parse_probe(reader, doc["probe"], matrix)
+    probe = _parse_probe(reader, doc["probe"], matrix, source)
     kernels = _parse_kernels(reader, doc["kernels"])
     if reader.problems:
         raise InputErrors(reader.problems)
@@ -286,7 +287,7 @@ def _parse_throughput(reader: _Reader, table: Any, matrix: Matrix | None) -> Thr
     )
 
 
-def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None) -> ProbePolicy | None:
+def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None, source: str) -> ProbePolicy | None:
     where = "probe"
     if not isinstance(table, dict):
         reader.error(f"expected a table, got {_kind(table)}", where)
@@ -324,7 +325,7 @@ def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None) -> ProbePol
         if missing:
             reader.error(f"no thresholds for kv_cache_dtype {', '.join(repr(d) for d in missing)}", where,
                          f"Add [probe.{missing[0]}] with {', '.join(PROBE_KEYS)}")
-    return ProbePolicy(by_kv_cache_dtype=by_dtype, by_kv_cache_dtype_and_arch=by_arch)
+    return ProbePolicy(by_kv_cache_dtype=by_dtype, by_kv_cache_dtype_and_arch=by_arch, source=source)
 
 
 def _probe_thresholds(reader: _Reader, spec: Mapping[str, Any], where: str, *, required: bool) -> ProbeThresholds:
