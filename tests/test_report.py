@@ -72,7 +72,7 @@ def test_a_waived_run_says_so_in_its_first_line(tmp_path):
 
 def test_html_is_self_contained_with_both_plots(failing):
     page = render_all(failing)["report.html"].decode()
-    assert page.count("<svg") == 2
+    assert page.count("<svg") == 3  # accuracy per cell, paired drops, throughput ratios
     assert "<script" not in page
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)  # nothing fetched from the network
     assert "flashinfer_mla-fp8-sm100 · strict-match" in page

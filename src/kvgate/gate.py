@@ -281,7 +281,7 @@ def _probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Se
             value = figures.get(key)
             if value is None or value < limit:
                 broken.append(f"{key} {_fmt(value)} < {limit:g}")
-    shown = ", ".join(f"{k} {_fmt(figures.get(k[4:]))}" for k in limits) or "no thresholds for this dtype"
+    shown = ", ".join(f"{k[4:]} {_fmt(figures.get(k[4:]))}" for k in limits) or "no thresholds for this dtype"
     threshold_text = ", ".join(f"{k[4:]} {'≤' if k.startswith('max_') else '≥'} {v:g}" for k, v in limits.items())
     return Check(**base, status="fail" if broken else "pass", reference="auto cell", figures=figures,
                  threshold=dict(limits), threshold_text=threshold_text,

@@ -12,15 +12,15 @@ import html
 import math
 from collections.abc import Iterable
 
-from kvgate.report.markdown import ICON, headline, multiplicity_text
+from kvgate.report.markdown import headline, multiplicity_text
 from kvgate.verdict import STATUS_LABEL, Check, Verdict, sort_key
 
 COLORS = {"auto": "#4575b4", "fp8": "#d73027", "fp8_e4m3": "#f46d43", "fp8_e5m2": "#fdae61"}
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "missing": "#bf8700",
                  "waived": "#9a6700", "not_run": "#6e7781", "info": "#0969da"}
 ROW = 18
-LEFT = 260
-WIDTH = 820
+LEFT = 340
+WIDTH = 920
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1f2328;max-width:1200px}
@@ -37,7 +37,8 @@ code{font-size:12px;background:#f6f8fa;padding:0 3px;border-radius:3px}
 def render_html(verdict: Verdict) -> str:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(headline(verdict))}</title>", f"<style>{CSS}</style></head><body>",
-             f"<h1>{_e(headline(verdict))}</h1>", f'<div class="ctx">{_e(_context(verdict))}</div>',
+             f"<h1>{_badge('pass' if verdict.passed else 'fail', 'PASSED' if verdict.passed else 'FAILED')} "
+             f"{_e(_plain(headline(verdict)))}</h1>", f'<div class="ctx">{_e(_context(verdict))}</div>',
              "<div>" + " ".join(_badge(s, f"{STATUS_LABEL[s]} {n}") for s, n in verdict.counts().items() if n)
              + "</div>"]
     accuracy = _accuracy_plot(verdict)
@@ -46,6 +47,12 @@ def render_html(verdict: Verdict) -> str:
                   '<p class="note">Reported mean with ±1.96 standard errors (lm-eval); FP8 cells beside the auto '
                   "cell of the same backend, arch and model. The gate itself tests the paired drop on the same "
                   "questions, which is much tighter than these bars.</p>", accuracy]
+    drops = _drop_plot(verdict)
+    if drops:
+        parts += ["<h2>Accuracy drop against the reference (paired)</h2>",
+                  '<p class="note">Drop in points of each FP8 cell against its auto cell (and of each cell against '
+                  "the baseline), with the paired-bootstrap interval; dashed: the allowed margin. A check fails when "
+                  "the drop exceeds the margin and is significant after the multiplicity adjustment.</p>", drops]
     ratios = _ratio_plot(verdict)
     if ratios:
         parts += ["<h2>Throughput ratios</h2>",
@@ -76,6 +83,11 @@ def _context(verdict: Verdict) -> str:
     return " · ".join(parts)
 
 
+def _plain(text: str) -> str:
+    """The headline without its leading emoji (the page shows a coloured badge instead; no emoji font needed)."""
+    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌") else text
+
+
 def _badge(status: str, text: str) -> str:
     return f'<span class="badge" style="background:{STATUS_COLORS[status]}">{_e(text)}</span>'
 
@@ -88,7 +100,7 @@ def _table(checks: Iterable[Check]) -> str:
         p = "" if c.p_value is None else _p(c.p_value) + (
             f" ({_p(c.adjusted_p_value)})" if c.adjusted_p_value is not None else "")
         kind = c.kind + (f" <code>{_e(c.subject)}</code>" if c.subject and c.kind.endswith("accuracy") else "")
-        rows.append(f"<tr><td>{_badge(c.status, ICON[c.status] + ' ' + STATUS_LABEL[c.status])}</td>"
+        rows.append(f"<tr><td>{_badge(c.status, STATUS_LABEL[c.status])}</td>"
                     f"<td><code>{_e(c.cell)}</code></td><td>{kind}</td><td>{_e(c.detail)}</td>"
                     f'<td class="num">{_e(interval)}</td><td>{_e(c.threshold_text)}</td><td class="num">{p}</td></tr>')
     rows.append("</table>")
@@ -107,7 +119,7 @@ def _e(text: object) -> str:
 
 def _accuracy_plot(verdict: Verdict) -> str:
     """One row per cell and filter: the mean and its ±1.96 stderr bar, grouped by backend/arch/model."""
-    checks = [c for c in verdict.checks if c.kind == "accuracy" and c.status == "pass"]
+    checks = [c for c in verdict.checks if c.kind == "accuracy" and c.status in ("pass", "waived")]
     if not checks:
         return ""
     filters = sorted({k for c in checks for k in c.figures if not k.endswith("_stderr") and k != "n"})
@@ -129,7 +141,7 @@ def _accuracy_plot(verdict: Verdict) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
            f'aria-label="accuracy per cell">']
     x = _scale(lo, hi)
-    out += _axis(x, lo, hi, height, fmt=lambda v: f"{v:.2f}")
+    out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
     y, previous = 20, None
     for group, label, dtype, mean, stderr in rows:
         if previous is not None and group != previous:
@@ -161,7 +173,7 @@ def _ratio_plot(verdict: Verdict) -> str:
     x = _scale(lo, hi)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
            f'aria-label="throughput ratios">']
-    out += _axis(x, lo, hi, height, fmt=lambda v: f"{v:.2f}")
+    out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
     out.append(f'<line x1="{x(1.0):.1f}" x2="{x(1.0):.1f}" y1="8" y2="{height - 22}" stroke="#57606a"/>')
     y = 20
     for check in checks:
@@ -183,6 +195,41 @@ def _ratio_plot(verdict: Verdict) -> str:
     return "\n".join(out)
 
 
+def _drop_plot(verdict: Verdict) -> str:
+    checks = [c for c in verdict.checks if c.kind in ("fp8_accuracy", "baseline_accuracy")
+              and isinstance(c.figures.get("drop_points"), (int, float))]
+    if not checks:
+        return ""
+    checks.sort(key=lambda c: (c.kind, _group_key(c.cell), c.subject or ""))
+    values = [c.figures["drop_points"] for c in checks] + [v for c in checks if c.interval for v in c.interval]
+    values += [c.threshold["margin_points"] for c in checks if isinstance(c.threshold.get("margin_points"), (int, float))]
+    lo, hi = _nice_range(min([*values, 0.0]), max([*values, 0.0]))
+    height = ROW * len(checks) + 40
+    x = _scale(lo, hi)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
+           f'aria-label="accuracy drops">']
+    out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
+    out.append(f'<line x1="{x(0.0):.1f}" x2="{x(0.0):.1f}" y1="8" y2="{height - 22}" stroke="#57606a"/>')
+    y = 20
+    for check in checks:
+        label = f"{check.cell} · {check.subject} · {'vs auto' if check.kind == 'fp8_accuracy' else 'vs baseline'}"
+        color = STATUS_COLORS[check.status]
+        drop = check.figures["drop_points"]
+        out.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{_e(label)}</text>')
+        if check.interval:
+            out.append(f'<line x1="{x(check.interval[0]):.1f}" x2="{x(check.interval[1]):.1f}" y1="{y}" y2="{y}" '
+                       f'stroke="{color}" stroke-width="2"/>')
+        margin = check.threshold.get("margin_points")
+        if isinstance(margin, (int, float)):
+            out.append(f'<line x1="{x(margin):.1f}" x2="{x(margin):.1f}" y1="{y - 7}" y2="{y + 7}" '
+                       f'stroke="#cf222e" stroke-dasharray="3,2"/>')
+        out.append(f'<circle cx="{x(drop):.1f}" cy="{y}" r="4" fill="{color}"><title>{_e(label)}: drop {drop:.2f} '
+                   f"points ({STATUS_LABEL[check.status]})</title></circle>")
+        y += ROW
+    out.append("</svg>")
+    return "\n".join(out)
+
+
 def _group_key(cell: str) -> tuple[str, str]:
     """(backend-arch, dtype) from a cell id like flashinfer_mla-fp8_e4m3-sm100."""
     backend, _, rest = cell.partition("-")
@@ -197,11 +244,19 @@ def _scale(lo: float, hi: float):
 
 def _axis(x, lo: float, hi: float, height: int, fmt) -> list[str]:
     out = []
-    for i in range(6):
-        value = lo + (hi - lo) * i / 5
+    for value in _ticks(lo, hi):
         out.append(f'<line x1="{x(value):.1f}" x2="{x(value):.1f}" y1="8" y2="{height - 22}" stroke="#eaeef2"/>')
         out.append(f'<text x="{x(value):.1f}" y="{height - 8}" text-anchor="middle">{fmt(value)}</text>')
     return out
+
+
+def _ticks(lo: float, hi: float, target: int = 6) -> list[float]:
+    """Round tick values (1, 2, 2.5 or 5 x 10^k apart) covering [lo, hi]."""
+    raw = (hi - lo) / target or 1.0
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
 def _nice_range(low: float, high: float, floor: float = -math.inf, ceil: float = math.inf) -> tuple[float, float]:
