@@ -107,7 +107,10 @@ def skipped_junit(cell_id: str, reason: str) -> str:
 def pytest_argv(cell_id: str, out_dir: Path, *, workers: int, python: str, extra: Sequence[str]) -> list[str]:
     argv = [python, "-m", "pytest", str(TESTS_DIR), "--kvgate-cell", cell_id,
             "--junitxml", str(out_dir / "junit.xml"), "-o", "junit_family=xunit1",
-            "--kvgate-timings-dir", str(out_dir / ".timings"), "-p", "no:cacheprovider", "-q", "-rs"]
+            "--kvgate-timings-dir", str(out_dir / ".timings"), "-p", "no:cacheprovider",
+            # pytest-benchmark (in the CUDA images) warns when xdist is active, and kvgate's warnings-as-errors
+            # turns that into an INTERNALERROR before any test runs; kvgate's speed tests do not use it.
+            "-p", "no:benchmark", "-q", "-rs"]
     if workers > 0:
         argv += ["-n", str(workers)]
     return [*argv, *extra]
