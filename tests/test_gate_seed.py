@@ -46,3 +46,20 @@ def test_seed_case_with_a_seven_point_drop_fails_and_names_the_cell(tmp_path, ca
     assert [f[:2] for f in failures] == [("kvgate.fp8_accuracy", f"{FP8}[flexible-extract]"),
                                          ("kvgate.fp8_accuracy", f"{FP8}[strict-match]")]
     assert failures[1][2].startswith("FAIL: drop 7.1 pts > 3.0 [5.4, 8.9]; 0.6444 -> 0.5732, p<0.001")
+
+
+def test_the_report_goes_to_the_github_step_summary_too(tmp_path, monkeypatch, capsys):
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    run = write_seed_run(tmp_path / "run")
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    assert summary.read_text() == "earlier step\n" + (run / "gate" / "report.md").read_text()
+
+
+def test_requiring_every_stage_fails_a_run_without_probes(tmp_path, capsys):
+    run = write_seed_run(tmp_path / "run")
+    assert main(["gate", str(run), "--require", "all", "--today", "2026-11-30"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "❌ kvgate: 2 of 10 checks failed — flashinfer_mla-auto-sm100 probe stage never requested, but the gate "
+        "requires it (+1 more)")

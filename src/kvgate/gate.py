@@ -137,12 +137,14 @@ def _health_check(cell: CellResults, stage: str, kind: str, require: Sequence[st
     if health in ("not_run", "skipped"):
         why = "never requested" if health == "not_run" else f"skipped ({result.status.reason or 'no reason given'})"
         if stage in require:
-            return Check(**base, status="missing", detail=f"{stage} stage {why}, but the gate requires it")
+            return Check(**base, status="missing", detail=f"{stage} stage {why}, but the gate requires it",
+                         headline=f"stage {why}, but the gate requires it")
         return Check(**base, status="not_run", detail=f"{stage} stage {why}")
     if health in ("error", "timeout"):
         reason = result.status.reason if result.status and result.status.reason else "no reason given"
         tail = _last_line(result.status.log_tail if result.status else None)
-        return Check(**base, status="error", detail=f"{stage} stage {health}: {reason}" + (f" | {tail}" if tail else ""))
+        return Check(**base, status="error", detail=f"{stage} stage {health}: {reason}" + (f" | {tail}" if tail else ""),
+                     headline=f"stage {health}: {reason}")
     return Check(**base, status="missing", detail=result.missing or f"{stage} outputs are missing")
 
 
