@@ -168,7 +168,8 @@ def _kernels_check(cell: CellResults, policy: Policy, require: Sequence[str]) ->
         first = junit.problems[0]
         more = f" (+{len(junit.problems) - 1} more)" if len(junit.problems) > 1 else ""
         return Check(**base, status="fail",
-                     detail=f"{failed} failed, {errors} errors of {total}: {first.name}: {first.message}{more}")
+                     detail=f"{failed} failed, {errors} errors of {total}: {first.name}: {first.message}{more}",
+                     headline=f"{failed + errors} of {total} kernel tests failed or errored, first {first.name}")
     minimum = policy.kernels.min_executed_tests
     if passed < minimum:
         return Check(**base, status="fail", detail=f"{passed} kernel tests ran ({skipped} skipped of {total}); "
