@@ -13,8 +13,9 @@ from kvgate.parsers._common import read_text
 FIXTURES = Path(__file__).parent / "fixtures" / "junit"
 
 
-def test_pass_failure_error_and_skip_of_pytest():
-    result = junit.parse_junit(read_text(FIXTURES / "pytest-mixed.xml"), "junit.xml")
+@pytest.mark.parametrize("name", ["pytest-mixed.xml", "pytest-mixed-xunit2.xml"])
+def test_pass_failure_error_and_skip_of_pytest(name):
+    result = junit.parse_junit(read_text(FIXTURES / name), "junit.xml")
     outcomes = {case.name: (case.outcome, case.message) for case in result.cases}
     print(outcomes)
     assert outcomes == {
