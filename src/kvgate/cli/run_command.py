@@ -60,6 +60,11 @@ def _stages(args: argparse.Namespace) -> list[str]:
     return [stage for stage in STAGES if stage in names]
 
 
+def _program() -> str:
+    name = Path(sys.argv[0]).name
+    return f"{Path(sys.executable).name} -m kvgate" if name == "__main__.py" else name
+
+
 def run(args: argparse.Namespace) -> int:
     stages = _stages(args)
     passthrough = list(args.passthrough)
@@ -93,6 +98,6 @@ def run(args: argparse.Namespace) -> int:
 
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough,
                          timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
-                         command=[Path(sys.argv[0]).name, *sys.argv[1:]], arch=None if filtered else arch_default)
+                         command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default)
     status, _ = run_cells(cells, options)
     return status

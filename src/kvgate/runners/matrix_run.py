@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,7 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     index = 0
     try:
         for cell in cells:
-            cell_dir = cell_folder.prepare_cell(run_dir, cell.as_record())
+            cell_dir = cell_folder.prepare_cell(run_dir, cell_record(cell))
             env, warnings = engine_environment(os.environ, arch=cell.arch, local_model=cell.workload.is_local_model,
                                                home=Path.home())
             for warning in warnings:
@@ -85,6 +86,11 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     return (EXIT_OK if outcomes and all(o.ok for o in outcomes) else EXIT_FAILED), outcomes
 
 
+def cell_record(cell: Cell) -> dict:
+    """cell.json: the matrix's identity, with `task` the lm-eval task name its results file holds."""
+    return {**cell.as_record(), "task": str(cell.workload.gsm8k["task"])}
+
+
 def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
              options: RunOptions) -> tuple[CellContext, str | None]:
     """The cell's context, and why its engine stages cannot run (model not buildable, task not writable)."""
@@ -94,7 +100,10 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
         if needs_engine and cell.workload.is_local_model:
             from kvgate.tiny_models import resolve_model
 
+            began = time.monotonic()
             model_path = resolve_model(cell.model)
+            options.say(f"kvgate: {cell.id}: model {cell.model} is {model_path} "
+                        f"({time.monotonic() - began:.1f} s to find or build)")
         if "accuracy" in options.stages and cell.workload.gsm8k["task"] == LOCAL_GSM8K_TASK:
             include_path = _local_task_folder(run_dir)
     except Exception as error:  # reported as the cell's stage error; the other cells still run
