@@ -379,6 +379,10 @@ def _accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: A
         if ref_score.stderr is None or cand_score.stderr is None or ref.n is None or candidate.n is None:
             return Check(**base, subject=filter_name, status="error", figures=figures, notes=tuple(notes),
                          detail="cannot test: no sample logs and no stderr / n-samples in the results files")
+        if min(ref.n, candidate.n) < acc.min_n:
+            return Check(**base, subject=filter_name, status="error", figures=figures, threshold={"min_n": acc.min_n},
+                         notes=tuple(notes), detail=f"only {min(ref.n, candidate.n)} questions; the policy needs at "
+                                                    f"least {acc.min_n} to resolve a {margin:.1f}-point margin")
         test = stats.unpaired_drop_test(ref_score.mean, ref_score.stderr, cand_score.mean, cand_score.stderr,
                                         n_reference=ref.n, n_candidate=candidate.n)
         figures.update({"n_reference": ref.n, "n_candidate": candidate.n})
