@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvgate import matrix as matrix_module
+from kvgate.cli import main
 from kvgate.errors import InputErrors
 from kvgate.run_loader import KnownNames, load_run
 from kvgate.synthetic_run import write_seed_run, write_status
@@ -18,9 +19,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FP8 = "flashinfer_mla-fp8-sm100"
 
 
-def test_real_lm_eval_and_bench_outputs_in_a_cell_folder(tmp_path):
-    """The real tools' files, laid out as the contract says, read back through the loader."""
-    run = tmp_path / "run"
+def real_tools_run(run: Path, fp8_junit: str = "pytest-pass.xml") -> Path:
+    """The real tools' files (tests/fixtures), laid out as the contract says."""
     for dtype in ("auto", "fp8"):
         cell = run / f"cpu_attn-{dtype}-cpu"
         cell.mkdir(parents=True)
@@ -29,8 +29,12 @@ def test_real_lm_eval_and_bench_outputs_in_a_cell_folder(tmp_path):
         shutil.copytree(FIXTURES / "lm_eval" / dtype, cell / "accuracy")  # results one folder deeper
         shutil.copytree(FIXTURES / "vllm_bench", cell / "throughput")
         (cell / "kernels").mkdir()
-        shutil.copy(FIXTURES / "junit" / "pytest-pass.xml", cell / "kernels" / "junit.xml")
-    results = load_run(run, KNOWN)
+        shutil.copy(FIXTURES / "junit" / (fp8_junit if dtype == "fp8" else "pytest-pass.xml"), cell / "kernels" / "junit.xml")
+    return run
+
+
+def test_real_lm_eval_and_bench_outputs_in_a_cell_folder(tmp_path):
+    results = load_run(real_tools_run(tmp_path / "run"), KNOWN)
     fp8 = results.cells[1]
     assert fp8.identity.id == "cpu_attn-fp8-cpu" and fp8.identity.task == "gsm8k"
     assert fp8.stage("accuracy").data.samples["strict-match"].n == 10
@@ -64,3 +68,20 @@ def test_parallel_workers_read_the_same_and_report_the_same_problems(tmp_path, w
     with pytest.raises(InputErrors) as errors:
         load_run(run, KNOWN, workers=workers)
     assert [str(e) for e in errors.value.errors] == [f"{run}/flashmla-fp8-sm90/cell.json: truncated JSON in line 1 column 2"]
+
+
+def test_the_gate_end_to_end_on_real_tool_outputs(tmp_path, capsys):
+    run = real_tools_run(tmp_path / "run", fp8_junit="pytest-mixed.xml")
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    by_name = {(c["cell"], c["kind"], c["subject"]): c for c in verdict["checks"]}
+    kernels = by_name[("cpu_attn-fp8-cpu", "kernels", None)]
+    assert (kernels["status"], kernels["figures"]) == ("fail", {"tests": 5, "passed": 2, "failed": 1, "errors": 1,
+                                                                "skipped": 1})
+    strict = by_name[("cpu_attn-fp8-cpu", "fp8_accuracy", "strict-match")]
+    assert (strict["status"], strict["detail"]) == ("error", "only 10 paired questions; the policy needs at least 200 "
+                                                              "to resolve a 3.0-point margin")
+    ratio = by_name[("cpu_attn-fp8-cpu", "fp8_throughput", "requests_per_second")]
+    assert ratio["status"] == "info" and ratio["figures"]["ratio"] == 1.0  # both cells read the same two repeats
+    assert by_name[("cpu_attn-auto-cpu", "accuracy", None)]["detail"] == (
+        "gsm8k strict-match 0.0000 ± 0.0000, flexible-extract 0.0000 ± 0.0000 (n=10)")
