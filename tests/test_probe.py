@@ -169,8 +169,11 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
 
     llm = LLM(model=str(ensure_model("tiny-llama", tmp_path / "models")), kv_cache_dtype="auto",
               max_model_len=4096, seed=0)
-    first = probe.collect(llm)
-    second = probe.collect(llm)
+    try:
+        first = probe.collect(llm)
+        second = probe.collect(llm)
+    finally:  # stop the engine processes now, not at interpreter exit (after pytest closed its streams)
+        llm.llm_engine.engine_core.shutdown()
     path = probe.write(first, tmp_path / "probe")
     read = probe.read(path)
     agreement = probe.compare(read, second)

@@ -192,7 +192,7 @@ def write(record: dict, folder: Path) -> Path:
     """Write `record` as `folder/probe.json`; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / FILE_NAME
-    text = json.dumps(record, indent=1, allow_nan=False) + "\n"
+    text = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
     temporary = path.with_name(f".{FILE_NAME}.tmp")
     temporary.write_text(text, encoding="utf-8")
     temporary.replace(path)
