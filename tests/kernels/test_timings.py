@@ -85,3 +85,21 @@ def test_h200_junit_fixture_counts_and_figures() -> None:
     for (family, kv), rel_l2 in worst.items():
         bound = tolerance.FP8 if kv.startswith("fp8") else tolerance.BF16
         assert rel_l2 <= bound.max_rel_l2, (family, kv, rel_l2)
+
+
+def test_h200_cell_folders_from_kvgate_kernels() -> None:
+    """`kvgate kernels --arch-default sm90 --gpus 1` on the H200: one cell that ran, one skipped with a reason."""
+    run = Path(__file__).parent / "fixtures" / "h200" / "run"
+    ran = run / "triton_mla-fp8-sm90"
+    assert json.loads((ran / "status.json").read_text())["kernels"] == {
+        "failed": 0, "passed": 21, "seconds": 30.8, "skipped": 0, "status": "ok", "tests": 21}
+    counts = runner.read_junit(ran / "kernels" / "junit.xml")
+    assert (counts.tests, counts.passed) == (21, 21)
+    document = json.loads((ran / "kernels" / "timings.json").read_text())
+    assert document["cell_id"] == "triton_mla-fp8-sm90" and document["device"]["name"] == "NVIDIA H200"
+    entries = timings.parse(document, "timings.json")
+    assert {(e.family, e.kv_cache_dtype) for e in entries} == {("vllm_triton_mla", "fp8_e4m3")} and len(entries) == 3
+    skipped = run / "flashmla-fp8-sm90"
+    status = json.loads((skipped / "status.json").read_text())["kernels"]
+    assert status["status"] == "skipped" and status["reason"].startswith("FlashMLA's decode kernel ships only")
+    assert runner.read_junit(skipped / "kernels" / "junit.xml").skip_reasons == (status["reason"],)
