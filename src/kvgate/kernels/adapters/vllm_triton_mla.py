@@ -50,7 +50,7 @@ def load_decode_attention_fwd() -> tuple[object, str]:
         vllm, _ = import_quietly("vllm")
         ops, _ = import_quietly("vllm.v1.attention.ops.triton_decode_attention")
         result = (ops.decode_attention_fwd, f"vllm {vllm.__version__} triton_decode_attention.decode_attention_fwd")
-    except Exception as installed_error:  # noqa: BLE001 - any import failure means: try the source file
+    except Exception as installed_error:
         path = os.environ.get(SOURCE_ENV)
         if not path:
             raise KernelUnavailable(
