@@ -245,3 +245,15 @@ def test_probe_agreement_of_fp8_against_auto(tmp_path, shift, flip_every, status
     if status == "fail":
         assert check.detail == ("mean_abs_logprob_diff 0.6 > 0.15; max_abs_logprob_diff 0.6 > 0.5; top1_agreement "
                                 "0.5455 < 0.6 vs the auto cell")
+
+
+def test_cells_of_one_id_with_several_models_are_named_with_their_model(tmp_path):
+    run = tmp_path / "run"
+    for model in ("org-a/Small-Model", "org-b/Large-Model"):
+        auto, fp8 = paired_outcomes(300, reference_correct=200, only_reference=10, only_candidate=10)
+        for dtype, outcomes in (("auto", auto), ("fp8", fp8)):
+            write_accuracy(write_cell(run, backend="TRITON_ATTN", kv_cache_dtype=dtype, arch="sm90", model=model,
+                                      folder=f"{dtype}-{model.split('/')[0]}"),
+                           {"strict-match": outcomes, "flexible-extract": outcomes}, model=model)
+    names = {c.cell for c in judge(run).checks if c.kind == "fp8_accuracy"}
+    assert names == {"triton_attn-fp8-sm90 [Small-Model]", "triton_attn-fp8-sm90 [Large-Model]"}

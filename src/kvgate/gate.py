@@ -101,6 +101,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         identities = {(c.identity.id, c.identity.model): c.identity
                       for results in (baseline, run) if results is not None for c in results.cells}
         checks = [_apply_waiver(c, identities.get((c.cell, c.model)), waiver_for, today) for c in checks]
+    checks = _name_models_where_ids_repeat(checks)
     checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
     return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
                    today=today.isoformat(), multiplicity={
@@ -109,6 +110,21 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
                        "throughput": {"method": policy.throughput.multiplicity, "alpha": policy.throughput.alpha,
                                       "family_size": family_sizes["throughput"]}},
                    policy=policy_summary(policy), run_info=dict(run.run_info), required_stages=tuple(require))
+
+
+def _name_models_where_ids_repeat(checks: list[Check]) -> list[Check]:
+    """A cell id names backend, dtype and arch; where one id holds several models, add the model to the name."""
+    models: dict[str, set[str]] = {}
+    for check in checks:
+        models.setdefault(check.cell, set()).add(check.model)
+    shared = {cell for cell, names in models.items() if len(names) > 1}
+    if not shared:
+        return checks
+    every_model = {m for cell in shared for m in models[cell]}
+    short = {m: m.rstrip("/").rsplit("/", 1)[-1] for m in every_model}
+    if len(set(short.values())) < len(short):
+        short = {m: m for m in every_model}
+    return [replace(c, cell=f"{c.cell} [{short[c.model]}]") if c.cell in shared else c for c in checks]
 
 
 def policy_summary(policy: Policy) -> dict[str, Any]:

@@ -231,10 +231,11 @@ def _drop_plot(verdict: Verdict) -> str:
 
 
 def _group_key(cell: str) -> tuple[str, str]:
-    """(backend-arch, dtype) from a cell id like flashinfer_mla-fp8_e4m3-sm100."""
-    backend, _, rest = cell.partition("-")
+    """(backend-arch[ model], dtype) from a check's cell name like flashinfer_mla-fp8_e4m3-sm100 [Model]."""
+    name, _, model = cell.partition(" [")
+    backend, _, rest = name.partition("-")
     dtype, _, arch = rest.rpartition("-")
-    return f"{backend}-{arch}", dtype
+    return f"{backend}-{arch}" + (f" [{model}" if model else ""), dtype
 
 
 def _scale(lo: float, hi: float):
