@@ -257,3 +257,19 @@ def test_cells_of_one_id_with_several_models_are_named_with_their_model(tmp_path
                            {"strict-match": outcomes, "flexible-extract": outcomes}, model=model)
     names = {c.cell for c in judge(run).checks if c.kind == "fp8_accuracy"}
     assert names == {"triton_attn-fp8-sm90 [Small-Model]", "triton_attn-fp8-sm90 [Large-Model]"}
+
+
+@pytest.mark.parametrize(("min_ratio", "status"), [(0.9, "pass"), (1.0, "pass"), (1.2, "fail")])
+def test_fp8_throughput_is_judged_where_the_policy_declares_an_expectation(tmp_path, min_ratio, status):
+    text = (policy_module.default_policy_path().read_text() + "\n[[throughput.fp8_over_auto]]\n"
+            'match = { backend = "FLASHINFER_MLA", arch = "sm100" }\n'
+            f'min_ratio = {min_ratio}\nreason = "the seed PR measured +10 % on B200"\n')
+    (tmp_path / "policy.toml").write_text(text)
+    policy = policy_module.load(tmp_path / "policy.toml", matrix=MATRIX)
+    run = load_run(write_seed_run(tmp_path / "run"), KNOWN)
+    verdict = gate.evaluate(run, policy=policy, waiver_for=MATRIX.waiver_for, today=TODAY)
+    check = only(verdict, FP8, "fp8_throughput")
+    print(check)
+    assert check.status == status
+    assert check.threshold["min_ratio"] == min_ratio
+    assert check.notes[0] == "expectation throughput.fp8_over_auto[0]: the seed PR measured +10 % on B200"

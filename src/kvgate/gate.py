@@ -469,14 +469,21 @@ def _fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy
                   method=test.method, detail=f"{text} (reported; the policy expects no ratio here)")
     if expected is None:
         return check
-    tolerance = 1 - expected
     check = replace(check, status="pending", threshold={"min_ratio": expected, "alpha": alpha},
-                    threshold_text=f"ratio ≥ {expected:.2f}", notes=(f"expectation {expectation.where}: {expectation.reason}",))
-    return _Pending(check=check, test=test, passed_text=text, failed_text=f"{text} < {expected:.2f}",
-                    failed_headline=f"fp8/auto throughput ratio {test.ratio:.3f} < {expected:.2f}",
-                    family="throughput",
-                    decide=lambda t, adj: stats.throughput_regressed(t, tolerance=tolerance, alpha=alpha,
-                                                                     adjusted_p=adj))
+                    threshold_text=f"ratio ≥ {expected:.2f}",
+                    notes=(f"expectation {expectation.where}: {expectation.reason}",))
+    pending = dict(check=check, test=test, passed_text=text, failed_text=f"{text} < {expected:.2f}",
+                   failed_headline=f"fp8/auto throughput ratio {test.ratio:.3f} < {expected:.2f}")
+    if expected < 1:  # "at most this much slower": the policy's throughput rule, in the run's throughput family
+        tolerance = 1 - expected
+        return _Pending(**pending, family="throughput",
+                        decide=lambda t, adj: stats.throughput_regressed(t, tolerance=tolerance, alpha=alpha,
+                                                                         adjusted_p=adj))
+    # "at least this much faster": the p-value tests "slower than auto", so the interval decides instead: fail
+    # when the ratio is below the expectation and (with 2+ repeats a side) its whole interval is too
+    check = replace(check, notes=(*check.notes, "ratio ≥ 1 expected: judged by the ratio's interval, not the p-value"))
+    return _Pending(**{**pending, "check": check}, family="interval",
+                    decide=lambda t, adj: t.ratio < expected and (t.ci_high is None or t.ci_high < expected))
 
 
 def _decide(item: _Pending, adjusted: float | None) -> Check:
