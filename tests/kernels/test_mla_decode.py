@@ -10,8 +10,10 @@ Speed: BENCH_SPECS per family and kv dtype (kvgate.kernels.benchmark), into timi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
+import os
 
 import pytest
 import torch
@@ -92,6 +94,7 @@ def test_decode_matches_reference(family: KernelFamily, case: DecodeCase, record
     bound = tolerance.for_kv_dtype(inputs.kv_dtype)
     figures = tolerance.error_figures(out, ref, bound)
     record_figures("provenance", prepared.provenance)
+    record_figures("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     record_figures("tolerance", f"{bound.name}: rel_l2<={bound.max_rel_l2} cos_diff<{bound.max_cos_diff} "
                                 f"atol={bound.atol} rtol={bound.rtol}")
     for name, value in figures.as_dict().items():
@@ -139,3 +142,25 @@ def test_decode_speed(family: KernelFamily, kv: str, spec, record_figures, timin
     assert math.isfinite(measured.median_us) and measured.median_us > 0
     # Faster than the device can copy means the launch did not do the work (or the clock is wrong).
     assert achieved <= 1.25 * copy, f"{achieved:.0f} GB/s is above the device's copy bandwidth {copy:.0f} GB/s"
+
+
+def _negative_control_params():
+    for name in ("flashinfer_mla_fa3", "vllm_triton_mla"):
+        family = FAMILIES[name]
+        case = DecodeCase(spec=BATCH_SPECS["ragged_short"], num_heads=16, page_size=family.page_sizes[-1],
+                          kv_cache_dtype="fp8_e4m3")
+        yield pytest.param(family, case, id=f"{family.name}-{case.id}", marks=_marks(family, "fp8_e4m3"))
+
+
+@pytest.mark.parametrize(("family", "case"), list(_negative_control_params()))
+def test_a_wrong_kv_scale_is_caught(family: KernelFamily, case: DecodeCase, record_figures) -> None:
+    """Negative control: the kernel is handed a k_scale 10 % off; the accuracy check must notice."""
+    device = _device(family)
+    inputs = make_inputs(case, device)
+    wrong = dataclasses.replace(inputs, cache=dataclasses.replace(inputs.cache, scale=inputs.cache.scale * 1.1))
+    out = _prepare(family, wrong).run()
+    torch.cuda.synchronize(device)
+    ref = reference.mla_decode(inputs.query, inputs.cache, inputs.sm_scale)
+    figures = tolerance.error_figures(out, ref, tolerance.FP8)
+    record_figures("rel_l2", figures.rel_l2)
+    assert tolerance.problems(figures, tolerance.FP8), f"a 10 % scale error went unnoticed: {figures.summary()}"

@@ -138,7 +138,7 @@ def run_cell(cell: Cell, run_dir: Path, *, local_arch: str, workers: int = 0, py
         src = str(REPO_ROOT / "src")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         timed_out = False
-        with open(log, "w", encoding="utf-8") as handle:
+        with open(log, "a", encoding="utf-8") as handle:  # `kvgate run cell` may be writing our stdout here too
             handle.write("$ " + " ".join(argv) + "\n")
             handle.flush()
             try:
