@@ -78,17 +78,17 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             outcomes.append(StageOutcome(cell_id=cell.id, stage="accuracy", status=status, elapsed=elapsed,
                                          reason=reason))
         if with_probe:
-            outcomes.append(_probe_outcome(ctx, status, reason, report, probe_dir, result.log_tail, elapsed))
+            outcomes.append(_probe_outcome(ctx, status, report, probe_dir, result.log_tail, elapsed))
         return outcomes
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _probe_outcome(ctx: CellContext, accuracy_status: str, accuracy_reason: str | None, report: dict,
+def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
                    probe_dir: Path, log_tail: str, elapsed: float) -> StageOutcome:
     cell, cell_dir = ctx.cell, ctx.cell_dir
     if accuracy_status != "ok":
-        status, reason = accuracy_status, f"not run: the accuracy run failed ({accuracy_reason})"
+        status, reason = accuracy_status, "not run: the accuracy stage failed (see its reason)"
     elif report.get("probe_error"):
         status, reason = "error", f"the probe failed: {report['probe_error']}"
     elif "probe" not in report.get("steps", []) or not any(probe_dir.iterdir()):

@@ -20,4 +20,5 @@ class CellContext:
     timeout: float | None  # per stage, seconds
     passthrough: tuple[str, ...] = ()  # flags after `--`: lm_eval's (accuracy) or vllm bench's (throughput)
     include_path: Path | None = None  # folder of kvgate's local gsm8k task, when the workload uses it
+    matrix_dir: Path | None = None  # a matrix other than the repository's (handed on to `kvgate kernels`)
     echo: bool = True  # stream the tools' output to the terminal too

@@ -28,8 +28,8 @@ def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
     # vLLM writes a second, PyTorch-benchmark-format *.json beside --output-json when this is set; the
     # results contract wants exactly one *.json per throughput repeat.
     env.pop("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", None)
-    env.setdefault("VLLM_CACHE_ROOT", str(default_cache_root(home)))
-    if arch == "cpu":
+    if arch == "cpu":  # the embedded default; GPU runners keep vLLM's own cache place and KV sizing
+        env.setdefault("VLLM_CACHE_ROOT", str(default_cache_root(home)))
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
     if local_model:  # kvgate's own models and data: nothing to fetch, so never wait on the hub
         env["HF_HUB_OFFLINE"] = "1"

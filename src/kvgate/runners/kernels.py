@@ -15,6 +15,7 @@ from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stage_process import describe_exit, run_logged
 
 KERNELS_COMMAND_MODULE = "kvgate.cli.kernels_command"
+OWN_TIMEOUT_MARGIN_SECONDS = 120.0
 
 
 def kernels_available() -> bool:
@@ -34,25 +35,30 @@ def run_kernels(ctx: CellContext) -> StageOutcome:
     log = cell_folder.log_path(cell_dir, "kernels")
     log.write_bytes(b"")
     argv = [ctx.python, "-m", "kvgate", "kernels", "--cell", cell.id, "--run-dir", str(ctx.run_dir)]
-    result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
+    if ctx.matrix_dir is not None:
+        argv += ["--matrix-dir", str(ctx.matrix_dir)]
+    if ctx.timeout is not None:  # its own timeout first, so that it can record it itself
+        argv += ["--timeout", f"{ctx.timeout:g}"]
+    timeout = None if ctx.timeout is None else ctx.timeout + OWN_TIMEOUT_MARGIN_SECONDS
+    result = run_logged(argv, env=ctx.env, logs=[log], timeout=timeout, echo=ctx.echo,
                         header=f"kvgate: {cell.id} kernels: {' '.join(argv[1:])}")
     elapsed = time.monotonic() - start
     entry = _status_entry(cell_dir)
     if result.timed_out:
         status, reason = "timeout", f"killed after its timeout of {ctx.timeout:.0f} s"
     elif result.returncode == 0:
-        status, reason = "ok", None
-        if entry.get("status") != "ok":
-            status, reason = "error", "`kvgate kernels` exited 0 but status.json does not say ok"
+        status, reason = entry.get("status"), entry.get("reason")
+        if status not in ("ok", "skipped"):  # e.g. GPU kernel tests on a CPU machine are skipped
+            status, reason = "error", "`kvgate kernels` exited 0 but status.json says neither ok nor skipped"
     elif result.returncode == 1:
         status = entry.get("status", "error") if entry.get("status") != "ok" else "error"
         reason = entry.get("reason") or "kernel tests failed"
     else:
         status, reason = "error", f"`kvgate kernels` {describe_exit(result.returncode)}"
-    if status != entry.get("status") or (status != "ok" and not entry.get("reason")):
+    if status != entry.get("status") or (status not in ("ok", "skipped") and not entry.get("reason")):
         cell_folder.write_status(cell_dir, "kernels", status, reason, result.log_tail)
     return StageOutcome(cell_id=cell.id, stage="kernels", status=status, elapsed=elapsed, reason=reason,
-                        headline="kernel tests passed" if status == "ok" else "")
+                        headline={"ok": "kernel tests passed", "skipped": reason or "skipped"}.get(status, ""))
 
 
 def _status_entry(cell_dir) -> dict:

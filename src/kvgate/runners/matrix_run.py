@@ -39,6 +39,7 @@ class RunOptions:
     passthrough: Sequence[str] = ()
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
     arch: str | None = None
+    matrix_dir: Path | None = None
     echo: bool = True
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
 
@@ -83,7 +84,7 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
             options.say("")
             options.say(progress.summary_table(outcomes))
             options.say(f"kvgate: results in {run_dir}")
-    return (EXIT_OK if outcomes and all(o.ok for o in outcomes) else EXIT_FAILED), outcomes
+    return (EXIT_OK if outcomes and not any(o.failed for o in outcomes) else EXIT_FAILED), outcomes
 
 
 def cell_record(cell: Cell) -> dict:
@@ -110,7 +111,8 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
         setup_error = f"setup failed: {type(error).__name__}: {error}"
     ctx = CellContext(cell=cell, cell_dir=cell_dir, run_dir=run_dir, model_path=str(model_path),
                       python=sys.executable, env=env, timeout=options.timeout,
-                      passthrough=tuple(options.passthrough), include_path=include_path, echo=options.echo)
+                      passthrough=tuple(options.passthrough), include_path=include_path,
+                      matrix_dir=options.matrix_dir, echo=options.echo)
     return ctx, setup_error
 
 

@@ -17,3 +17,8 @@ class StageOutcome:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def failed(self) -> bool:
+        """error or timeout; a skipped stage (e.g. GPU kernel tests on a CPU machine) is no failure."""
+        return self.status in ("error", "timeout")

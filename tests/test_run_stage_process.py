@@ -1,0 +1,64 @@
+"""kvgate.runners.stage_process: output teed to the log, the whole process group killed on timeout."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from kvgate.runners.stage_process import describe_exit, read_tail, run_logged
+
+ENV = dict(os.environ)
+
+
+def test_output_reaches_every_log_and_the_exit_status_is_kept(tmp_path):
+    logs = [tmp_path / "stage.log", tmp_path / "repeat-1.log"]
+    result = run_logged([sys.executable, "-c", "import sys; print('hello'); sys.exit(3)"], env=ENV, logs=logs,
+                        timeout=60, echo=False, header="kvgate: header")
+    assert (result.returncode, result.timed_out, result.ok) == (3, False, False)
+    for log in logs:
+        assert log.read_text() == "kvgate: header\nhello\n"
+    assert result.log_tail == "kvgate: header\nhello"
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    # A child that starts a grandchild (like vLLM's engine core) and then hangs.
+    script = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    start = time.monotonic()
+    result = run_logged([sys.executable, "-c", script], env=ENV, logs=[tmp_path / "log"], timeout=3, echo=False)
+    assert result.timed_out and result.returncode is None
+    assert time.monotonic() - start < 30
+    grandchild = int(pid_file.read_text())
+    assert not _alive(grandchild), "the grandchild outlived the timeout"
+    assert "killed after its timeout of 3 s" in (tmp_path / "log").read_text()
+
+
+def test_read_tail_keeps_the_last_state_of_progress_bars(tmp_path):
+    log = tmp_path / "log"
+    log.write_bytes(b"a\nbar  10%\rbar  50%\rbar 100%\n\x1b[32mgreen\x1b[0m\n")
+    assert read_tail(log) == "a\nbar 100%\ngreen"
+
+
+def test_describe_exit():
+    assert describe_exit(1) == "exited with status 1"
+    assert describe_exit(-9) == "was killed by SIGKILL (out of memory?)"
+    assert describe_exit(None) == "was killed at its timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0): read its state
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return False
