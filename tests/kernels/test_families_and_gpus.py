@@ -20,6 +20,7 @@ def test_every_mla_cell_has_a_family_or_a_reason() -> None:
     ("TRITON_MLA", "fp8", "sm90", ("vllm_triton_mla",), None),
     ("FLASHINFER_MLA", "fp8", "sm100", ("flashinfer_trtllm_mla",), None),
     ("CPU_MLA", "auto", "cpu", ("vllm_cpu_mla",), None),
+    ("CPU_ATTN", "fp8", "cpu", ("vllm_cpu_attn",), None),
     ("CPU_MLA", "fp8", "cpu", (), "no kernel family of CPU_MLA has a fp8 KV path"),
     ("FLASHINFER_MLA", "auto", "sm90", (), "no kernel family of FLASHINFER_MLA runs on sm90"),
     ("FLASHMLA", "fp8", "sm90", (), families.NO_FAMILY_REASONS["FLASHMLA"]),

@@ -47,6 +47,8 @@ def _marks(family: KernelFamily, kv: str) -> list[pytest.MarkDecorator]:
 
 def _accuracy_params():
     for family in FAMILIES.values():
+        if not family.mla:
+            continue
         for kv in STORAGE_KV:
             if kv not in family.kv_cache_dtypes:
                 continue
@@ -61,7 +63,7 @@ def _accuracy_params():
 
 def _speed_params():
     for family in FAMILIES.values():
-        if _on_cpu(family):
+        if _on_cpu(family) or not family.mla:
             continue
         for kv in STORAGE_KV:
             if kv not in family.kv_cache_dtypes:

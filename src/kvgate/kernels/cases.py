@@ -140,3 +140,52 @@ def bytes_moved(inputs: DecodeInputs) -> int:
     cached = int(inputs.cache.seq_lens.sum()) * row_bytes
     batch, heads, width = inputs.query.shape
     return cached + batch * heads * width * inputs.query.element_size() + batch * heads * KV_LORA_RANK * 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionCase:
+    """A non-MLA (grouped-query) decode case: the CPU_ATTN family."""
+
+    spec: BatchSpec
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    kv_cache_dtype: str
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        return (f"{self.spec.name}-h{self.num_heads}kv{self.num_kv_heads}-d{self.head_dim}-p{self.page_size}"
+                f"-{self.kv_cache_dtype}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionInputs:
+    case: AttentionCase
+    query: torch.Tensor  # [batch, heads, head_dim], bf16
+    keys: list[torch.Tensor]  # per request [seq_len, kv_heads, head_dim], bf16 (what the model would write)
+    values: list[torch.Tensor]
+    k_scale: float
+    v_scale: float
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return fp8.kv_torch_dtype(self.case.kv_cache_dtype)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.case.head_dim)
+
+
+def make_attention_inputs(case: AttentionCase) -> AttentionInputs:
+    """Seeded bf16 query, keys and values; per-tensor scales amax/fp8_max for an FP8 cache (1.0 for bf16)."""
+    generator = torch.Generator().manual_seed(case.seed)
+    shape = (case.num_kv_heads, case.head_dim)
+    keys = [torch.randn(n, *shape, generator=generator).to(torch.bfloat16) for n in case.spec.kv_lens]
+    values = [torch.randn(n, *shape, generator=generator).to(torch.bfloat16) for n in case.spec.kv_lens]
+    query = torch.randn(len(keys), case.num_heads, case.head_dim, generator=generator).to(torch.bfloat16)
+    dtype = fp8.kv_torch_dtype(case.kv_cache_dtype)
+    k_scale = fp8.per_tensor_scale(*keys, dtype=dtype) if fp8.is_fp8(dtype) else 1.0
+    v_scale = fp8.per_tensor_scale(*values, dtype=dtype) if fp8.is_fp8(dtype) else 1.0
+    return AttentionInputs(case=case, query=query, keys=keys, values=values, k_scale=k_scale, v_scale=v_scale)

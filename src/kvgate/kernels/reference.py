@@ -136,3 +136,23 @@ def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: floa
         probs = torch.softmax(scores, dim=-1)
         out[b] = (probs @ rows[:, : cache.kv_lora_rank]) * v_scale
     return out
+
+
+def gqa_decode(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float) -> torch.Tensor:
+    """Reference for a non-MLA decode: q [batch, heads, D]; keys/values per request [seq_len, kv_heads, D].
+
+    Query head h reads kv head h // (heads // kv_heads) (grouped-query attention). float32 out
+    [batch, heads, D].
+    """
+    batch, heads, _ = q.shape
+    out = torch.empty(batch, heads, values[0].shape[-1], dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        kv_heads = keys[b].shape[1]
+        if heads % kv_heads:
+            raise ValueError(f"{heads} query heads do not group onto {kv_heads} kv heads")
+        group = heads // kv_heads
+        k = keys[b].float().repeat_interleave(group, dim=1)  # [seq_len, heads, D]
+        v = values[b].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale
+        out[b] = torch.einsum("ht,thd->hd", torch.softmax(scores, dim=-1), v)
+    return out
