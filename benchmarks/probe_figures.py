@@ -6,8 +6,8 @@ These figures set the gate's probe thresholds. One engine per dtype (about 30-60
         --model tiny-llama --dtypes auto fp8 fp8_e5m2 int8_per_token_head --out reports/probe-figures
 
 The first dtype is the reference; it is probed in two separate engines, so the first row shows how
-reproducible the probe is across engine starts (it must be exactly 0). Writes `<out>/<dtype>/probe.json`
-and `<out>/figures.json`, and prints a Markdown table.
+reproducible the probe is across engine starts (it must be exactly 0). Writes `<out>/<run>/probe.json`,
+`<out>/figures.json` and `<out>/figures.md` (a Markdown table, also printed).
 """
 
 from __future__ import annotations
@@ -30,9 +30,13 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     started = time.perf_counter()
     llm = LLM(model=resolve_model(model), kv_cache_dtype=kv_cache_dtype, max_model_len=4096, seed=0)
     start_s = time.perf_counter() - started
-    started = time.perf_counter()
-    record = probe.collect(llm)
-    probe_s = time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        record = probe.collect(llm)
+        probe_s = time.perf_counter() - started
+    finally:
+        # Stop the engine processes here: a multiprocessing child otherwise waits for them forever at exit.
+        llm.llm_engine.engine_core.shutdown()
     probe.write(record, folder)
     return {"start_s": round(start_s, 1), "probe_s": round(probe_s, 2)}
 
@@ -79,13 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: {json.dumps(figures[-1])}", file=sys.stderr)
     (args.out / "figures.json").write_text(json.dumps({"model": model, "reference": reference_dtype,
                                                        "figures": figures}, indent=1) + "\n")
-    print(f"Probe against a first `{reference_dtype}` engine, {model}, 16 prompts x 64 greedy tokens:\n")
-    print("| run | greedy token match | greedy prefix match | prompt logprob mean abs diff (max) | top-1 agreement |")
-    print("|---|---|---|---|---|")
+    lines = [f"Probe against a first `{reference_dtype}` engine, {model}, 16 prompts x 64 greedy tokens:", "",
+             "| run | greedy token match | greedy prefix match | prompt logprob mean abs diff (max) "
+             "| top-1 agreement | engine start s |",
+             "|---|---|---|---|---|---|"]
     for row in figures:
-        print(f"| {row['run']} | {row['greedy_token_match']:.1%} | {row['greedy_prefix_match']:.1%} | "
-              f"{float(row['mean_abs_logprob_diff']):.4f} ({float(row['max_abs_logprob_diff']):.4f}) | "
-              f"{row['top1_agreement']:.1%} |")
+        lines.append(f"| {row['run']} | {row['greedy_token_match']:.1%} | {row['greedy_prefix_match']:.1%} | "
+                     f"{float(row['mean_abs_logprob_diff']):.4f} ({float(row['max_abs_logprob_diff']):.4f}) | "
+                     f"{row['top1_agreement']:.1%} | {row['start_s']} |")
+    table = "\n".join(lines) + "\n"
+    (args.out / "figures.md").write_text(table)
+    print(table)  # vLLM logs to stdout too: the table is also in <out>/figures.md
     return 0
 
 
