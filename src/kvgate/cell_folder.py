@@ -30,6 +30,7 @@ STATUSES = ("ok", "error", "timeout", "skipped")
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are read by other users and CI artifact uploads
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=2, sort_keys=True)
         handle.write("\n")
@@ -55,6 +56,7 @@ def stage_output(cell_dir: Path, stage: str) -> Iterator[Path]:
     """Yield an empty temporary folder for a stage's outputs; on success it replaces <cell>/<stage>/."""
     cell_dir = Path(cell_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{stage}.partial-", dir=cell_dir))
+    tmp.chmod(0o755)  # mkdtemp makes 0700
     try:
         yield tmp
     except BaseException:
