@@ -9,7 +9,6 @@ run never leaves outputs that pass for whole ones.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -23,6 +22,7 @@ from kvgate.runners.commands import lm_eval_arguments
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_log import read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.stage_files import commit_stage
 from kvgate.runners.stage_process import describe_exit, run_logged
 
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
@@ -68,7 +68,7 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         if engine_backends is not None:
             extra["engine_backends"] = engine_backends
         if status == "ok":
-            _commit(cell_dir, "accuracy", output)
+            commit_stage(cell_dir, "accuracy", output)
             figures = accuracy_figures(cell_dir / "accuracy", str(cell.workload.gsm8k["task"]))
             cell_folder.write_status(cell_dir, "accuracy", "ok", **extra, **figures)
             outcomes.append(StageOutcome(cell_id=cell.id, stage="accuracy", status="ok", elapsed=elapsed,
@@ -96,19 +96,11 @@ def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
     else:
         status, reason = "ok", None
     if status == "ok":
-        _commit(cell_dir, "probe", probe_dir)
+        commit_stage(cell_dir, "probe", probe_dir)
         cell_folder.write_status(cell_dir, "probe", "ok")
     else:
         cell_folder.write_status(cell_dir, "probe", status, reason, log_tail)
     return StageOutcome(cell_id=cell.id, stage="probe", status=status, elapsed=elapsed, reason=reason)
-
-
-def _commit(cell_dir: Path, stage: str, source: Path) -> None:
-    """Move a finished stage's files from the scratch folder into <cell>/<stage>/, replacing it whole."""
-    with cell_folder.stage_output(cell_dir, stage) as target:
-        if source.is_dir():
-            for child in source.iterdir():
-                os.replace(child, target / child.name)
 
 
 def accuracy_figures(accuracy_dir: Path, task: str) -> dict[str, Any]:

@@ -71,13 +71,19 @@ def main(argv: list[str]) -> int:
     task_manager = cfg.process_tasks(cfg.metadata)
     lm = lm_eval.api.registry.get_model(cfg.model).create_from_arg_obj(
         cfg.model_args, {"batch_size": cfg.batch_size, "max_batch_size": cfg.max_batch_size, "device": cfg.device})
-    engine = lm.model  # lm-eval's vllm model keeps the vllm.LLM it built here
+    engine = getattr(lm, "model", None)  # lm-eval's vllm model keeps the vllm.LLM it built (data_parallel_size 1)
 
-    names = engine_backend_names(engine)
-    mismatch = backend_mismatch(options.backend, options.arch, BackendEvidence(), names)
+    try:
+        names: list[str] | None = engine_backend_names(engine)
+    except Exception as error:  # e.g. data-parallel lm-eval runs hold no LLM here: the log check remains
+        names = None
+        print(f"kvgate: cannot ask the engine for its attention backends ({type(error).__name__}: {error}); "
+              f"the engine log decides", flush=True)
+    mismatch = backend_mismatch(options.backend, options.arch, BackendEvidence(), names) if names else None
     save("engine", attention_backends=names, backend_mismatch=mismatch)
-    print(f"kvgate: the engine's attention layers use {', '.join(names) or 'no backend kvgate can see'}",
-          flush=True)
+    if names is not None:
+        print(f"kvgate: the engine's attention layers use {', '.join(names) or 'no backend kvgate can see'}",
+              flush=True)
     if mismatch:
         print(f"kvgate: {mismatch}", file=sys.stderr, flush=True)
         return EXIT_BACKEND_MISMATCH

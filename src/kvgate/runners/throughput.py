@@ -5,7 +5,6 @@ measured ones, each a fresh engine; per repeat one --output-json file and its ca
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import tempfile
@@ -19,6 +18,7 @@ from kvgate.runners.commands import bench_throughput_argv
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_log import read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.stage_files import commit_stage
 from kvgate.runners.stage_process import describe_exit, read_tail, run_logged
 
 DEFAULT_REPEATS = 3
@@ -57,9 +57,7 @@ def run_throughput(ctx: CellContext) -> StageOutcome:
                                      backend=cell.backend)
             return StageOutcome(cell_id=cell.id, stage="throughput", status=failed.status, elapsed=elapsed,
                                 reason=failed.reason)
-        with cell_folder.stage_output(cell_dir, "throughput") as target:
-            for child in scratch.iterdir():
-                os.replace(child, target / child.name)
+        commit_stage(cell_dir, "throughput", scratch)
         elapsed = time.monotonic() - start
         output_rates = [f.output_tokens_per_second for f in figures]
         cell_folder.write_status(

@@ -1,0 +1,17 @@
+"""Moving a finished stage's files from a scratch folder into <cell>/<stage>/ (kvgate.cell_folder.stage_output:
+the old folder is replaced whole, or left as it was if anything goes wrong on the way)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvgate import cell_folder
+
+
+def commit_stage(cell_dir: Path, stage: str, source: Path) -> Path:
+    with cell_folder.stage_output(cell_dir, stage) as target:
+        if source.is_dir():
+            for child in source.iterdir():
+                os.replace(child, target / child.name)
+    return Path(cell_dir) / stage

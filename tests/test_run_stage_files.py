@@ -1,0 +1,49 @@
+"""kvgate.runners.stage_files: a re-run's stage replaces the old folder whole; a failed one leaves it as it was."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from kvgate.runners.stage_files import commit_stage
+
+
+def test_rerun_replaces_the_stage_folder_whole(tmp_path):
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    first, second = tmp_path / "first", tmp_path / "second"
+    (first / "model").mkdir(parents=True)
+    (first / "model" / "results_1.json").write_text("{}")
+    second.mkdir()
+    (second / "repeat-1.json").write_text("{}")
+    commit_stage(cell, "throughput", first)
+    commit_stage(cell, "throughput", second)
+    assert sorted(p.relative_to(cell).as_posix() for p in cell.rglob("*")) == ["throughput", "throughput/repeat-1.json"]
+    assert stat.S_IMODE((cell / "throughput").stat().st_mode) == 0o755
+
+
+def test_a_failure_while_committing_keeps_the_previous_folder(tmp_path, monkeypatch):
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "repeat-1.json").write_text("old")
+    commit_stage(cell, "throughput", good)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "repeat-1.json").write_text("new")
+
+    real_replace = os.replace
+
+    def replace_failing_into_the_new_folder(src, dst, *args, **kwargs):
+        if ".partial-" in str(dst):
+            raise OSError("disk gone")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace_failing_into_the_new_folder)
+    with pytest.raises(OSError):
+        commit_stage(cell, "throughput", bad)
+    assert (cell / "throughput" / "repeat-1.json").read_text() == "old"
+    assert [p.name for p in cell.iterdir()] == ["throughput"]
