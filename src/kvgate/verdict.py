@@ -137,7 +137,7 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         "summary": {"checks": len(verdict.judged), "failed": len(failed), **verdict.counts()},
         "multiplicity": {k: dict(v) for k, v in verdict.multiplicity.items()},
         "policy": dict(verdict.policy),
-        "run_info": {k: v for k, v in verdict.run_info.items() if isinstance(v, (str, int, float, bool))},
+        "run_info": dict(verdict.run_info),
         "checks": [check_to_dict(c) for c in verdict.checks],
     })
 

@@ -12,7 +12,7 @@ import html
 import math
 from collections.abc import Iterable
 
-from kvgate.report.markdown import headline, multiplicity_text
+from kvgate.report.markdown import headline, multiplicity_text, run_facts
 from kvgate.verdict import STATUS_LABEL, Check, Verdict, sort_key
 
 COLORS = {"auto": "#4575b4", "fp8": "#d73027", "fp8_e4m3": "#f46d43", "fp8_e5m2": "#fdae61"}
@@ -73,10 +73,7 @@ def render_html(verdict: Verdict) -> str:
 
 
 def _context(verdict: Verdict) -> str:
-    parts = [f"run {verdict.run}"]
-    for key in ("commit", "vllm_version", "gpu_name"):
-        if isinstance(verdict.run_info.get(key), (str, int, float)):
-            parts.append(f"{key.replace('_', ' ')} {verdict.run_info[key]}")
+    parts = [f"run {verdict.run}", *run_facts(verdict.run_info)]
     if verdict.baseline:
         parts.append(f"baseline {verdict.baseline}")
     parts.append(f"judged {verdict.today}")
@@ -97,7 +94,7 @@ def _table(checks: Iterable[Check]) -> str:
             "<th>threshold</th><th>p (adj.)</th></tr>"]
     for c in checks:
         interval = f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else ""
-        p = "" if c.p_value is None else _p(c.p_value) + (
+        p = "" if c.p_value is None or c.status == "info" else _p(c.p_value) + (
             f" ({_p(c.adjusted_p_value)})" if c.adjusted_p_value is not None else "")
         kind = c.kind + (f" <code>{_e(c.subject)}</code>" if c.subject and c.kind.endswith("accuracy") else "")
         rows.append(f"<tr><td>{_badge(c.status, STATUS_LABEL[c.status])}</td>"

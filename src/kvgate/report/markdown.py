@@ -6,6 +6,9 @@ multiplicity note, the weaker-check notes, and every other check folded away.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kvgate.verdict import STATUS_LABEL, STATUSES, Check, Verdict, sort_key
 
 ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}  # noqa: RUF001
@@ -87,17 +90,33 @@ def multiplicity_text(verdict: Verdict) -> str:
 
 
 def _context(verdict: Verdict) -> str:
-    info = verdict.run_info
-    parts = [f"Run `{verdict.run}`"]
-    for key in ("commit", "vllm_version", "gpu_name", "host"):
-        if isinstance(info.get(key), (str, int, float)):
-            parts.append(f"{key.replace('_', ' ')} {info[key]}")
+    parts = [f"Run `{verdict.run}`", *run_facts(verdict.run_info)]
     if verdict.baseline:
         parts.append(f"baseline `{verdict.baseline}`")
     parts.append(f"judged {verdict.today}")
     if verdict.required_stages:
         parts.append(f"required stages: {', '.join(verdict.required_stages)}")
     return " · ".join(parts)
+
+
+def run_facts(info: Mapping[str, Any]) -> list[str]:
+    """What run.json says about where the run ran (the runners' keys; hand-made ones may have fewer)."""
+    facts = []
+    if isinstance(info.get("commit"), str):
+        facts.append(f"commit {info['commit'][:12]}")
+    versions = info.get("versions") if isinstance(info.get("versions"), Mapping) else {}
+    for name in ("vllm", "lm_eval", "torch"):
+        value = versions.get(name, info.get(f"{name}_version"))
+        if isinstance(value, str):
+            facts.append(f"{name.replace('_', '-')} {value}")
+    gpu = info.get("gpu") or info.get("gpu_name")
+    if isinstance(gpu, str):
+        facts.append(gpu)
+    elif isinstance(info.get("cpu"), str):
+        facts.append(f"CPU {info['cpu']}")
+    if isinstance(info.get("host"), str):
+        facts.append(f"host {info['host']}")
+    return facts
 
 
 def _table(checks: list[Check]) -> list[str]:
@@ -114,7 +133,7 @@ def _cells(check: Check) -> list[str]:
     kind = check.kind + (f" `{check.subject}`" if check.subject and check.kind.endswith("accuracy") else "")
     interval = f"[{check.interval[0]:.3g}, {check.interval[1]:.3g}]" if check.interval else ""
     p = ""
-    if check.p_value is not None:
+    if check.p_value is not None and check.status != "info":
         p = _p(check.p_value) + (f" ({_p(check.adjusted_p_value)})" if check.adjusted_p_value is not None else "")
     return [f"{ICON[check.status]} {STATUS_LABEL[check.status]}", f"`{check.cell}`", kind, _escape(check.detail),
             interval, _escape(check.threshold_text), p]
