@@ -98,3 +98,14 @@ def test_outputs_replace_only_their_own_files(failing, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "notes.txt", "report.html", "report.md", "verdict.json"]
     assert (out / "notes.txt").read_text() == "mine"
     assert paths["report.md"].read_text().startswith("❌ kvgate")
+
+
+def test_a_run_where_nothing_ran_says_so(tmp_path):
+    from kvgate.synthetic_run import write_cell
+
+    run = tmp_path / "run"
+    write_cell(run, backend="FLASHINFER_MLA", kv_cache_dtype="auto", arch="sm100")
+    verdict = verdict_of(run)
+    assert verdict.exit_status == 0  # CONTRACT.md: stages never requested fail only with --require
+    assert headline(verdict) == ("⚠️ kvgate: nothing was checked (4 stages not run); pass --require to make missing "
+                                 "stages fail")

@@ -82,7 +82,7 @@ def _context(verdict: Verdict) -> str:
 
 def _plain(text: str) -> str:
     """The headline without its leading emoji (the page shows a coloured badge instead; no emoji font needed)."""
-    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌") else text
+    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌", "⚠") else text
 
 
 def _badge(status: str, text: str) -> str:

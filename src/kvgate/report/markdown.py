@@ -39,6 +39,12 @@ def headline(verdict: Verdict) -> str:
         return (f"❌ kvgate: {len(failed)} of {len(judged)} checks failed — {first.cell} {first.kind}{subject} "
                 f"{what}{more}")
     tail = f" ({waived} waived)" if waived else ""
+    if not judged:
+        not_run = sum(c.status == "not_run" for c in verdict.checks)
+        return (f"⚠️ kvgate: nothing was checked ({not_run} stages not run); pass --require to make missing stages "
+                "fail")
+    if len(judged) == 1:
+        return f"✅ kvgate: the 1 check passed{tail}"
     return f"✅ kvgate: all {len(judged)} checks passed{tail}"
 
 
