@@ -111,17 +111,28 @@ def parse_samples(text: str | bytes, source: str, *, metric: str = DEFAULT_METRI
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        where = f"line {number}"
         try:
             record = decoder.decode(line)
         except json.JSONDecodeError as error:
-            raise InputError(source, f"not a JSON object ({error.msg} at column {error.colno})", where,
+            raise InputError(source, f"not a JSON object ({error.msg} at column {error.colno})", f"line {number}",
                              "Each line must be one sample record as lm-eval --log_samples writes it") from None
         except ValueError as error:
-            raise InputError(source, str(error), where) from None
-        if not isinstance(record, dict):
-            raise InputError(source, f"expected a JSON object, got {kind(record)}", where)
-        key, filter_name, correct, prompt_hash = _sample_fields(record, source, where, metric)
+            raise InputError(source, str(error), f"line {number}") from None
+        # the common, well-formed record without a call per field; anything else gets the checks that explain
+        doc_id, filter_name, value = (record.get("doc_id"), record.get("filter"), record.get(metric)) \
+            if type(record) is dict else (None, None, None)
+        if type(doc_id) is int and doc_id >= 0 and type(filter_name) is str and filter_name.strip() \
+                and type(value) is float and (value == 1.0 or value == 0.0):
+            doc_hash, prompt_hash = record.get("doc_hash"), record.get("prompt_hash")
+            key = doc_hash if type(doc_hash) is str and doc_hash else f"doc_id:{doc_id}"
+            correct = value == 1.0
+            prompt_hash = prompt_hash if type(prompt_hash) is str and prompt_hash else None
+        else:
+            where = f"line {number}"
+            if not isinstance(record, dict):
+                raise InputError(source, f"expected a JSON object, got {kind(record)}", where)
+            key, filter_name, correct, prompt_hash = _sample_fields(record, source, where, metric)
+        where = f"line {number}"
         outcomes = by_filter.setdefault(filter_name, {})
         if key in outcomes:
             raise InputError(source, f"duplicate record for document {key} and filter {filter_name!r}", where,
