@@ -59,10 +59,16 @@ def _default_run_dir() -> Path:
 RUN_DIR = _default_run_dir()
 
 
+def _no_install(session: nox.Session) -> bool:
+    """`nox -R` / `--no-install`: nox keeps it on its runner's config (no public accessor; Session has no .options)."""
+    config = getattr(getattr(session, "_runner", None), "global_config", None)
+    return bool(getattr(config, "no_install", False))
+
+
 def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
     """The shared engine environment's python (vLLM + lm-eval), built once per flavour."""
     flavour = "cpu" if arch == "cpu" else "gpu"
-    if session.options.no_install and engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)).exists():
+    if _no_install(session) and engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)).exists():
         return str(engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)))
 
     def run(argv, env=None):
