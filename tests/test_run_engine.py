@@ -8,11 +8,14 @@ the repository's matrix/ with one line changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +170,32 @@ def test_throughput_writes_one_json_and_one_log_per_repeat(tmp_path):
     assert status["status"] == "ok"
     assert len(status["output_tokens_per_second"]) == 1 and status["output_tokens_per_second"][0] > 0
     assert "output tok/s" in proc.stdout
+
+
+def test_sigterm_takes_the_engine_down_and_records_the_interruption(tmp_path):
+    """A cancelled CI job sends SIGTERM: the cell's whole process group (worker + engine) must go with kvgate."""
+    run_dir = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "kvgate", "run", "accuracy", "--run-dir", str(run_dir), "--cell", CELL],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker_pid = None
+    deadline = time.monotonic() + 120
+    while worker_pid is None and time.monotonic() < deadline:
+        for report in (run_dir / CELL).glob(".accuracy-work-*/worker.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                worker_pid = json.loads(report.read_text())["pid"]
+        time.sleep(0.5)
+    assert worker_pid is not None, "the accuracy worker never started"
+    log = run_dir / CELL / "logs" / "accuracy.log"
+    while "(EngineCore pid=" not in log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.5)  # until vLLM's engine process (a grandchild of kvgate) is up
+    assert "(EngineCore pid=" in log.read_text(errors="replace")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    print(output[-3000:])
+    assert proc.returncode == 130
+    with pytest.raises(ProcessLookupError):
+        os.killpg(worker_pid, 0)  # no process of the cell's group is left
+    status = json.loads((run_dir / CELL / "status.json").read_text())
+    assert status["accuracy"] == {"status": "error", "reason": "interrupted (Ctrl-C or SIGTERM) before it finished"}
+    assert not list((run_dir / CELL).glob(".accuracy*"))

@@ -7,7 +7,9 @@ status.json and the run goes on with the other stages and cells; the exit status
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,13 +52,14 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     run_dir.mkdir(parents=True, exist_ok=True)
     started = now_utc()
     record = dict(repo=REPO_ROOT, command=options.command, started_at=started, arch=options.arch,
-                  cells=[c.id for c in cells])
+                  cells=[c.id for c in cells], stages=list(options.stages))
     write_run_record(run_dir, run_record(**record, finished_at=None))
     point_latest(run_dir)
     warned: set[str] = set()
     outcomes: list[StageOutcome] = []
     total = len(cells) * len(options.stages)
     index = 0
+    previous_handler = _terminate_like_ctrl_c()
     try:
         for cell in cells:
             cell_dir = cell_folder.prepare_cell(run_dir, cell_record(cell))
@@ -73,18 +76,32 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                 try:
                     stage_outcomes = _run_stage(stage, ctx, setup_error, cell, cell_dir)
                 except KeyboardInterrupt:
-                    cell_folder.write_status(cell_dir, stage, "error", "interrupted (Ctrl-C) before it finished")
+                    cell_folder.write_status(cell_dir, stage, "error", "interrupted (Ctrl-C or SIGTERM) before it finished")
                     raise
                 for outcome in stage_outcomes:
                     outcomes.append(outcome)
                     options.say(progress.end_line(index, total, outcome))
     finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
         write_run_record(run_dir, run_record(**record, finished_at=now_utc()))
         if outcomes:
             options.say("")
             options.say(progress.summary_table(outcomes))
             options.say(f"kvgate: results in {run_dir}")
     return (EXIT_OK if outcomes and not any(o.failed for o in outcomes) else EXIT_FAILED), outcomes
+
+
+def _terminate_like_ctrl_c():
+    """SIGTERM (a cancelled CI job) raises KeyboardInterrupt, so the running stage's engine process group is
+    killed too (it runs in its own session, out of reach of a signal sent to ours). Returns the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def cell_record(cell: Cell) -> dict:

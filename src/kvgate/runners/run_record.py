@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import json
 import platform
 import shutil
 import socket
@@ -80,7 +81,7 @@ def git_commit(repo: Path) -> str | None:
 
 
 def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_at: str | None,
-               arch: str | None, cells: Sequence[str]) -> dict[str, Any]:
+               arch: str | None, cells: Sequence[str], stages: Sequence[str] = ()) -> dict[str, Any]:
     gpu_list = gpus()
     return {
         "contract_version": CONTRACT_VERSION,
@@ -96,6 +97,7 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         "host": socket.gethostname(),
         "arch": arch,
         "cells": list(cells),
+        "stages": list(stages),
         "started_at": started_at,
         "finished_at": finished_at,
         "command": list(command),
@@ -112,6 +114,22 @@ def _cpu_count() -> int | None:
 
 
 def write_run_record(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Write run.json: the top level describes this invocation; `invocations` keeps every kvgate command
+    that wrote into the folder (e.g. `nox -s accuracy throughput` runs two), this one last."""
     path = run_dir / "run.json"
-    write_json_atomic(path, record)
+    earlier: list[dict[str, Any]] = []
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict):
+        listed = previous.get("invocations")
+        earlier = [i for i in listed if isinstance(i, dict)] if isinstance(listed, list) else [_invocation(previous)]
+        earlier = [i for i in earlier if i.get("started_at") != record.get("started_at")
+                   or i.get("command") != record.get("command")]
+    write_json_atomic(path, {**record, "invocations": [*earlier, _invocation(record)]})
     return path
+
+
+def _invocation(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: record.get(key) for key in ("command", "stages", "cells", "started_at", "finished_at", "commit")}
