@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from kvgate.runners.stage_files import commit_stage
+from kvgate.runners.stage_files import commit_stage, fresh_log
 
 
 def test_rerun_replaces_the_stage_folder_whole(tmp_path):
@@ -47,3 +47,11 @@ def test_a_failure_while_committing_keeps_the_previous_folder(tmp_path, monkeypa
         commit_stage(cell, "throughput", bad)
     assert (cell / "throughput" / "repeat-1.json").read_text() == "old"
     assert [p.name for p in cell.iterdir()] == ["throughput"]
+
+
+def test_fresh_log_keeps_the_previous_runs_log(tmp_path):
+    first = fresh_log(tmp_path, "accuracy")
+    first.write_text("run 1\n")
+    second = fresh_log(tmp_path, "accuracy")
+    assert second == first and second.read_text() == ""
+    assert (tmp_path / "logs" / "accuracy.previous.log").read_text() == "run 1\n"

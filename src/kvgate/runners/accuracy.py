@@ -22,7 +22,7 @@ from kvgate.runners.commands import lm_eval_arguments
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_log import read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
-from kvgate.runners.stage_files import commit_stage
+from kvgate.runners.stage_files import commit_stage, fresh_log
 from kvgate.runners.stage_process import describe_exit, run_logged
 
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
@@ -31,8 +31,7 @@ STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
 def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutcome]:
     """Outcomes of the accuracy stage and, with_probe, of the probe stage; status.json written for both."""
     cell, cell_dir = ctx.cell, ctx.cell_dir
-    log = cell_folder.log_path(cell_dir, "accuracy")
-    log.write_bytes(b"")
+    log = fresh_log(cell_dir, "accuracy")
     scratch = Path(tempfile.mkdtemp(prefix=".accuracy-work-", dir=cell_dir))
     start = time.monotonic()
     try:

@@ -12,6 +12,7 @@ import time
 from kvgate import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.stage_files import fresh_log
 from kvgate.runners.stage_process import describe_exit, run_logged
 
 KERNELS_COMMAND_MODULE = "kvgate.cli.kernels_command"
@@ -32,8 +33,7 @@ def run_kernels(ctx: CellContext) -> StageOutcome:
         reason = "kernels stage not available (no `kvgate kernels` command in this kvgate)"
         cell_folder.write_status(cell_dir, "kernels", "error", reason)
         return StageOutcome(cell_id=cell.id, stage="kernels", status="error", reason=reason)
-    log = cell_folder.log_path(cell_dir, "kernels")
-    log.write_bytes(b"")
+    log = fresh_log(cell_dir, "kernels")
     argv = [ctx.python, "-m", "kvgate", "kernels", "--cell", cell.id, "--run-dir", str(ctx.run_dir)]
     if ctx.matrix_dir is not None:
         argv += ["--matrix-dir", str(ctx.matrix_dir)]

@@ -15,3 +15,13 @@ def commit_stage(cell_dir: Path, stage: str, source: Path) -> Path:
             for child in source.iterdir():
                 os.replace(child, target / child.name)
     return Path(cell_dir) / stage
+
+
+def fresh_log(cell_dir: Path, stage: str) -> Path:
+    """An empty logs/<stage>.log for this run; the previous run's log is kept as logs/<stage>.previous.log
+    (a failed re-run leaves the earlier outputs in place, and their log with them)."""
+    log = cell_folder.log_path(cell_dir, stage)
+    if log.exists() and log.stat().st_size > 0:
+        os.replace(log, log.with_name(f"{stage}.previous.log"))
+    log.write_bytes(b"")
+    return log

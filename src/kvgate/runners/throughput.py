@@ -18,7 +18,7 @@ from kvgate.runners.commands import bench_throughput_argv
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_log import read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
-from kvgate.runners.stage_files import commit_stage
+from kvgate.runners.stage_files import commit_stage, fresh_log
 from kvgate.runners.stage_process import describe_exit, read_tail, run_logged
 
 DEFAULT_REPEATS = 3
@@ -36,8 +36,7 @@ def run_throughput(ctx: CellContext) -> StageOutcome:
     settings = cell.workload.throughput
     repeats = int(settings.get("repeats", DEFAULT_REPEATS))
     warmups = int(settings.get("warmups", DEFAULT_WARMUPS))
-    log = cell_folder.log_path(cell_dir, "throughput")
-    log.write_bytes(b"")
+    log = fresh_log(cell_dir, "throughput")
     start = time.monotonic()
     deadline = None if ctx.timeout is None else start + ctx.timeout
     scratch = Path(tempfile.mkdtemp(prefix=".throughput-work-", dir=cell_dir))
