@@ -99,6 +99,6 @@ def run(args: argparse.Namespace) -> int:
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough,
                          timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
-                         matrix_dir=args.matrix_dir)
+                         matrix_dir=args.matrix_dir, local_arch=hardware.local_arch())
     status, _ = run_cells(cells, options)
     return status

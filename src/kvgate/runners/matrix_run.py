@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate import cell_folder
+from kvgate import cell_folder, hardware
 from kvgate.errors import EXIT_FAILED, EXIT_OK
 from kvgate.matrix import Cell
 from kvgate.runners import progress
@@ -41,6 +41,7 @@ class RunOptions:
     passthrough: Sequence[str] = ()
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
     arch: str | None = None
+    local_arch: str | None = None  # this machine's arch; other archs' cells are skipped (None: run them all)
     matrix_dir: Path | None = None
     echo: bool = True
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
@@ -69,12 +70,19 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                 if warning not in warned:
                     warned.add(warning)
                     options.say(f"kvgate: WARNING {warning}")
-            ctx, setup_error = _context(cell, cell_dir, run_dir, env, options)
+            wrong_machine = _wrong_machine(cell, options.local_arch)
+            if wrong_machine:
+                ctx, setup_error = None, None
+            else:
+                ctx, setup_error = _context(cell, cell_dir, run_dir, env, options)
             for stage in options.stages:
                 index += 1
                 options.say(progress.start_line(index, total, cell.id, stage))
                 try:
-                    stage_outcomes = _run_stage(stage, ctx, setup_error, cell, cell_dir)
+                    if ctx is None:
+                        stage_outcomes = _skip_stage(stage, cell, cell_dir, wrong_machine)
+                    else:
+                        stage_outcomes = _run_stage(stage, ctx, setup_error, cell, cell_dir)
                 except KeyboardInterrupt:
                     cell_folder.write_status(cell_dir, stage, "error", "interrupted (Ctrl-C or SIGTERM) before it finished")
                     raise
@@ -143,6 +151,19 @@ def _local_task_folder(run_dir: Path) -> Path:
         if name != LOCAL_GSM8K_TASK:
             raise RuntimeError(f"kvgate.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
     return folder
+
+
+def _wrong_machine(cell: Cell, local_arch: str | None) -> str | None:
+    if local_arch is None or cell.arch == local_arch:
+        return None
+    return f"cell {cell.id} needs {cell.arch}; this machine is {local_arch} (set {hardware.ARCH_ENV} to override)"
+
+
+def _skip_stage(stage: str, cell: Cell, cell_dir: Path, reason: str) -> list[StageOutcome]:
+    reported = [stage, "probe"] if stage == "accuracy" else [stage]
+    for name in reported:
+        cell_folder.write_status(cell_dir, name, "skipped", reason)
+    return [StageOutcome(cell_id=cell.id, stage=name, status="skipped", reason=reason) for name in reported]
 
 
 def _run_stage(stage: str, ctx: CellContext, setup_error: str | None, cell: Cell,
