@@ -90,7 +90,7 @@ def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
         status, reason = accuracy_status, "not run: the accuracy stage failed (see its reason)"
     elif report.get("probe_error"):
         status, reason = "error", f"the probe failed: {report['probe_error']}"
-    elif "probe" not in report.get("steps", []) or not any(probe_dir.iterdir()):
+    elif "probe" not in report.get("steps", []) or not probe_dir.is_dir() or not any(probe_dir.iterdir()):
         status, reason = "error", "the probe wrote nothing"
     else:
         status, reason = "ok", None
