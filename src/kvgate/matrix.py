@@ -147,7 +147,7 @@ class Cell:
             "kv_cache_dtype": self.kv_cache_dtype,
             "arch": self.arch,
             "model": self.model,
-            "task": "gsm8k",
+            "task": str(self.workload.gsm8k["task"]),  # the lm-eval task name its results are filed under
             "cell_id": self.id,
             "workload": self.workload.name,
         }

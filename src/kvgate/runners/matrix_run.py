@@ -114,7 +114,7 @@ def _terminate_like_ctrl_c():
 
 def cell_record(cell: Cell) -> dict:
     """cell.json: the matrix's identity, with `task` the lm-eval task name its results file holds."""
-    return {**cell.as_record(), "task": str(cell.workload.gsm8k["task"])}
+    return cell.as_record()
 
 
 def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
