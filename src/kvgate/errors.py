@@ -37,6 +37,11 @@ class InputErrors(Exception):
         super().__init__("\n".join(str(e) for e in self.errors))
 
 
+def problems_of(error: InputError | InputErrors) -> list[InputError]:
+    """The individual problems an InputError or InputErrors carries, for code that gathers them all."""
+    return list(error.errors) if isinstance(error, InputErrors) else [error]
+
+
 def did_you_mean(value: object, choices: Iterable[str]) -> str | None:
     """'Did you mean X?' for the closest known name, or None when nothing is close."""
     choices = list(choices)

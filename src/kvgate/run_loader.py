@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import probe
-from kvgate.errors import InputError, InputErrors
+from kvgate.errors import InputError, InputErrors, problems_of
 from kvgate.parsers import contract, junit, lm_eval, vllm_bench
 from kvgate.parsers._common import read_bytes, read_text
 from kvgate.results import (
@@ -115,10 +115,8 @@ def _load_cell_collecting(job: tuple[Path, str, KnownNames, str]) -> tuple[CellR
     """_load_cell with its problems as plain tuples (InputError does not survive pickling between processes)."""
     try:
         return _load_cell(*job), []
-    except InputErrors as errors:
-        return None, [(e.source, e.what, e.where, e.hint) for e in errors.errors]
-    except InputError as error:
-        return None, [(error.source, error.what, error.where, error.hint)]
+    except (InputError, InputErrors) as error:
+        return None, [(e.source, e.what, e.where, e.hint) for e in problems_of(error)]
 
 
 def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> CellResults:
@@ -146,11 +144,8 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
             continue
         try:
             data, missing = _READERS[stage](stage_dir, f"{shown}/{stage}", identity, metric)
-        except InputErrors as errors:
-            problems.extend(errors.errors)
-            continue
-        except InputError as error:
-            problems.append(error)
+        except (InputError, InputErrors) as error:
+            problems.extend(problems_of(error))
             continue
         stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing)
     if problems:

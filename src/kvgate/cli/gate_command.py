@@ -15,7 +15,7 @@ from pathlib import Path
 from kvgate import gate, probe
 from kvgate import matrix as matrix_module
 from kvgate import policy as policy_module
-from kvgate.errors import InputError, InputErrors
+from kvgate.errors import InputError, InputErrors, problems_of
 from kvgate.report import headline, write_all
 from kvgate.results import STAGES
 from kvgate.run_loader import GATE_FOLDER, KnownNames, load_run
@@ -67,11 +67,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         try:
             loaded = load_run(folder, known)
-        except InputErrors as errors:
-            problems.extend(errors.errors)
-            continue
-        except InputError as error:
-            problems.append(error)
+        except (InputError, InputErrors) as error:
+            problems.extend(problems_of(error))
             continue
         if which == "run":
             results = loaded
