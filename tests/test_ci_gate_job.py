@@ -7,7 +7,6 @@ contract's format by kvgate.synthetic_run (lm-eval results + samples, vllm bench
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ci_scripts import load_ci_script
 from kvgate import matrix as kvmatrix
 from kvgate import synthetic_run
 from kvgate.matrix_view import gha_matrix
@@ -25,15 +25,9 @@ NOX = f"{sys.executable} -m nox"
 FLASHINFER_MLA_DIFF = ["vllm/v1/attention/backends/mla/flashinfer_mla.py"]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"kvgate_ci_{name}", ROOT / "ci" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-gate_job = _load("gate_job")
+gate_job = load_ci_script("gate_job")
 
 
 def planned_matrix(changed: list[str]) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,19 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from ci_scripts import load_ci_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"kvgate_ci_{name}", ROOT / "ci" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-plan = _load("plan")
-cell_job = _load("cell_job")
+plan = load_ci_script("plan")
+cell_job = load_ci_script("cell_job")
 
 ENTRY = {"cell": "flashinfer_mla-fp8-sm100", "backend": "FLASHINFER_MLA", "kv_cache_dtype": "fp8", "arch": "sm100",
          "model": "deepseek-ai/DeepSeek-V2-Lite-Chat", "runner": "gpu-sm100",

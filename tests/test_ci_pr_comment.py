@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,20 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from ci_scripts import load_ci_script
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 RUN_URL = "https://github.com/acme/kvgate/actions/runs/123456"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"kvgate_ci_{name}", ROOT / "ci" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-pr_comment = _load("pr_comment")
+pr_comment = load_ci_script("pr_comment")
 
 
 def gate_artifact(tmp_path: Path, report: str, pr: object = None) -> Path:
