@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
         except (InputError, InputErrors) as error:
             problems.extend(problems_of(error))
             continue
+        except OSError as error:  # an unreadable folder met while walking the run (files are read safely)
+            problems.append(InputError(str(error.filename or folder), f"cannot read: {error.strerror}",
+                                       hint=f"Check the permissions of the {which} folder"))
+            continue
         if which == "run":
             results = loaded
         else:
