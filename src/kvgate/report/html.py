@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kvgate.report.markdown import headline, multiplicity_text, run_facts
 from kvgate.verdict import STATUS_LABEL, Check, Verdict, sort_key
@@ -160,68 +160,60 @@ def _accuracy_plot(verdict: Verdict) -> str:
 def _ratio_plot(verdict: Verdict) -> str:
     checks = [c for c in verdict.checks if c.kind in ("fp8_throughput", "throughput")
               and isinstance(c.figures.get("ratio"), (int, float))]
-    if not checks:
-        return ""
     checks.sort(key=lambda c: (c.kind, _group_key(c.cell)))
-    values = [c.figures["ratio"] for c in checks] + [v for c in checks if c.interval for v in c.interval]
-    values += [c.threshold["min_ratio"] for c in checks if isinstance(c.threshold.get("min_ratio"), (int, float))]
-    lo, hi = _nice_range(min([*values, 1.0]), max([*values, 1.0]))
-    height = ROW * len(checks) + 40
-    x = _scale(lo, hi)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
-           f'aria-label="throughput ratios">']
-    out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
-    out.append(f'<line x1="{x(1.0):.1f}" x2="{x(1.0):.1f}" y1="8" y2="{height - 22}" stroke="#57606a"/>')
-    y = 20
-    for check in checks:
-        label = f"{check.cell} · {'fp8/auto' if check.kind == 'fp8_throughput' else 'vs baseline'}"
-        color = STATUS_COLORS[check.status]
+
+    def marker(check: Check, x: float, y: int, color: str, label: str) -> str:
         ratio = check.figures["ratio"]
-        out.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{_e(label)}</text>')
-        if check.interval:
-            out.append(f'<line x1="{x(check.interval[0]):.1f}" x2="{x(check.interval[1]):.1f}" y1="{y}" y2="{y}" '
-                       f'stroke="{color}" stroke-width="2"/>')
-        threshold = check.threshold.get("min_ratio")
-        if isinstance(threshold, (int, float)):
-            out.append(f'<line x1="{x(threshold):.1f}" x2="{x(threshold):.1f}" y1="{y - 7}" y2="{y + 7}" '
-                       f'stroke="#cf222e" stroke-dasharray="3,2"/>')
-        out.append(f'<rect x="{x(ratio) - 4:.1f}" y="{y - 4}" width="8" height="8" fill="{color}">'
-                   f"<title>{_e(label)}: {ratio:.3f} ({STATUS_LABEL[check.status]})</title></rect>")
-        y += ROW
-    out.append("</svg>")
-    return "\n".join(out)
+        return (f'<rect x="{x - 4:.1f}" y="{y - 4}" width="8" height="8" fill="{color}">'
+                f"<title>{_e(label)}: {ratio:.3f} ({STATUS_LABEL[check.status]})</title></rect>")
+
+    return _interval_plot(
+        checks, value="ratio", threshold="min_ratio", reference=1.0, aria="throughput ratios", marker=marker,
+        label=lambda c: f"{c.cell} · {'fp8/auto' if c.kind == 'fp8_throughput' else 'vs baseline'}")
 
 
 def _drop_plot(verdict: Verdict) -> str:
     checks = [c for c in verdict.checks if c.kind in ("fp8_accuracy", "baseline_accuracy")
               and isinstance(c.figures.get("drop_points"), (int, float))]
+    checks.sort(key=lambda c: (c.kind, _group_key(c.cell), c.subject or ""))
+
+    def marker(check: Check, x: float, y: int, color: str, label: str) -> str:
+        drop = check.figures["drop_points"]
+        return (f'<circle cx="{x:.1f}" cy="{y}" r="4" fill="{color}"><title>{_e(label)}: drop {drop:.2f} '
+                f"points ({STATUS_LABEL[check.status]})</title></circle>")
+
+    return _interval_plot(
+        checks, value="drop_points", threshold="margin_points", reference=0.0, aria="accuracy drops", marker=marker,
+        label=lambda c: f"{c.cell} · {c.subject} · {'vs auto' if c.kind == 'fp8_accuracy' else 'vs baseline'}")
+
+
+def _interval_plot(checks: list[Check], *, value: str, threshold: str, reference: float, aria: str,
+                   label: Callable[[Check], str], marker: Callable[[Check, float, int, str, str], str]) -> str:
+    """One row per check: its figure with its interval, a dashed tick at its threshold, a line at `reference`."""
     if not checks:
         return ""
-    checks.sort(key=lambda c: (c.kind, _group_key(c.cell), c.subject or ""))
-    values = [c.figures["drop_points"] for c in checks] + [v for c in checks if c.interval for v in c.interval]
-    values += [c.threshold["margin_points"] for c in checks if isinstance(c.threshold.get("margin_points"), (int, float))]
-    lo, hi = _nice_range(min([*values, 0.0]), max([*values, 0.0]))
+    values = [c.figures[value] for c in checks] + [v for c in checks if c.interval for v in c.interval]
+    values += [c.threshold[threshold] for c in checks if isinstance(c.threshold.get(threshold), (int, float))]
+    lo, hi = _nice_range(min([*values, reference]), max([*values, reference]))
     height = ROW * len(checks) + 40
     x = _scale(lo, hi)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
-           f'aria-label="accuracy drops">']
+           f'aria-label="{aria}">']
     out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
-    out.append(f'<line x1="{x(0.0):.1f}" x2="{x(0.0):.1f}" y1="8" y2="{height - 22}" stroke="#57606a"/>')
+    out.append(f'<line x1="{x(reference):.1f}" x2="{x(reference):.1f}" y1="8" y2="{height - 22}" stroke="#57606a"/>')
     y = 20
     for check in checks:
-        label = f"{check.cell} · {check.subject} · {'vs auto' if check.kind == 'fp8_accuracy' else 'vs baseline'}"
+        text = label(check)
         color = STATUS_COLORS[check.status]
-        drop = check.figures["drop_points"]
-        out.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{_e(label)}</text>')
+        out.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{_e(text)}</text>')
         if check.interval:
             out.append(f'<line x1="{x(check.interval[0]):.1f}" x2="{x(check.interval[1]):.1f}" y1="{y}" y2="{y}" '
                        f'stroke="{color}" stroke-width="2"/>')
-        margin = check.threshold.get("margin_points")
-        if isinstance(margin, (int, float)):
-            out.append(f'<line x1="{x(margin):.1f}" x2="{x(margin):.1f}" y1="{y - 7}" y2="{y + 7}" '
+        limit = check.threshold.get(threshold)
+        if isinstance(limit, (int, float)):
+            out.append(f'<line x1="{x(limit):.1f}" x2="{x(limit):.1f}" y1="{y - 7}" y2="{y + 7}" '
                        f'stroke="#cf222e" stroke-dasharray="3,2"/>')
-        out.append(f'<circle cx="{x(drop):.1f}" cy="{y}" r="4" fill="{color}"><title>{_e(label)}: drop {drop:.2f} '
-                   f"points ({STATUS_LABEL[check.status]})</title></circle>")
+        out.append(marker(check, x(check.figures[value]), y, color, text))
         y += ROW
     out.append("</svg>")
     return "\n".join(out)
