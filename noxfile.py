@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from kvgate import engine_env, hardware  # noqa: E402  (stdlib-only modules)
-from kvgate import matrix as kvmatrix  # noqa: E402
+from kvgate.matrix import cells as kvmatrix  # noqa: E402
 from kvgate.errors import InputError, InputErrors  # noqa: E402
 
 nox.needs_version = ">=2025.2.9"

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kvgate import gate, probe  # noqa: E402
-from kvgate import matrix as matrix_module  # noqa: E402
+from kvgate.matrix import cells as matrix_module  # noqa: E402
 from kvgate import policy as policy_module  # noqa: E402
 from kvgate.report import headline, write_all  # noqa: E402
 from kvgate.run_loader import KnownNames, load_run  # noqa: E402

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # GitHub Actions refuses a generated matrix of more than 256 jobs.
 MAX_JOBS = 256
-# Keys every matrix entry carries (kvgate.matrix_view.gha_matrix); the workflow reads them.
+# Keys every matrix entry carries (kvgate.matrix.views.gha_matrix); the workflow reads them.
 ENTRY_KEYS = ("cell", "backend", "kv_cache_dtype", "arch", "model", "runner", "sessions")
 # kvgate's own files whose change re-runs every cell (fnmatch patterns, `*` crosses folders).
 HARNESS_PATHS = (

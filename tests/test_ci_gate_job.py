@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from ci_scripts import load_ci_script
-from kvgate import matrix as kvmatrix
+from kvgate.matrix import cells as kvmatrix
 from kvgate import synthetic_run
-from kvgate.matrix_view import gha_matrix
+from kvgate.matrix.views import gha_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 NOX = f"{sys.executable} -m nox"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvgate import gate, probe
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
 from kvgate.run_loader import KnownNames, load_run
 from kvgate.stats import UNPAIRED_METHOD

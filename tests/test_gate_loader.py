@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate.cli import main
 from kvgate.errors import InputErrors
 from kvgate.run_loader import KnownNames, load_run

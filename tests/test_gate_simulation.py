@@ -325,7 +325,7 @@ def test_the_seed_pr_through_the_unpaired_fallback() -> None:
 
 def test_the_seed_throughput_is_reported_not_required() -> None:
     """3.22 -> 3.55 req/s (auto -> fp8): the ratio is reported; no expectation is declared for the cell."""
-    from kvgate import matrix as matrix_module
+    from kvgate.matrix import cells as matrix_module
 
     policy = policy_module.load()
     seed_cell = matrix_module.load().cell("flashinfer_mla-fp8-sm100")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import matrix as kvmatrix
+from kvgate.matrix import cells as kvmatrix
 from kvgate.cli import main as kvgate_main
 from kvgate.errors import InputError, InputErrors
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import matrix as kvmatrix
-from kvgate.matrix_view import gha_matrix
+from kvgate.matrix import cells as kvmatrix
+from kvgate.matrix.views import gha_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMED_SESSIONS = {"matrix", "kernels", "accuracy", "throughput", "gate", "tests", "lint"}

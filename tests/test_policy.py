@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
 from kvgate.cli import main
 from kvgate.errors import InputError, InputErrors

@@ -11,7 +11,7 @@ import pytest
 from junitparser import JUnitXml
 
 from kvgate import gate
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
 from kvgate.errors import InputError
 from kvgate.report import headline, render_all, write_all

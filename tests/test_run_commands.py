@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import matrix
+from kvgate.matrix import cells as matrix
 from kvgate.runners.commands import bench_throughput_argv, engine_flags, engine_model_args, lm_eval_arguments
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import matrix
+from kvgate.matrix import cells as matrix
 from kvgate.run_loader import KnownNames, load_run
 
 pytestmark = pytest.mark.engine

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import matrix as kvmatrix
+from kvgate.matrix import cells as kvmatrix
 from kvgate.vllm_support import Declared, check_installed_vllm, compare, declarations_from_source
 
 ROOT = Path(__file__).resolve().parents[1]

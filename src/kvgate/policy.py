@@ -2,7 +2,7 @@
 
 `load()` is the only function that touches the disk; `parse()` turns an already-read TOML document into a
 frozen `Policy` and reports every problem it finds (file, key path, and a did-you-mean where one fits),
-the same way kvgate.matrix does (it reuses that module's reader). Names of backends, archs, kv dtypes,
+the same way kvgate.matrix.cells does (it reuses that module's reader). Names of backends, archs, kv dtypes,
 models and cells are checked against the matrix, so a typo cannot silently switch a threshold off.
 """
 
@@ -20,16 +20,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate.errors import InputError, InputErrors, unknown_name_hint
-from kvgate.matrix import Match, Matrix, _kind, _parse_match, _Reader, _shown_path
+from kvgate.matrix.cells import Match, Matrix, _kind, _parse_match, _Reader, _shown_path
 from kvgate.stats import MULTIPLICITY_METHODS
 
 POLICY_FILE = "policy.toml"
 
 
 class CellLike(Protocol):
-    """What the policy needs of a cell: kvgate.matrix.Cell and kvgate.results.CellIdentity both fit."""
+    """What the policy needs of a cell: kvgate.matrix.cells.Cell and kvgate.results.CellIdentity both fit."""
 
     backend: str
     kv_cache_dtype: str

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.matrix import cell_id
+from kvgate.matrix.cells import cell_id
 
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 STAGE_STATUSES = ("ok", "error", "timeout", "skipped")

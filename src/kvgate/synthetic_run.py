@@ -16,7 +16,7 @@ from typing import Any
 
 from junitparser import Failure, JUnitXml, TestCase, TestSuite
 
-from kvgate.matrix import cell_id
+from kvgate.matrix.cells import cell_id
 
 SEED_MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
 GSM8K_FILTERS = ("strict-match", "flexible-extract")

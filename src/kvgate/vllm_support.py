@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kvgate.matrix import Backend, Matrix
+from kvgate.matrix.cells import Backend, Matrix
 
 
 class Capability(NamedTuple):

@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cell_id = config.getoption("--kvgate-cell")
     if not cell_id:
         return
-    from kvgate import matrix
+    from kvgate.matrix import cells as matrix
 
     cell = matrix.load().cell(cell_id)
     plan = kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)

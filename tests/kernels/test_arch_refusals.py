@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvgate import matrix
+from kvgate.matrix import cells as matrix
 from kvgate.kernels.adapters import KernelUnavailable, flashinfer_trtllm_mla
 from kvgate.kernels.cases import BATCH_SPECS, DecodeCase, make_inputs
 

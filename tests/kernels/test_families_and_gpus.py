@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate import matrix
+from kvgate.matrix import cells as matrix
 from kvgate.kernels import families, gpus
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kvgate import gate, probe
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
 from kvgate.errors import InputError, InputErrors, problems_of
 from kvgate.report import headline, write_all

@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from kvgate import matrix as matrix_module
+from kvgate.matrix import cells as matrix_module
 from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
-from kvgate.matrix_view import cells_table, gha_matrix
+from kvgate.matrix.views import cells_table, gha_matrix
 
 HELP = "print the matrix's cells (a table, or {\"include\": [...]} for GitHub Actions)"
 

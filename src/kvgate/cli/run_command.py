@@ -18,7 +18,7 @@ from pathlib import Path
 from kvgate import hardware
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.errors import InputError
-from kvgate.matrix import load as load_matrix
+from kvgate.matrix.cells import load as load_matrix
 
 HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
 PASSES_THROUGH = True

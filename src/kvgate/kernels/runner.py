@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape, quoteattr
 from kvgate import cell_folder
 from kvgate.kernels import timings as timings_file
 from kvgate.kernels.families import kernels_for_cell
-from kvgate.matrix import Cell
+from kvgate.matrix.cells import Cell
 
 STAGE = "kernels"
 DEFAULT_TIMEOUT_S = 3600

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvgate.matrix import Cell
+from kvgate.matrix.cells import Cell
 
 LOCAL_GSM8K_TASK = "kvgate_gsm8k_local"  # kvgate.gsm8k_local's task: lm-eval's gsm8k over local data
 DEFAULT_MAX_MODEL_LEN = 4096

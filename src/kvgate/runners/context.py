@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.matrix import Cell
+from kvgate.matrix.cells import Cell
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

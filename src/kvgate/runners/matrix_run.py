@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvgate import cell_folder, hardware
 from kvgate.errors import EXIT_FAILED, EXIT_OK
-from kvgate.matrix import Cell
+from kvgate.matrix.cells import Cell
 from kvgate.runners import progress
 from kvgate.runners.accuracy import run_accuracy
 from kvgate.runners.commands import LOCAL_GSM8K_TASK

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvgate.matrix import Cell, Matrix
+from kvgate.matrix.cells import Cell, Matrix
 
 CELL_SESSION = "cell"
 

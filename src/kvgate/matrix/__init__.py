@@ -1,0 +1,11 @@
+"""Stage 1 of kvgate's flow, the matrix: which cells exist and what each one runs.
+
+A cell is attention backend x kv_cache_dtype x GPU arch (x workload), declared as data in the TOML files of
+the repository's `matrix/` folder. This package owns
+    cells        the declared model (archs, backends, workloads, exclusions, waivers, cells) and `load()`
+    views        the matrix as other tools want it (a table, GitHub Actions' {"include": [...]})
+
+Stdlib only, so the noxfile can import it before anything is installed. It must never import another stage
+of kvgate (runners, kernels, results, gate, report, workloads, cli) nor an engine (vLLM, torch, lm-eval);
+tests/test_layout.py reads the imports and enforces it.
+"""
