@@ -25,7 +25,7 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     from vllm import LLM
 
     from kvgate import probe
-    from kvgate.tiny_models import resolve_model
+    from kvgate.workloads.tiny_models import resolve_model
 
     started = time.perf_counter()
     llm = LLM(model=resolve_model(model), kv_cache_dtype=kv_cache_dtype, max_model_len=4096, seed=0)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import gsm8k_local, gsm8k_problems
-from kvgate.gsm8k_problems import calc, evaluate, generate_split, to_jsonl
+from kvgate.workloads import gsm8k_local
+from kvgate.workloads import gsm8k_problems
+from kvgate.workloads.gsm8k_problems import calc, evaluate, generate_split, to_jsonl
 
 # lm-eval 0.4.13 tasks/gsm8k/gsm8k.yaml: the strict-match filter and the metric's regexes_to_ignore.
 STRICT_MATCH = r"#### (\-?[0-9\.\,]+)"
@@ -87,7 +88,7 @@ def test_regenerating_gives_the_shipped_files(tmp_path: Path) -> None:
     written = gsm8k_problems.write_files(tmp_path)
     for split, path in written.items():
         assert path.read_bytes() == gsm8k_local.data_files()[split].read_bytes(), (
-            f"{split}.jsonl is stale: run `python -m kvgate.gsm8k_problems`")
+            f"{split}.jsonl is stale: run `python -m kvgate.workloads.gsm8k_problems`")
         assert to_jsonl(generate_split(split)) == path.read_text(encoding="utf-8")
 
 

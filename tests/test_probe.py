@@ -165,7 +165,7 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    from kvgate.tiny_models import ensure_model
+    from kvgate.workloads.tiny_models import ensure_model
 
     llm = LLM(model=str(ensure_model("tiny-llama", tmp_path / "models")), kv_cache_dtype="auto",
               max_model_len=4096, seed=0)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import tiny_models
+from kvgate.workloads import tiny_models
 from kvgate.errors import InputError
-from kvgate.tiny_models import MODELS, ensure_model, model_dir, resolve_model, weight_specs
+from kvgate.workloads.tiny_models import MODELS, ensure_model, model_dir, resolve_model, weight_specs
 
 needs_builder = pytest.mark.usefixtures("builder_libraries")
 
@@ -144,7 +144,7 @@ def test_transformers_reads_the_config(tmp_path: Path, name: str) -> None:
 @needs_builder
 def test_the_tokenizer_covers_gsm8k_prompts_compactly(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from kvgate import gsm8k_local
+    from kvgate.workloads import gsm8k_local
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_model("tiny-llama", tmp_path))
     assert len(tokenizer) == 512

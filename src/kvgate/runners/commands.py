@@ -1,6 +1,6 @@
 """A cell's tool invocations, built but not run: lm-eval's arguments and `vllm bench throughput`'s argv.
 
-Pure. The model path is passed in (kvgate.tiny_models resolves "kvgate:<name>" to a local folder first),
+Pure. The model path is passed in (kvgate.workloads.tiny_models resolves "kvgate:<name>" to a local folder first),
 and so are the places outputs go. Pass-through flags come last, so `--limit 250` overrides the workload's.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from kvgate.matrix.cells import Cell
 
-LOCAL_GSM8K_TASK = "kvgate_gsm8k_local"  # kvgate.gsm8k_local's task: lm-eval's gsm8k over local data
+LOCAL_GSM8K_TASK = "kvgate_gsm8k_local"  # kvgate.workloads.gsm8k_local's task: lm-eval's gsm8k over local data
 DEFAULT_MAX_MODEL_LEN = 4096
 VLLM_CLI = ("-m", "vllm.entrypoints.cli.main")  # `vllm` without relying on the venv's bin/ being on PATH
 

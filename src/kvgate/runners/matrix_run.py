@@ -124,7 +124,7 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
     model_path, include_path, setup_error = cell.model, None, None
     try:
         if needs_engine and cell.workload.is_local_model:
-            from kvgate.tiny_models import resolve_model
+            from kvgate.workloads.tiny_models import resolve_model
 
             began = time.monotonic()
             model_path = resolve_model(cell.model)
@@ -144,12 +144,12 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
 def _local_task_folder(run_dir: Path) -> Path:
     folder = run_dir / ".kvgate-tasks"
     if not folder.is_dir() or not any(folder.glob("*.yaml")):
-        from kvgate.gsm8k_local import write_task
+        from kvgate.workloads.gsm8k_local import write_task
 
         folder.mkdir(parents=True, exist_ok=True)
         name = write_task(folder)
         if name != LOCAL_GSM8K_TASK:
-            raise RuntimeError(f"kvgate.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
+            raise RuntimeError(f"kvgate.workloads.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
     return folder
 
 

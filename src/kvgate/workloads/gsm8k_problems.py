@@ -5,7 +5,7 @@ instead. Each template draws numbers from a fixed-seed `random.Random` so that e
 number, and writes the worked answer the way gsm8k does: one reasoning line per step with calculator
 annotations `<<48/2=24>>24`, then a last line `#### 72`.
 
-Regenerate the shipped files with `python -m kvgate.gsm8k_problems` (a test checks they are current).
+Regenerate the shipped files with `python -m kvgate.workloads.gsm8k_problems` (a test checks they are current).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def build(model: TinyModel, folder: Path) -> None:
         "recipe_version": RECIPE_VERSION,
         "description": model.description,
         "parameters": parameters,
-        "built_by": "kvgate.tiny_models",
+        "built_by": "kvgate.workloads.tiny_models",
     }
     (folder / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 

@@ -3,7 +3,7 @@
 `write_task(folder)` writes a task YAML that `include`s lm-eval's own installed `gsm8k.yaml` (so the prompt,
 the 5-shot format, the exact_match metric and the strict-match / flexible-extract filters are lm-eval's,
 for whatever lm-eval version is installed) and only swaps the data: kvgate's generated problems
-(`kvgate.gsm8k_problems`), copied next to the YAML as `train.jsonl` / `test.jsonl` in gsm8k's format.
+(`kvgate.workloads.gsm8k_problems`), copied next to the YAML as `train.jsonl` / `test.jsonl` in gsm8k's format.
 Run it with `lm_eval ... --include_path <folder> --tasks kvgate_gsm8k_local`.
 """
 
@@ -48,7 +48,7 @@ def lm_eval_gsm8k_yaml() -> Path:
 def task_yaml(include: Path, train: Path, test: Path) -> str:
     """The task YAML text: lm-eval's gsm8k with the data swapped for local JSON files."""
     return (
-        "# Written by kvgate.gsm8k_local: lm-eval's own gsm8k task (prompt, few-shot format, metric and\n"
+        "# Written by kvgate.workloads.gsm8k_local: lm-eval's own gsm8k task (prompt, few-shot format, metric and\n"
         "# filters come from the included file) over kvgate's generated grade-school problems.\n"
         f"include: {json.dumps(str(include))}\n"
         f"task: {TASK_NAME}\n"

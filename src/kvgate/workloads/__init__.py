@@ -1,0 +1,12 @@
+"""Beside the runners, the workloads: what the embedded CPU default asks of the engine, made by kvgate itself.
+
+Owns
+    tiny_models     the small models of the CPU default (`kvgate:<name>` in matrix/workloads.toml), built or
+                    unpacked locally, nothing downloaded
+    gsm8k_problems  kvgate's own grade-school problems in gsm8k's format (generator and shipped splits)
+    gsm8k_local     lm-eval's gsm8k task pointed at those problems (a task YAML that includes lm-eval's own)
+    data/           the shipped problem files and tokenizer corpus
+
+It may import the matrix; it must never import the runners, the gate, the report or the CLI. torch,
+tokenizers and safetensors are imported only inside the functions that build a model.
+"""
