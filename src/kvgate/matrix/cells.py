@@ -270,7 +270,7 @@ def default_matrix_dir() -> Path:
     """$KVGATE_MATRIX_DIR, else the checkout's matrix/ (editable install), else ./matrix."""
     if os.environ.get(MATRIX_DIR_ENV):
         return Path(os.environ[MATRIX_DIR_ENV])
-    checkout = Path(__file__).resolve().parents[2] / "matrix"
+    checkout = Path(__file__).resolve().parents[3] / "matrix"
     if (checkout / MATRIX_FILES[0]).exists():
         return checkout
     return Path.cwd() / "matrix"
