@@ -19,11 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvgate import gate, probe  # noqa: E402
+from kvgate import gate
+from kvgate.results import probe_file as probe  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402
 from kvgate import policy as policy_module  # noqa: E402
 from kvgate.report import headline, write_all  # noqa: E402
-from kvgate.run_loader import KnownNames, load_run  # noqa: E402
+from kvgate.results.run_loader import KnownNames, load_run  # noqa: E402
 from kvgate.synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput  # noqa: E402
 
 PAIRS = (("FLASHINFER_MLA", "sm100"), ("CUTLASS_MLA", "sm100"), ("FLASHMLA", "sm90"), ("TRITON_MLA", "sm90"),
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("--stdlib-json", action="store_true", help="read sample logs without msgspec (json only)")
     args = parser.parse_args()
     if args.stdlib_json:
-        from kvgate.parsers import lm_eval
+        from kvgate.results.parsers import lm_eval
 
         lm_eval._FAST_DECODERS["exact_match"] = None
     run_dir = args.dir / f"run-{args.cells}x{args.samples}"

@@ -24,7 +24,7 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     """Start an engine, probe it, write probe.json; runs in a child process so each engine exits fully."""
     from vllm import LLM
 
-    from kvgate import probe
+    from kvgate.results import probe_file as probe
     from kvgate.workloads.tiny_models import resolve_model
 
     started = time.perf_counter()
@@ -58,7 +58,7 @@ def run_isolated(model: str, kv_cache_dtype: str, folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvgate import probe
+    from kvgate.results import probe_file as probe
 
     parser = argparse.ArgumentParser(prog="benchmarks/probe_figures.py", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama", help="kvgate tiny model name or a model path")

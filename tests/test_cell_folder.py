@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from kvgate import cell_folder
+from kvgate.results import cell_folder
 
 RECORD = {"cell_id": "cpu_attn-fp8-cpu", "backend": "CPU_ATTN", "kv_cache_dtype": "fp8", "arch": "cpu", "model": "m"}
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import gate, probe
+from kvgate import gate
+from kvgate.results import probe_file as probe
 from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
-from kvgate.run_loader import KnownNames, load_run
+from kvgate.results.run_loader import KnownNames, load_run
 from kvgate.stats import UNPAIRED_METHOD
 from kvgate.synthetic_run import (
     paired_outcomes,

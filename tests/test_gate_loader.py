@@ -11,7 +11,7 @@ import pytest
 from kvgate.matrix import cells as matrix_module
 from kvgate.cli import main
 from kvgate.errors import InputErrors
-from kvgate.run_loader import KnownNames, load_run
+from kvgate.results.run_loader import KnownNames, load_run
 from kvgate.synthetic_run import write_seed_run, write_status
 
 KNOWN = KnownNames.from_matrix(matrix_module.load())

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvgate.errors import InputError
-from kvgate.parsers import lm_eval
-from kvgate.parsers._common import read_text
+from kvgate.results.parsers import lm_eval
+from kvgate.results.parsers.reading import read_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lm_eval"
 

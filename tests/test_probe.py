@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate import probe
+from kvgate.results import probe_file as probe
 from kvgate.errors import InputError
 
 

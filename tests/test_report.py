@@ -15,7 +15,7 @@ from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
 from kvgate.errors import InputError
 from kvgate.report import headline, render_all, write_all
-from kvgate.run_loader import KnownNames, load_run
+from kvgate.results.run_loader import KnownNames, load_run
 from kvgate.synthetic_run import write_kernels, write_seed_run
 from kvgate.verdict import VERDICT_VERSION, Verdict, check_version
 

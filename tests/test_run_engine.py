@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.matrix import cells as matrix
-from kvgate.run_loader import KnownNames, load_run
+from kvgate.results.run_loader import KnownNames, load_run
 
 pytestmark = pytest.mark.engine
 

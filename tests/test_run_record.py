@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvgate.parsers.contract import parse_run
+from kvgate.results.parsers.contract import parse_run
 from kvgate.runners.run_record import run_record, tool_versions, write_run_record
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from kvgate import stats
 from kvgate.policy import Policy
-from kvgate.results import (
+from kvgate.results.records import (
     STAGES,
     AccuracyResult,
     CellIdentity,
@@ -284,7 +284,7 @@ def _probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Se
         why = "no auto cell in this run" if partner is None else f"the auto cell's probe stage: {partner.stage('probe').health}"
         return Check(**base, status="missing", reference="auto cell", detail=f"cannot compare logprobs: {why}")
     if probe_compare is None:
-        return Check(**base, status="error", detail="this kvgate cannot compare probe outputs (kvgate.probe missing)")
+        return Check(**base, status="error", detail="this kvgate cannot compare probe outputs (kvgate.results.probe_file missing)")
     agreement = probe_compare(partner.stage("probe").data, cell.stage("probe").data)
     limits = _probe_limits(policy, cell.identity)
     figures = {k: v for k, v in _as_mapping(agreement).items() if isinstance(v, (int, float, str))}

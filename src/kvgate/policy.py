@@ -29,7 +29,7 @@ POLICY_FILE = "policy.toml"
 
 
 class CellLike(Protocol):
-    """What the policy needs of a cell: kvgate.matrix.cells.Cell and kvgate.results.CellIdentity both fit."""
+    """What the policy needs of a cell: kvgate.matrix.cells.Cell and kvgate.results.records.CellIdentity both fit."""
 
     backend: str
     kv_cache_dtype: str

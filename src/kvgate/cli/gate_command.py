@@ -12,13 +12,14 @@ import os
 import sys
 from pathlib import Path
 
-from kvgate import gate, probe
+from kvgate import gate
+from kvgate.results import probe_file as probe
 from kvgate.matrix import cells as matrix_module
 from kvgate import policy as policy_module
 from kvgate.errors import InputError, InputErrors, problems_of
 from kvgate.report import headline, write_all
-from kvgate.results import STAGES
-from kvgate.run_loader import GATE_FOLDER, KnownNames, load_run
+from kvgate.results.records import STAGES
+from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
 
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from kvgate import cell_folder
+from kvgate.results import cell_folder
 from kvgate.kernels import timings as timings_file
 from kvgate.kernels.families import kernels_for_cell
 from kvgate.matrix.cells import Cell

@@ -1,4 +1,4 @@
-"""Read a results folder (CONTRACT.md) into kvgate.results records: the only part of the gate that walks disks.
+"""Read a results folder (CONTRACT.md) into kvgate.results.records records: the only part of the gate that walks disks.
 
 Every problem is collected and raised together (InputErrors), each naming the file, so one gate run tells a
 person everything that is wrong with a folder. A stage marked error/timeout/skipped in status.json is not
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgate import probe
+from kvgate.results import probe_file as probe
 from kvgate.errors import InputError, InputErrors, problems_of
-from kvgate.parsers import contract, junit, lm_eval, vllm_bench
-from kvgate.parsers._common import read_bytes, read_text
-from kvgate.results import (
+from kvgate.results.parsers import contract, junit, lm_eval, vllm_bench
+from kvgate.results.parsers.reading import read_bytes, read_text
+from kvgate.results.records import (
     STAGES,
     CellIdentity,
     CellResults,

@@ -1,7 +1,7 @@
 """The accuracy stage of one cell (and its probe): lm-eval's gsm8k on the cell's vLLM engine.
 
 One subprocess (kvgate.runners.accuracy_worker) per cell, for fault isolation and a hard timeout. It
-writes into a scratch folder; each stage's outputs are moved into place (kvgate.cell_folder.stage_output)
+writes into a scratch folder; each stage's outputs are moved into place (kvgate.results.cell_folder.stage_output)
 only when complete and only when the backend that ran is the cell's, so a crashed, killed or mismatched
 run never leaves outputs that pass for whole ones.
 """
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvgate import cell_folder
+from kvgate.results import cell_folder
 from kvgate.runners.accuracy_worker import EXIT_BACKEND_MISMATCH
 from kvgate.runners.backend_check import backend_mismatch
 from kvgate.runners.commands import lm_eval_arguments

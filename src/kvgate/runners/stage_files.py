@@ -1,4 +1,4 @@
-"""Moving a finished stage's files from a scratch folder into <cell>/<stage>/ (kvgate.cell_folder.stage_output:
+"""Moving a finished stage's files from a scratch folder into <cell>/<stage>/ (kvgate.results.cell_folder.stage_output:
 the old folder is replaced whole, or left as it was if anything goes wrong on the way)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvgate import cell_folder
+from kvgate.results import cell_folder
 
 
 def commit_stage(cell_dir: Path, stage: str, source: Path) -> Path:

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvgate import cell_folder
+from kvgate.results import cell_folder
 from kvgate.runners.backend_check import backend_mismatch
 from kvgate.runners.bench_log import BenchFigures, read_bench_figures
 from kvgate.runners.commands import bench_throughput_argv

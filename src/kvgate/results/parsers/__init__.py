@@ -1,10 +1,6 @@
-"""Parsers at the I/O edge: each tool's native output -> typed records of kvgate.results.
+"""Parsers at the I/O edge: each tool's native output -> typed records of kvgate.results.records.
 
 Every parser takes the text (or bytes) it was given plus a `source` (the file as shown to the user) and
-raises kvgate.errors.InputError / InputErrors naming the file, the place in it and, where one fits,
-the fix. None of them touches the disk except `read_text`, the one reader they share.
+raises kvgate.InputError / InputErrors naming the file, the place in it and, where one fits, the fix.
+None of them touches the disk except the readers of `reading`, which they share.
 """
-
-from kvgate.parsers._common import read_text
-
-__all__ = ["read_text"]

@@ -6,8 +6,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from kvgate.errors import InputError, unknown_name_hint
-from kvgate.parsers._common import expect_object, expect_string, kind, loads, major_version
-from kvgate.results import DEFAULT_TASK, STAGE_STATUSES, STAGES, CellIdentity, StageStatus
+from kvgate.results.parsers.reading import expect_object, expect_string, kind, loads, major_version
+from kvgate.results.records import DEFAULT_TASK, STAGE_STATUSES, STAGES, CellIdentity, StageStatus
 
 CONTRACT_VERSION = 1  # the major version of CONTRACT.md this reader follows
 IDENTITY_KEYS = ("backend", "kv_cache_dtype", "arch", "model")

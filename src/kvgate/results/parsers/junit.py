@@ -6,7 +6,7 @@ from junitparser import Error, Failure, JUnitXml, Skipped, TestSuite
 from junitparser.junitparser import JUnitXmlError
 
 from kvgate.errors import InputError
-from kvgate.results import KernelCase, KernelResult
+from kvgate.results.records import KernelCase, KernelResult
 
 
 def parse_junit(text: str | bytes, source: str) -> KernelResult:

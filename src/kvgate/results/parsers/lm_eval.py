@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgate.errors import InputError, unknown_name_hint
-from kvgate.parsers._common import (
+from kvgate.results.parsers.reading import (
     expect_int,
     expect_number,
     expect_object,
@@ -23,7 +23,7 @@ from kvgate.parsers._common import (
     loads,
     path_join,
 )
-from kvgate.results import AccuracyResult, FilterScore, SampleOutcomes
+from kvgate.results.records import AccuracyResult, FilterScore, SampleOutcomes
 
 RESULTS_NAME = re.compile(r"^results_(?P<stamp>.+)\.json$")
 SAMPLES_NAME = re.compile(r"^samples_(?P<task>.+)_(?P<stamp>[^_]+)\.jsonl$")

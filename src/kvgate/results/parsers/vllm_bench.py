@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from kvgate.errors import InputError
-from kvgate.parsers._common import expect_int, expect_number, expect_object, loads
-from kvgate.results import ThroughputRepeat
+from kvgate.results.parsers.reading import expect_int, expect_number, expect_object, loads
+from kvgate.results.records import ThroughputRepeat
 
 REQUIRED_KEYS = ("requests_per_second", "tokens_per_second", "elapsed_time", "num_requests", "total_num_tokens")
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
