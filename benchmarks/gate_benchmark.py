@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvgate import gate
+from kvgate.gate import checks as gate
 from kvgate.results import probe_file as probe  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402
-from kvgate import policy as policy_module  # noqa: E402
+from kvgate.gate import policy as policy_module  # noqa: E402
 from kvgate.report import headline, write_all  # noqa: E402
 from kvgate.results.run_loader import KnownNames, load_run  # noqa: E402
 from kvgate.synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput  # noqa: E402

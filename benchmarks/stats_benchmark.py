@@ -19,8 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kvgate import policy as policy_module
-from kvgate import stats
+from kvgate.gate import policy as policy_module
+from kvgate.gate import stats
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ def test_an_output_value_with_a_newline_is_refused():
     ("workflow_dispatch", None, None),
     ("pull_request", ["vllm/v1/attention/backends/mla/flashinfer_mla.py"],
      ["vllm/v1/attention/backends/mla/flashinfer_mla.py"]),
-    ("pull_request", ["README.md", "src/kvgate/gate.py"], None),
+    ("pull_request", ["README.md", "src/kvgate/gate/checks.py"], None),
     ("pull_request", ["matrix/backends.toml"], None),
     ("pull_request", ["tests/test_gate.py", "ci/README.md"], ["tests/test_gate.py", "ci/README.md"]),
 ])

@@ -24,9 +24,9 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from kvgate import policy as policy_module
-from kvgate import stats
-from kvgate.power import simulate_run
+from kvgate.gate import policy as policy_module
+from kvgate.gate import stats
+from kvgate.gate.power import simulate_run
 
 N = 1319
 ACCURACY = 0.65

@@ -1,4 +1,4 @@
-"""kvgate.policy: matrix/policy.toml loads, its thresholds mean what the comments say, bad files are named."""
+"""kvgate.gate.policy: matrix/policy.toml loads, its thresholds mean what the comments say, bad files are named."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvgate.matrix import cells as matrix_module
-from kvgate import policy as policy_module
+from kvgate.gate import policy as policy_module
 from kvgate.cli import main
 from kvgate.errors import InputError, InputErrors
 

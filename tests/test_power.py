@@ -1,4 +1,4 @@
-"""kvgate.power and `kvgate power`: analytic figures, their inverse, and a Monte Carlo cross-check."""
+"""kvgate.gate.power and `kvgate power`: analytic figures, their inverse, and a Monte Carlo cross-check."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from kvgate.cli import main
-from kvgate.power import (
+from kvgate.gate.power import (
     accuracy_power,
     cell_probabilities,
     questions_needed,

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from kvgate import gate
+from kvgate.gate import checks as gate
 from kvgate.matrix import cells as matrix_module
-from kvgate import policy as policy_module
+from kvgate.gate import policy as policy_module
 from kvgate.errors import InputError
 from kvgate.report import headline, render_all, write_all
 from kvgate.results.run_loader import KnownNames, load_run
 from kvgate.synthetic_run import write_kernels, write_seed_run
-from kvgate.verdict import VERDICT_VERSION, Verdict, check_version
+from kvgate.gate.verdict import VERDICT_VERSION, Verdict, check_version
 
 MATRIX = matrix_module.load()
 POLICY = policy_module.load(matrix=MATRIX)

@@ -1,4 +1,4 @@
-"""kvgate.stats: exact McNemar tails, paired bootstrap, unpaired fallback, Holm/BH, throughput ratio test."""
+"""kvgate.gate.stats: exact McNemar tails, paired bootstrap, unpaired fallback, Holm/BH, throughput ratio test."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from kvgate import stats
-from kvgate.stats import (
+from kvgate.gate import stats
+from kvgate.gate.stats import (
     DropTest,
     PairedCounts,
     RatioTest,

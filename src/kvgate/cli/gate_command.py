@@ -12,10 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from kvgate import gate
+from kvgate.gate import checks as gate
 from kvgate.results import probe_file as probe
 from kvgate.matrix import cells as matrix_module
-from kvgate import policy as policy_module
+from kvgate.gate import policy as policy_module
 from kvgate.errors import InputError, InputErrors, problems_of
 from kvgate.report import headline, write_all
 from kvgate.results.records import STAGES

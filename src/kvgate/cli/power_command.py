@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvgate import policy as policy_module
+from kvgate.gate import policy as policy_module
 from kvgate.errors import EXIT_OK, InputError
-from kvgate.power import PowerFigures, accuracy_power, questions_needed, simulate_run, unpaired_se_points
-from kvgate.stats import MULTIPLICITY_METHODS
+from kvgate.gate.power import PowerFigures, accuracy_power, questions_needed, simulate_run, unpaired_se_points
+from kvgate.gate.stats import MULTIPLICITY_METHODS
 
 HELP = "minimum detectable gsm8k drop, false-alarm rates and questions needed for the paired accuracy check"
 

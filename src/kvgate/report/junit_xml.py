@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from kvgate.verdict import Check, Verdict
+from kvgate.gate.verdict import Check, Verdict
 
 
 def render_junit(verdict: Verdict) -> bytes:

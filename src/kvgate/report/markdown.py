@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvgate.verdict import STATUS_LABEL, STATUSES, Check, Verdict, sort_key
+from kvgate.gate.verdict import STATUS_LABEL, STATUSES, Check, Verdict, sort_key
 
 ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}  # noqa: RUF001
 MULTIPLICITY = {

@@ -1,7 +1,7 @@
 """What the accuracy gate can see: minimum detectable drop, false-alarm rates, questions needed. Pure.
 
 The analytic figures use the normal approximation of the paired difference: on n questions where the two
-runs disagree on a share d, the measured drop has SE ~ sqrt(d / n). The gate's rule (kvgate.stats) fails a
+runs disagree on a share d, the measured drop has SE ~ sqrt(d / n). The gate's rule (kvgate.gate.stats) fails a
 check when the measured drop exceeds the margin AND is significant at the per-test level, so it fails when
 
     measured drop > threshold = max(margin, z(1 - a) * SE)
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvgate.stats import adjust_p_value_matrix, mcnemar_p_values, normal_quantile, normal_sf, regressed_mask
+from kvgate.gate.stats import adjust_p_value_matrix, mcnemar_p_values, normal_quantile, normal_sf, regressed_mask
 
 
 @dataclass(frozen=True, slots=True)

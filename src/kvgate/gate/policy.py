@@ -23,7 +23,7 @@ else:  # pragma: no cover
 from kvgate.matrix import cells as matrix_module
 from kvgate.errors import InputError, InputErrors, unknown_name_hint
 from kvgate.matrix.cells import Match, Matrix, _kind, _parse_match, _Reader, _shown_path
-from kvgate.stats import MULTIPLICITY_METHODS
+from kvgate.gate.stats import MULTIPLICITY_METHODS
 
 POLICY_FILE = "policy.toml"
 

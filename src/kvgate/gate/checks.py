@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvgate import stats
-from kvgate.policy import Policy
+from kvgate.gate import stats
+from kvgate.gate.policy import Policy
 from kvgate.results.records import (
     STAGES,
     AccuracyResult,
@@ -34,7 +34,7 @@ from kvgate.results.records import (
     SampleOutcomes,
     ThroughputResult,
 )
-from kvgate.verdict import Check, Verdict, WaiverNote
+from kvgate.gate.verdict import Check, Verdict, WaiverNote
 
 KIND_ORDER = ("cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",
               "probe")
