@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.matrix import cells as kvmatrix
-from kvgate.vllm_support import Declared, check_installed_vllm, compare, declarations_from_source
+from kvgate.runners.vllm_drift import Declared, check_installed_vllm, compare, declarations_from_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_source_route_reads_the_declarations():
     assert declared.kv_cache_dtypes == {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3"}
     assert declared.block_sizes == (32, 64)
     assert declared.block_size_multiple is None
-    from kvgate.vllm_support import Capability
+    from kvgate.runners.vllm_drift import Capability
 
     assert declared.supports_capability(Capability(10, 0)) is True
     assert declared.supports_capability(Capability(9, 0)) is False

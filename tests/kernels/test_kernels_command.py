@@ -44,7 +44,7 @@ def test_a_cell_of_another_arch_is_skipped_without_running_pytest(tmp_path: Path
 
 
 def runner_local_arch() -> str:
-    from kvgate import hardware
+    from kvgate.runners import hardware
 
     return hardware.local_arch()
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvgate import hardware
+from kvgate.runners import hardware
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
 from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.kernels import gpus, runner

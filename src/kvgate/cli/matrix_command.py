@@ -52,7 +52,7 @@ def selected_cells(args: argparse.Namespace) -> tuple[matrix_module.Matrix, list
 def run(args: argparse.Namespace) -> int:
     matrix, cells = selected_cells(args)
     if args.check_vllm:
-        from kvgate.vllm_support import check_installed_vllm, format_report
+        from kvgate.runners.vllm_drift import check_installed_vllm, format_report
 
         report = check_installed_vllm(matrix)
         print(format_report(report))

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvgate import hardware
+from kvgate.runners import hardware
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.errors import InputError
 from kvgate.matrix.cells import load as load_matrix

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate import hardware
+from kvgate.runners import hardware
 from kvgate.results import cell_folder
 from kvgate.errors import EXIT_FAILED, EXIT_OK
 from kvgate.matrix.cells import Cell

@@ -120,7 +120,7 @@ def write_metadata_wheel(folder: Path, name: str, version: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     flavour = args[0] if args else "cpu"
-    python = ensure(Path(__file__).resolve().parents[2], flavour)
+    python = ensure(Path(__file__).resolve().parents[3], flavour)
     print(python)
     return 0
 
