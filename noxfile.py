@@ -19,9 +19,9 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvgate.runners import engine_env, hardware  # noqa: E402  (stdlib-only modules)
-from kvgate.matrix import cells as kvmatrix  # noqa: E402
 from kvgate.errors import InputError, InputErrors  # noqa: E402
+from kvgate.matrix import cells as kvmatrix  # noqa: E402
+from kvgate.runners import engine_env, hardware  # noqa: E402  (stdlib-only modules)
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"

@@ -18,14 +18,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of contract-format folders
 
-from kvgate.gate import checks as gate
-from kvgate.results import probe_file as probe  # noqa: E402
-from kvgate.matrix import cells as matrix_module  # noqa: E402
+from kvgate.gate import checks as gate  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
+from kvgate.matrix import cells as matrix_module  # noqa: E402
 from kvgate.report import headline, write_all  # noqa: E402
+from kvgate.results import probe_file as probe  # noqa: E402
 from kvgate.results.run_loader import KnownNames, load_run  # noqa: E402
-from kvgate.synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput  # noqa: E402
+from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput  # noqa: E402
 
 PAIRS = (("FLASHINFER_MLA", "sm100"), ("CUTLASS_MLA", "sm100"), ("FLASHMLA", "sm90"), ("TRITON_MLA", "sm90"),
          ("FLASHINFER", "sm90"), ("FLASH_ATTN", "sm90"), ("TRITON_ATTN", "sm89"), ("FLASHINFER", "sm100"))

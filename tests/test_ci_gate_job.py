@@ -2,7 +2,7 @@
 
 The artifacts are laid out as actions/download-artifact lays them (one folder per artifact name), each
 holding what a cells job uploads: its run folder with run.json and one cell folder, written in the
-contract's format by kvgate.synthetic_run (lm-eval results + samples, vllm bench JSON + logs, JUnit).
+contract's format by tests/synthetic_run.py (lm-eval results + samples, vllm bench JSON + logs, JUnit).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import synthetic_run
 from ci_scripts import load_ci_script
 from kvgate.matrix import cells as kvmatrix
-from kvgate import synthetic_run
 from kvgate.matrix.views import gha_matrix
 
 ROOT = Path(__file__).resolve().parents[1]

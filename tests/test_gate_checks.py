@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from kvgate.gate import checks as gate
-from kvgate.results import probe_file as probe
-from kvgate.matrix import cells as matrix_module
 from kvgate.gate import policy as policy_module
-from kvgate.results.run_loader import KnownNames, load_run
 from kvgate.gate.stats import UNPAIRED_METHOD
-from kvgate.synthetic_run import (
+from kvgate.gate.verdict import Verdict
+from kvgate.matrix import cells as matrix_module
+from kvgate.results import probe_file as probe
+from kvgate.results.run_loader import KnownNames, load_run
+from synthetic_run import (
     paired_outcomes,
     write_accuracy,
     write_cell,
@@ -24,7 +25,6 @@ from kvgate.synthetic_run import (
     write_status,
     write_throughput,
 )
-from kvgate.gate.verdict import Verdict
 
 MATRIX = matrix_module.load()
 POLICY = policy_module.load(matrix=MATRIX)

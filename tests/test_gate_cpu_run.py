@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
-from kvgate.synthetic_run import write_status
+from synthetic_run import write_status
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "cpu_run" / "test1.tar.xz"
 

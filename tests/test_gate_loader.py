@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.matrix import cells as matrix_module
 from kvgate.cli import main
 from kvgate.errors import InputErrors
+from kvgate.matrix import cells as matrix_module
 from kvgate.results.run_loader import KnownNames, load_run
-from kvgate.synthetic_run import write_seed_run, write_status
+from synthetic_run import write_seed_run, write_status
 
 KNOWN = KnownNames.from_matrix(matrix_module.load())
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
-from kvgate.synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput
+from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput
 
 FP8 = "flashinfer_mla-fp8-sm100"
 AUTO = "flashinfer_mla-auto-sm100"

@@ -7,7 +7,7 @@ import json
 from junitparser import JUnitXml
 
 from kvgate.cli import main
-from kvgate.synthetic_run import write_seed_run
+from synthetic_run import write_seed_run
 
 FP8 = "flashinfer_mla-fp8-sm100"
 

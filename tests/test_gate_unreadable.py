@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import pathlib
 
-from kvgate import synthetic_run
+import synthetic_run
 from kvgate.cli import main
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.workloads import gsm8k_local
-from kvgate.workloads import gsm8k_problems
+from kvgate.workloads import gsm8k_local, gsm8k_problems
 from kvgate.workloads.gsm8k_problems import calc, evaluate, generate_split, to_jsonl
 
 # lm-eval 0.4.13 tasks/gsm8k/gsm8k.yaml: the strict-match filter and the metric's regexes_to_ignore.

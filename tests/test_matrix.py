@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.matrix import cells as kvmatrix
 from kvgate.cli import main as kvgate_main
 from kvgate.errors import InputError, InputErrors
+from kvgate.matrix import cells as kvmatrix
 
 ROOT = Path(__file__).resolve().parents[1]
 

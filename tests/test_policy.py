@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from kvgate.matrix import cells as matrix_module
-from kvgate.gate import policy as policy_module
 from kvgate.cli import main
 from kvgate.errors import InputError, InputErrors
+from kvgate.gate import policy as policy_module
+from kvgate.matrix import cells as matrix_module
 
 if sys.version_info >= (3, 11):
     import tomllib

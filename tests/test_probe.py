@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.results import probe_file as probe
 from kvgate.errors import InputError
+from kvgate.results import probe_file as probe
 
 
 def make_record(prompts: int = 2, prompt_len: int = 5, generated: int = 4) -> dict:

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from kvgate.gate import checks as gate
-from kvgate.matrix import cells as matrix_module
-from kvgate.gate import policy as policy_module
 from kvgate.errors import InputError
+from kvgate.gate import checks as gate
+from kvgate.gate import policy as policy_module
+from kvgate.gate.verdict import VERDICT_VERSION, Verdict, check_version
+from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, render_all, write_all
 from kvgate.results.run_loader import KnownNames, load_run
-from kvgate.synthetic_run import write_kernels, write_seed_run
-from kvgate.gate.verdict import VERDICT_VERSION, Verdict, check_version
+from synthetic_run import write_kernels, write_seed_run
 
 MATRIX = matrix_module.load()
 POLICY = policy_module.load(matrix=MATRIX)
@@ -101,7 +101,7 @@ def test_outputs_replace_only_their_own_files(failing, tmp_path):
 
 
 def test_a_run_where_nothing_ran_says_so(tmp_path):
-    from kvgate.synthetic_run import write_cell
+    from synthetic_run import write_cell
 
     run = tmp_path / "run"
     write_cell(run, backend="FLASHINFER_MLA", kv_cache_dtype="auto", arch="sm100")

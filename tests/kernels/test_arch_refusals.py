@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvgate.matrix import cells as matrix
 from kvgate.kernels.adapters import KernelUnavailable, flashinfer_trtllm_mla
 from kvgate.kernels.cases import BATCH_SPECS, DecodeCase, make_inputs
+from kvgate.matrix import cells as matrix
 
 # (matrix backend whose kernel this is, FlashInfer wrapper backend, kv dtype, exact SM90 refusal)
 SM90_REFUSALS = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.matrix import cells as matrix
 from kvgate.kernels import families, gpus
+from kvgate.matrix import cells as matrix
 
 
 def test_every_mla_cell_has_a_family_or_a_reason() -> None:

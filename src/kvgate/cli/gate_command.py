@@ -12,12 +12,12 @@ import os
 import sys
 from pathlib import Path
 
-from kvgate.gate import checks as gate
-from kvgate.results import probe_file as probe
-from kvgate.matrix import cells as matrix_module
-from kvgate.gate import policy as policy_module
 from kvgate.errors import InputError, InputErrors, problems_of
+from kvgate.gate import checks as gate
+from kvgate.gate import policy as policy_module
+from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, write_all
+from kvgate.results import probe_file as probe
 from kvgate.results.records import STAGES
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
 

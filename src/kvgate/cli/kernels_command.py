@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvgate.runners import hardware
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
 from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.kernels import gpus, runner
+from kvgate.runners import hardware
 
 HELP = "run the decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) of the selected cells"
 PASSES_THROUGH = True

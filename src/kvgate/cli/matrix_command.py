@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from kvgate.matrix import cells as matrix_module
 from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
+from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.views import cells_table, gha_matrix
 
 HELP = "print the matrix's cells (a table, or {\"include\": [...]} for GitHub Actions)"

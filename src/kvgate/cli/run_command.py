@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvgate.runners import hardware
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.errors import InputError
 from kvgate.matrix.cells import load as load_matrix
+from kvgate.runners import hardware
 
 HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
 PASSES_THROUGH = True

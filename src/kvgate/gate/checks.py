@@ -25,6 +25,7 @@ from typing import Any
 
 from kvgate.gate import stats
 from kvgate.gate.policy import Policy
+from kvgate.gate.verdict import Check, Verdict, WaiverNote
 from kvgate.results.records import (
     STAGES,
     AccuracyResult,
@@ -34,7 +35,6 @@ from kvgate.results.records import (
     SampleOutcomes,
     ThroughputResult,
 )
-from kvgate.gate.verdict import Check, Verdict, WaiverNote
 
 KIND_ORDER = ("cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",
               "probe")

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvgate.gate.stats import adjust_p_value_matrix, mcnemar_p_values, normal_quantile, normal_sf, regressed_mask
+from kvgate.gate.stats import (
+    adjust_p_value_matrix,
+    mcnemar_p_values,
+    normal_quantile,
+    normal_sf,
+    regressed_mask,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from kvgate.results import cell_folder
 from kvgate.kernels import timings as timings_file
 from kvgate.kernels.families import kernels_for_cell
 from kvgate.matrix.cells import Cell
+from kvgate.results import cell_folder
 
 STAGE = "kernels"
 DEFAULT_TIMEOUT_S = 3600

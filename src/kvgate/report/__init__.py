@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 
 from kvgate.errors import InputError
+from kvgate.gate.verdict import Verdict, to_dict
 from kvgate.report.html import render_html
 from kvgate.report.junit_xml import render_junit
 from kvgate.report.markdown import headline, render_markdown
-from kvgate.gate.verdict import Verdict, to_dict
 
 OUTPUT_FILES = ("verdict.json", "report.md", "report.html", "junit.xml")
 

@@ -12,8 +12,8 @@ import html
 import math
 from collections.abc import Callable, Iterable
 
-from kvgate.report.markdown import headline, multiplicity_text, run_facts
 from kvgate.gate.verdict import STATUS_LABEL, Check, Verdict, sort_key
+from kvgate.report.markdown import headline, multiplicity_text, run_facts
 
 COLORS = {"auto": "#4575b4", "fp8": "#d73027", "fp8_e4m3": "#f46d43", "fp8_e5m2": "#fdae61"}
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "missing": "#bf8700",

@@ -15,11 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate.runners import hardware
-from kvgate.results import cell_folder
 from kvgate.errors import EXIT_FAILED, EXIT_OK
 from kvgate.matrix.cells import Cell
-from kvgate.runners import progress
+from kvgate.results import cell_folder
+from kvgate.runners import hardware, progress
 from kvgate.runners.accuracy import run_accuracy
 from kvgate.runners.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.context import CellContext

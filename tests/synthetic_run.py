@@ -1,7 +1,7 @@
 """Write results folders in the contract's format (CONTRACT.md) from chosen per-question outcomes.
 
-For the gate's tests and benchmark, and for anyone who wants to see what the gate does with given figures:
-the files have the shapes lm-eval 0.4.13, `vllm bench throughput` and pytest --junitxml write (keys,
+For the gate's tests and benchmarks (it is not part of the kvgate package), and for anyone who wants to see
+what the gate does with given figures: the files have the shapes lm-eval 0.4.13, `vllm bench throughput` and pytest --junitxml write (keys,
 nesting under a model-name folder, one sample line per document and filter), with made-up content.
 """
 
