@@ -19,7 +19,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvgate.errors import InputError, InputErrors  # noqa: E402
+from kvgate import InputError, InputErrors  # noqa: E402
 from kvgate.matrix import cells as kvmatrix  # noqa: E402
 from kvgate.runners import engine_env, hardware  # noqa: E402  (stdlib-only modules)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kvgate import InputErrors
 from kvgate.cli import main
-from kvgate.errors import InputErrors
 from kvgate.matrix import cells as matrix_module
 from kvgate.results.run_loader import KnownNames, load_run
 from synthetic_run import write_seed_run, write_status

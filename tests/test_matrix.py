@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvgate import InputError, InputErrors
 from kvgate.cli import main as kvgate_main
-from kvgate.errors import InputError, InputErrors
 from kvgate.matrix import cells as kvmatrix
 
 ROOT = Path(__file__).resolve().parents[1]

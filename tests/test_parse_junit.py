@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.results.parsers import junit
 from kvgate.results.parsers.reading import read_text
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.results.parsers import lm_eval
 from kvgate.results.parsers.reading import read_text
 

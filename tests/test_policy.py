@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from kvgate import InputError, InputErrors
 from kvgate.cli import main
-from kvgate.errors import InputError, InputErrors
 from kvgate.gate import policy as policy_module
 from kvgate.matrix import cells as matrix_module
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.results import probe_file as probe
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from junitparser import JUnitXml
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.gate import checks as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate.verdict import VERDICT_VERSION, Verdict, check_version

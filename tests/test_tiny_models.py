@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.workloads import tiny_models
 from kvgate.workloads.tiny_models import MODELS, ensure_model, model_dir, resolve_model, weight_specs
 

@@ -3,9 +3,9 @@
 Each subcommand lives in its own module under kvgate.cli, exposing
     HELP: str                                   one line for `kvgate -h`
     configure(parser: argparse.ArgumentParser)  its flags
-    run(args: argparse.Namespace) -> int        the exit status (kvgate.errors.EXIT_*)
+    run(args: argparse.Namespace) -> int        the exit status (kvgate.EXIT_*)
     PASSES_THROUGH: bool (optional)             unknown flags go to args.passthrough (e.g. lm_eval's)
-and raising kvgate.errors.InputError / InputErrors for bad input, which this module prints as
+and raising kvgate.InputError / InputErrors for bad input, which this module prints as
 `ERROR <file>: <what> in <where>. <hint>` (one line per problem) with exit status 2.
 """
 
@@ -16,7 +16,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from kvgate.errors import EXIT_BAD_INPUT, InputError, InputErrors
+from kvgate import EXIT_BAD_INPUT, InputError, InputErrors
 
 # subcommand -> module under kvgate.cli
 SUBCOMMANDS = {

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from kvgate.errors import InputError, InputErrors, problems_of
+from kvgate import InputError, InputErrors, problems_of
 from kvgate.gate import checks as gate
 from kvgate.gate import policy as policy_module
 from kvgate.matrix import cells as matrix_module

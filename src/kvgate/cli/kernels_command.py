@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
-from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.kernels import gpus, runner
 from kvgate.runners import hardware
 

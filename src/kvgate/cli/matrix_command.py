@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvgate.errors import EXIT_FAILED, EXIT_OK, InputError
+from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.views import cells_table, gha_matrix
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvgate.errors import EXIT_OK, InputError
+from kvgate import EXIT_OK, InputError
 from kvgate.gate import policy as policy_module
 from kvgate.gate.power import PowerFigures, accuracy_power, questions_needed, simulate_run, unpaired_se_points
 from kvgate.gate.stats import MULTIPLICITY_METHODS

@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvgate import InputError
 from kvgate.cli.matrix_command import add_filter_arguments
-from kvgate.errors import InputError
 from kvgate.matrix.cells import load as load_matrix
 from kvgate.runners import hardware
 
@@ -52,7 +52,7 @@ def _stages(args: argparse.Namespace) -> list[str]:
     names = [name.strip() for name in args.stages.split(",") if name.strip()]
     for name in names:
         if name not in STAGES:
-            from kvgate.errors import unknown_name_hint
+            from kvgate import unknown_name_hint
 
             raise InputError("--stages", f"unknown stage '{name}'", hint=unknown_name_hint(name, STAGES))
     if not names:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     arch_default = args.arch_default or hardware.local_arch()
     archs = list(args.arch) if filtered else [arch_default]
     if not filtered and arch_default not in matrix.archs:
-        from kvgate.errors import unknown_name_hint
+        from kvgate import unknown_name_hint
 
         raise InputError("--arch-default", f"unknown arch '{arch_default}'",
                          hint=unknown_name_hint(arch_default, matrix.archs))

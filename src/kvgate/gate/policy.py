@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from kvgate.errors import InputError, InputErrors, unknown_name_hint
+from kvgate import InputError, InputErrors, unknown_name_hint
 from kvgate.gate.stats import MULTIPLICITY_METHODS
 from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.cells import Match, Matrix, _kind, _parse_match, _Reader, _shown_path

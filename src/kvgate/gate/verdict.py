@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.errors import InputError
+from kvgate import InputError
 
 VERDICT_VERSION = "1.0"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")

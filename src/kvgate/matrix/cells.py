@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from kvgate.errors import InputError, InputErrors, did_you_mean, unknown_name_hint
+from kvgate import InputError, InputErrors, did_you_mean, unknown_name_hint
 
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
 MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.gate.verdict import Verdict, to_dict
 from kvgate.report.html import render_html
 from kvgate.report.junit_xml import render_junit

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgate.errors import InputError
+from kvgate import InputError
 
 FORMAT = "kvgate-probe"
 VERSION = 1

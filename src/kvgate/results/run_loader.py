@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvgate.errors import InputError, InputErrors, problems_of
+from kvgate import InputError, InputErrors, problems_of
 from kvgate.results import probe_file as probe
 from kvgate.results.parsers import contract, junit, lm_eval, vllm_bench
 from kvgate.results.parsers.reading import read_bytes, read_text

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate.errors import EXIT_FAILED, EXIT_OK
+from kvgate import EXIT_FAILED, EXIT_OK
 from kvgate.matrix.cells import Cell
 from kvgate.results import cell_folder
 from kvgate.runners import hardware, progress

@@ -130,7 +130,7 @@ def format_report(report: SupportReport) -> str:
 
 def check_installed_vllm(matrix: Matrix) -> SupportReport:
     """Read every matrix backend from the installed vLLM and compare."""
-    from kvgate.errors import InputError
+    from kvgate import InputError
 
     try:
         import vllm  # noqa: F401

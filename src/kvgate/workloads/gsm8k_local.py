@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from kvgate.errors import InputError
+from kvgate import InputError
 
 TASK_NAME = "kvgate_gsm8k_local"
 DATA_DIR = Path(__file__).resolve().parent / "data" / "gsm8k_local"

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvgate.errors import InputError, unknown_name_hint
+from kvgate import InputError, unknown_name_hint
 
 PREFIX = "kvgate:"
 RECIPE_VERSION = 1  # bump when the build code changes in a way the spec below does not capture

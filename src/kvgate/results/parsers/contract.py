@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from kvgate.errors import InputError, unknown_name_hint
+from kvgate import InputError, unknown_name_hint
 from kvgate.results.parsers.reading import expect_object, expect_string, kind, loads, major_version
 from kvgate.results.records import DEFAULT_TASK, STAGE_STATUSES, STAGES, CellIdentity, StageStatus
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from junitparser import Error, Failure, JUnitXml, Skipped, TestSuite
 from junitparser.junitparser import JUnitXmlError
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.results.records import KernelCase, KernelResult
 
 

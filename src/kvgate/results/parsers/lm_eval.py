@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvgate.errors import InputError, unknown_name_hint
+from kvgate import InputError, unknown_name_hint
 from kvgate.results.parsers.reading import (
     expect_int,
     expect_number,

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvgate.errors import InputError
+from kvgate import InputError
 
 
 def read_text(path: Path, source: str | None = None) -> str:

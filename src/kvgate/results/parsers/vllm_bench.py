@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from kvgate.errors import InputError
+from kvgate import InputError
 from kvgate.results.parsers.reading import expect_int, expect_number, expect_object, loads
 from kvgate.results.records import ThroughputRepeat
 
