@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of c
 
 from kvgate.gate import checks as gate  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
+from kvgate.gate import probe_agreement  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402
 from kvgate.report import headline, write_all  # noqa: E402
-from kvgate.results import probe_file as probe  # noqa: E402
 from kvgate.results.run_loader import KnownNames, load_run  # noqa: E402
 from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> None:
     results = load_run(run_dir, KnownNames.from_matrix(matrix))
     t1 = time.perf_counter()
     verdict = gate.evaluate(results, policy=policy, waiver_for=matrix.waiver_for, today=dt.date.today(),
-                            probe_compare=probe.compare)
+                            probe_compare=probe_agreement.compare)
     t2 = time.perf_counter()
     write_all(verdict, args.dir / "gate-out")
     t3 = time.perf_counter()

@@ -24,7 +24,8 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     """Start an engine, probe it, write probe.json; runs in a child process so each engine exits fully."""
     from vllm import LLM
 
-    from kvgate.results import probe_file as probe
+    from kvgate.results import probe_file
+    from kvgate.runners import probe
     from kvgate.workloads.tiny_models import resolve_model
 
     started = time.perf_counter()
@@ -37,7 +38,7 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     finally:
         # Stop the engine processes here: a multiprocessing child otherwise waits for them forever at exit.
         llm.llm_engine.engine_core.shutdown()
-    probe.write(record, folder)
+    probe_file.write(record, folder)
     return {"start_s": round(start_s, 1), "probe_s": round(probe_s, 2)}
 
 
@@ -58,7 +59,8 @@ def run_isolated(model: str, kv_cache_dtype: str, folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvgate.results import probe_file as probe
+    from kvgate.gate import probe_agreement
+    from kvgate.results import probe_file
 
     parser = argparse.ArgumentParser(prog="benchmarks/probe_figures.py", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama", help="kvgate tiny model name or a model path")
@@ -74,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     for label, dtype in runs:
         folder = args.out / label.replace(" ", "").replace("(", "-").replace(")", "")
         timing = run_isolated(model, dtype, folder)
-        record = probe.read(folder / probe.FILE_NAME)
+        record = probe_file.read(folder / probe_file.FILE_NAME)
         if reference is None:
             reference = record
             continue
-        agreement = probe.compare(reference, record)
+        agreement = probe_agreement.compare(reference, record)
         figures.append({"run": label, "kv_cache_dtype": dtype, **timing, **agreement.as_record()})
         print(f"{label}: {json.dumps(figures[-1])}", file=sys.stderr)
     (args.out / "figures.json").write_text(json.dumps({"model": model, "reference": reference_dtype,

@@ -10,10 +10,10 @@ import pytest
 
 from kvgate.gate import checks as gate
 from kvgate.gate import policy as policy_module
+from kvgate.gate import probe_agreement
 from kvgate.gate.stats import UNPAIRED_METHOD
 from kvgate.gate.verdict import Verdict
 from kvgate.matrix import cells as matrix_module
-from kvgate.results import probe_file as probe
 from kvgate.results.run_loader import KnownNames, load_run
 from synthetic_run import (
     paired_outcomes,
@@ -36,7 +36,7 @@ FP8, AUTO = "flashinfer_mla-fp8-sm100", "flashinfer_mla-auto-sm100"
 def judge(run: Path, baseline: Path | None = None, today: dt.date = TODAY, require=()) -> Verdict:
     verdict = gate.evaluate(load_run(run, KNOWN), policy=POLICY,
                             baseline=load_run(baseline, KNOWN) if baseline else None, waiver_for=MATRIX.waiver_for,
-                            today=today, require=require, probe_compare=probe.compare)
+                            today=today, require=require, probe_compare=probe_agreement.compare)
     for check in verdict.checks:
         print(check.status, check.name, "|", check.detail, "|", *check.notes)
     return verdict

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvgate import InputError
-from kvgate.results import probe_file as probe
+from kvgate.gate import probe_agreement
+from kvgate.results import probe_file
+from kvgate.runners import probe
 
 
 def make_record(prompts: int = 2, prompt_len: int = 5, generated: int = 4) -> dict:
@@ -34,7 +36,7 @@ def make_record(prompts: int = 2, prompt_len: int = 5, generated: int = 4) -> di
 
 
 def test_identical_records_agree_exactly() -> None:
-    agreement = probe.compare(make_record(), make_record())
+    agreement = probe_agreement.compare(make_record(), make_record())
     assert agreement.as_record() == {
         "prompts": 2, "prompt_positions": 8, "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0,
         "top1_agreement": 1.0, "generated_positions": 8, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
@@ -49,7 +51,7 @@ def test_logprob_differences_top1_and_greedy_match() -> None:
     candidate["prompts"][1]["prompt_top"][3] = [[999, -0.1], [103, -0.3]]  # 1 of 8 argmaxes differs
     candidate["prompts"][0]["generated_token_ids"] = [300, 301, 999, 303]  # diverges at index 2, rejoins
     candidate["prompts"][1]["generated_token_ids"] = [999, 301, 302, 303]  # diverges at once
-    agreement = probe.compare(reference, candidate)
+    agreement = probe_agreement.compare(reference, candidate)
     assert agreement.mean_abs_logprob_diff == pytest.approx((7 * 0.1 + 0.5) / 8)
     assert agreement.max_abs_logprob_diff == pytest.approx(0.5)
     assert agreement.top1_agreement == 7 / 8
@@ -62,7 +64,7 @@ def test_a_shorter_generation_counts_missing_tokens_as_mismatches() -> None:
     item = candidate["prompts"][0]
     for key in ("generated_token_ids", "generated_logprobs", "generated_top"):
         item[key] = item[key][:2]
-    agreement = probe.compare(reference, candidate)
+    agreement = probe_agreement.compare(reference, candidate)
     assert (agreement.generated_positions, agreement.greedy_token_match, agreement.greedy_prefix_match) == (
         4, 0.5, 0.5)
 
@@ -70,7 +72,7 @@ def test_a_shorter_generation_counts_missing_tokens_as_mismatches() -> None:
 def test_a_nan_logprob_is_an_infinite_difference() -> None:
     candidate = make_record()
     candidate["prompts"][1]["prompt_logprobs"][1] = "nan"
-    agreement = probe.compare(make_record(), candidate)
+    agreement = probe_agreement.compare(make_record(), candidate)
     assert math.isinf(agreement.mean_abs_logprob_diff) and math.isinf(agreement.max_abs_logprob_diff)
     assert agreement.as_record()["max_abs_logprob_diff"] == "inf"
 
@@ -93,21 +95,21 @@ def test_compare_refuses_records_of_different_prompts(change, message) -> None:
     candidate = make_record()
     change(candidate)
     with pytest.raises(InputError) as error:
-        probe.compare(make_record(), candidate)
+        probe_agreement.compare(make_record(), candidate)
     assert str(error.value) == message
 
 
 def test_write_then_read_round_trips(tmp_path: Path) -> None:
     record = make_record()
     record["prompts"][0]["generated_logprobs"][1] = "-inf"
-    path = probe.write(record, tmp_path / "probe")
+    path = probe_file.write(record, tmp_path / "probe")
     assert path == tmp_path / "probe" / "probe.json"
     assert [p.name for p in path.parent.iterdir()] == ["probe.json"]
-    read = probe.read(path)
+    read = probe_file.read(path)
     assert read.source == str(path)
     assert read.prompts[0].generated_logprobs[1] == -math.inf
     assert read.prompts[1].prompt_top[2] == ((102, -0.2), (202, -2.0))
-    assert probe.compare(read, probe.from_dict(record)).mean_abs_logprob_diff == 0.0
+    assert probe_agreement.compare(read, probe_file.from_dict(record)).mean_abs_logprob_diff == 0.0
 
 
 def malformed(change) -> dict:
@@ -144,13 +146,13 @@ def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: 
     path = tmp_path / "probe.json"
     path.write_text(text)
     with pytest.raises(InputError) as error:
-        probe.read(path)
+        probe_file.read(path)
     assert str(error.value) == f"{path}: {message}"
 
 
 def test_a_missing_probe_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(InputError) as error:
-        probe.read(tmp_path / "probe.json")
+        probe_file.read(tmp_path / "probe.json")
     assert str(error.value) == f"{tmp_path / 'probe.json'}: no probe file. Did the probe stage run for this cell?"
 
 
@@ -174,9 +176,9 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
         second = probe.collect(llm)
     finally:  # stop the engine processes now, not at interpreter exit (after pytest closed its streams)
         llm.llm_engine.engine_core.shutdown()
-    path = probe.write(first, tmp_path / "probe")
-    read = probe.read(path)
-    agreement = probe.compare(read, second)
+    path = probe_file.write(first, tmp_path / "probe")
+    read = probe_file.read(path)
+    agreement = probe_agreement.compare(read, second)
     print(agreement.as_record(), first["engine"])
     assert len(read.prompts) == len(probe.PROMPTS)
     assert all(len(p.generated_token_ids) == 64 for p in read.prompts)

@@ -15,9 +15,9 @@ from pathlib import Path
 from kvgate import InputError, InputErrors, problems_of
 from kvgate.gate import checks as gate
 from kvgate.gate import policy as policy_module
+from kvgate.gate import probe_agreement
 from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, write_all
-from kvgate.results import probe_file as probe
 from kvgate.results.records import STAGES
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
 
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputErrors(problems)
     assert results is not None
     verdict = gate.evaluate(results, policy=policy, baseline=baseline, waiver_for=matrix.waiver_for, today=today,
-                            require=require, probe_compare=probe.compare)
+                            require=require, probe_compare=probe_agreement.compare)
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     paths = write_all(verdict, out_dir)
     print(headline(verdict))

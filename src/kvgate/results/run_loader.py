@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError, InputErrors, problems_of
-from kvgate.results import probe_file as probe
+from kvgate.results import probe_file
 from kvgate.results.parsers import contract, junit, lm_eval, vllm_bench
 from kvgate.results.parsers.reading import read_bytes, read_text
 from kvgate.results.records import (
@@ -205,10 +205,10 @@ def _read_kernels(stage_dir: Path, shown: str, identity: CellIdentity, metric: s
 
 
 def _read_probe(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
-    path = stage_dir / probe.FILE_NAME
+    path = stage_dir / probe_file.FILE_NAME
     if not path.exists():
-        return None, f"no {probe.FILE_NAME} in {shown}/"
-    return probe.read(path), None
+        return None, f"no {probe_file.FILE_NAME} in {shown}/"
+    return probe_file.read(path), None
 
 
 def _rel(path: Path, base: Path) -> str:

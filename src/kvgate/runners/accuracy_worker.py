@@ -113,10 +113,11 @@ def main(argv: list[str]) -> int:
 
     if options.probe_dir is not None:
         try:
-            from kvgate.results import probe_file as probe
+            from kvgate.results import probe_file
+            from kvgate.runners import probe
 
             options.probe_dir.mkdir(parents=True, exist_ok=True)
-            probe.write(probe.collect(engine), options.probe_dir)
+            probe_file.write(probe.collect(engine), options.probe_dir)
         except Exception as error:  # the probe failing must not lose the accuracy results
             traceback.print_exc()
             save("probe-failed", probe_error=f"{type(error).__name__}: {error}")
