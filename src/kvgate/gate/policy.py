@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 from kvgate import InputError, InputErrors, unknown_name_hint
 from kvgate.gate.stats import MULTIPLICITY_METHODS
 from kvgate.matrix import cells as matrix_module
-from kvgate.matrix.cells import Match, Matrix, _kind, _parse_match, _Reader, _shown_path
+from kvgate.matrix.cells import Match, Matrix, parse_match
+from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
 POLICY_FILE = "policy.toml"
 
@@ -138,16 +139,8 @@ def default_policy_path() -> Path:
 def load(path: Path | None = None, *, matrix: Matrix | None = None) -> Policy:
     """Read and parse the policy; names are checked against `matrix` (default: the repository's)."""
     path = path or default_policy_path()
-    shown = _shown_path(path)
-    try:
-        with path.open("rb") as handle:
-            doc = tomllib.load(handle)
-    except FileNotFoundError:
-        raise InputError(shown, "file is missing", hint="Pass --policy or restore matrix/policy.toml") from None
-    except tomllib.TOMLDecodeError as error:
-        raise InputError(shown, f"invalid TOML: {error}") from None
-    except OSError as error:
-        raise InputError(shown, f"cannot read: {error.strerror}") from None
+    doc = read_toml(path, missing_hint="Pass --policy or restore matrix/policy.toml")
+    shown = shown_path(path)
     return parse(doc, shown, matrix=matrix if matrix is not None else matrix_module.load())
 
 
@@ -161,7 +154,7 @@ PROBE_KEYS = ("mean_abs_logprob_diff_max", "max_abs_logprob_diff_max", "top1_agr
 
 def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix: Matrix | None = None) -> Policy:
     """Build the Policy from a parsed TOML document; raises InputErrors naming every problem."""
-    reader = _Reader(source)
+    reader = TomlReader(source)
     if not reader.keys(doc, Path(source).name, TOP_KEYS):
         raise InputErrors(reader.problems)
     accuracy = _parse_accuracy(reader, doc["accuracy"], matrix)
@@ -174,7 +167,7 @@ def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix:
     return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source)
 
 
-def _number(reader: _Reader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float,
+def _number(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float,
             low_open: bool = False, high_open: bool = False, integer: bool = False) -> float:
     value = table.get(key)
     number_ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
@@ -186,33 +179,33 @@ def _number(reader: _Reader, table: Mapping[str, Any], key: str, where: str, *, 
     kind = "an integer" if integer else "a number"
     lo = f"{'>' if low_open else '>='} {low:g}"
     hi = "" if math.isinf(high) else f" and {'<' if high_open else '<='} {high:g}"
-    reader.error(f"expected {kind} {lo}{hi}, got {_kind(value)}", f"{where}.{key}")
+    reader.error(f"expected {kind} {lo}{hi}, got {describe_value(value)}", f"{where}.{key}")
     return math.nan
 
 
-def _count(reader: _Reader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float) -> int:
+def _count(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float) -> int:
     value = _number(reader, table, key, where, low=low, high=high, integer=True)
     return 0 if math.isnan(value) else int(value)
 
 
-def _choice(reader: _Reader, table: Mapping[str, Any], key: str, where: str, choices: Sequence[str],
+def _choice(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, choices: Sequence[str],
             what: str) -> str:
     value = table.get(key)
     if isinstance(value, str) and value in choices:
         return value
-    shown = f"'{value}'" if isinstance(value, str) else _kind(value)
+    shown = f"'{value}'" if isinstance(value, str) else describe_value(value)
     reader.error(f"unknown {what} {shown}", f"{where}.{key}", unknown_name_hint(value, choices))
     return ""
 
 
-def _parse_accuracy(reader: _Reader, table: Any, matrix: Matrix | None) -> AccuracyPolicy | None:
+def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> AccuracyPolicy | None:
     where = "accuracy"
     if not reader.keys(table, where, ACCURACY_KEYS, ACCURACY_OPTIONAL):
         return None
     by_model: dict[str, float] = {}
     overrides = table.get("fp8_tax_points_by_model", {})
     if not isinstance(overrides, dict):
-        reader.error(f"expected a table of \"model\" = points, got {_kind(overrides)}",
+        reader.error(f"expected a table of \"model\" = points, got {describe_value(overrides)}",
                      f"{where}.fp8_tax_points_by_model")
         overrides = {}
     models = sorted({w.model for w in matrix.workloads.values()}) if matrix is not None else None
@@ -224,11 +217,11 @@ def _parse_accuracy(reader: _Reader, table: Any, matrix: Matrix | None) -> Accur
         by_model[model] = _number(reader, overrides, model, sub, low=0, high=100, low_open=True)
     filters = table["filters"]
     if not isinstance(filters, list) or not filters:
-        reader.error(f"expected a list of gsm8k filter names, got {_kind(filters)}", f"{where}.filters")
+        reader.error(f"expected a list of gsm8k filter names, got {describe_value(filters)}", f"{where}.filters")
         filters = []
     for index, name in enumerate(filters):
         if name not in GSM8K_FILTERS:
-            shown = f"'{name}'" if isinstance(name, str) else _kind(name)
+            shown = f"'{name}'" if isinstance(name, str) else describe_value(name)
             reader.error(f"unknown gsm8k filter {shown}", f"{where}.filters[{index}]",
                          unknown_name_hint(name, GSM8K_FILTERS))
         elif name in filters[:index]:
@@ -247,7 +240,7 @@ def _parse_accuracy(reader: _Reader, table: Any, matrix: Matrix | None) -> Accur
     )
 
 
-def _parse_throughput(reader: _Reader, table: Any, matrix: Matrix | None) -> ThroughputPolicy | None:
+def _parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> ThroughputPolicy | None:
     where = "throughput"
     if not reader.keys(table, where, THROUGHPUT_KEYS, ["fp8_over_auto"]):
         return None
@@ -271,7 +264,7 @@ def _parse_throughput(reader: _Reader, table: Any, matrix: Matrix | None) -> Thr
                 if cell_id not in fp8_cells:
                     reader.error(f"unknown FP8 cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, fp8_cells))
         elif matrix is not None:
-            match = _parse_match(reader, entry["match"], f"{sub}.match", matrix.kv_cache_dtypes, matrix.archs,
+            match = parse_match(reader, entry["match"], f"{sub}.match", matrix.kv_cache_dtypes, matrix.archs,
                                  matrix.backends)
             if match is not None and not any(match.matches(c) for c in matrix.cells if c.is_fp8):
                 reader.error("matches no FP8 cell", f"{sub}.match", "Fix its names or delete it")
@@ -287,10 +280,10 @@ def _parse_throughput(reader: _Reader, table: Any, matrix: Matrix | None) -> Thr
     )
 
 
-def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None, source: str) -> ProbePolicy | None:
+def _parse_probe(reader: TomlReader, table: Any, matrix: Matrix | None, source: str) -> ProbePolicy | None:
     where = "probe"
     if not isinstance(table, dict):
-        reader.error(f"expected a table, got {_kind(table)}", where)
+        reader.error(f"expected a table, got {describe_value(table)}", where)
         return None
     dtypes = list(matrix.kv_cache_dtypes) if matrix is not None else list(table)
     archs = list(matrix.archs) if matrix is not None else None
@@ -307,7 +300,7 @@ def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None, source: str
         by_dtype[dtype] = base
         overrides = spec.get("by_arch", {})
         if not isinstance(overrides, dict):
-            reader.error(f"expected a table of arch tables, got {_kind(overrides)}", f"{sub}.by_arch")
+            reader.error(f"expected a table of arch tables, got {describe_value(overrides)}", f"{sub}.by_arch")
             continue
         for arch, override in overrides.items():
             arch_where = f"{sub}.by_arch.{arch}"
@@ -328,7 +321,7 @@ def _parse_probe(reader: _Reader, table: Any, matrix: Matrix | None, source: str
     return ProbePolicy(by_kv_cache_dtype=by_dtype, by_kv_cache_dtype_and_arch=by_arch, source=source)
 
 
-def _probe_thresholds(reader: _Reader, spec: Mapping[str, Any], where: str, *, required: bool) -> ProbeThresholds:
+def _probe_thresholds(reader: TomlReader, spec: Mapping[str, Any], where: str, *, required: bool) -> ProbeThresholds:
     def get(key: str, **bounds: Any) -> float:
         if not required and key not in spec:
             return math.nan
@@ -341,7 +334,7 @@ def _probe_thresholds(reader: _Reader, spec: Mapping[str, Any], where: str, *, r
     )
 
 
-def _parse_kernels(reader: _Reader, table: Any) -> KernelsPolicy | None:
+def _parse_kernels(reader: TomlReader, table: Any) -> KernelsPolicy | None:
     if not reader.keys(table, "kernels", ["min_executed_tests"]):
         return None
     return KernelsPolicy(min_executed_tests=_count(reader, table, "min_executed_tests", "kernels", low=1,

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 from kvgate import InputError, InputErrors, did_you_mean, unknown_name_hint
+from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
 MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")
@@ -282,112 +283,21 @@ def load(folder: Path | None = None) -> Matrix:
     documents: dict[str, dict[str, Any]] = {}
     problems = []
     for name in MATRIX_FILES:
-        path = folder / name
-        shown = _shown_path(path)
         try:
-            with path.open("rb") as handle:
-                documents[name] = tomllib.load(handle)
-        except FileNotFoundError:
-            problems.append(InputError(shown, "file is missing", hint=f"kvgate reads {', '.join(MATRIX_FILES)}"))
-        except tomllib.TOMLDecodeError as error:
-            problems.append(InputError(shown, f"invalid TOML: {error}",
-                                       hint="Strings need quotes, dates are YYYY-MM-DD, tables are declared once"))
-        except OSError as error:
-            problems.append(InputError(shown, f"cannot read: {error.strerror}"))
+            documents[name] = read_toml(folder / name, missing_hint=f"kvgate reads {', '.join(MATRIX_FILES)}",
+                                        invalid_hint="Strings need quotes, dates are YYYY-MM-DD, tables are "
+                                                     "declared once")
+        except InputError as error:
+            problems.append(error)
     if problems:
         raise InputErrors(problems)
-    return parse(documents, {name: _shown_path(folder / name) for name in MATRIX_FILES})
-
-
-def _shown_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-class _Reader:
-    """Collects problems while walking the documents, so one run reports them all."""
-
-    def __init__(self, source: str):
-        self.source = source
-        self.problems: list[InputError] = []
-
-    def error(self, what: str, where: str, hint: str | None = None) -> None:
-        self.problems.append(InputError(self.source, what, where, hint))
-
-    def keys(self, table: Any, where: str, required: Sequence[str], optional: Sequence[str] = ()) -> bool:
-        if not isinstance(table, dict):
-            self.error(f"expected a table, got {_kind(table)}", where)
-            return False
-        ok = True
-        for key in table:
-            if key not in required and key not in optional:
-                self.error(f"unknown key '{key}'", where, unknown_name_hint(key, [*required, *optional]))
-                ok = False
-        for key in required:
-            if key not in table:
-                self.error(f"missing key '{key}'", where)
-                ok = False
-        return ok
-
-    def string(self, table: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
-        value = table.get(key, default)
-        if not isinstance(value, str) or not value.strip():
-            self.error(f"expected a non-empty string, got {_kind(value)}", f"{where}.{key}")
-            return ""
-        return value
-
-    def boolean(self, table: Mapping[str, Any], key: str, where: str) -> bool:
-        value = table.get(key)
-        if not isinstance(value, bool):
-            self.error(f"expected true or false, got {_kind(value)}", f"{where}.{key}")
-            return False
-        return value
-
-    def names(self, value: Any, where: str, known: Iterable[str], what: str,
-              allow_one: bool = False) -> tuple[str, ...]:
-        """A list of known names (or one name where allow_one), each checked with a 'did you mean'."""
-        if allow_one and isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            self.error(f"expected a list of {what} names, got {_kind(value)}", where)
-            return ()
-        known = list(known)
-        seen = set()
-        out = []
-        for index, item in enumerate(value):
-            if item not in known:
-                self.error(f"unknown {what} '{item}'", f"{where}[{index}]" if not allow_one or len(value) > 1 else where,
-                           unknown_name_hint(item, known))
-            elif item in seen:
-                self.error(f"duplicate {what} '{item}'", f"{where}[{index}]")
-            else:
-                seen.add(item)
-                out.append(item)
-        return tuple(out)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, str):
-        return f"the string {value!r}"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
+    return parse(documents, {name: shown_path(folder / name) for name in MATRIX_FILES})
 
 
 def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str] | None = None) -> Matrix:
     """Build the Matrix from the five parsed TOML documents (keyed by file name)."""
     sources = dict(sources or {})
-    readers = {name: _Reader(sources.get(name, f"matrix/{name}")) for name in MATRIX_FILES}
+    readers = {name: TomlReader(sources.get(name, f"matrix/{name}")) for name in MATRIX_FILES}
     axes = documents.get("axes.toml", {})
     kv_cache_dtypes, archs = _parse_axes(readers["axes.toml"], axes)
     backends, shared_sources = _parse_backends(readers["backends.toml"], documents.get("backends.toml", {}),
@@ -428,12 +338,12 @@ def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]
     )
 
 
-def _parse_axes(reader: _Reader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Arch]]:
+def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Arch]]:
     if not reader.keys(doc, "axes", ["kv_cache_dtypes", "archs"]):
         return (), {}
     dtypes = doc["kv_cache_dtypes"]
     if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
-        reader.error(f"expected a list of dtype names, got {_kind(dtypes)}", "kv_cache_dtypes")
+        reader.error(f"expected a list of dtype names, got {describe_value(dtypes)}", "kv_cache_dtypes")
         dtypes = []
     elif "auto" not in dtypes:
         reader.error("'auto' must be one of the kv_cache_dtypes: every FP8 cell is compared with it",
@@ -443,7 +353,7 @@ def _parse_axes(reader: _Reader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...
     archs: dict[str, Arch] = {}
     table = doc["archs"]
     if not isinstance(table, dict):
-        reader.error(f"expected a table of archs, got {_kind(table)}", "archs")
+        reader.error(f"expected a table of archs, got {describe_value(table)}", "archs")
         return tuple(dtypes), archs
     for name, spec in table.items():
         where = f"archs.{name}"
@@ -454,7 +364,7 @@ def _parse_axes(reader: _Reader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...
             continue
         capability = spec.get("compute_capability")
         if name != "cpu" and not (isinstance(capability, str) and re.fullmatch(r"\d+\.\d+", capability)):
-            reader.error(f"expected a compute capability like \"9.0\", got {_kind(capability)}",
+            reader.error(f"expected a compute capability like \"9.0\", got {describe_value(capability)}",
                          f"{where}.compute_capability")
         archs[name] = Arch(name=name, description=reader.string(spec, "description", where),
                            runner=reader.string(spec, "runner", where), compute_capability=capability)
@@ -465,7 +375,7 @@ BACKEND_KEYS = ("mla", "kv_cache_dtypes", "archs")
 BACKEND_OPTIONAL_KEYS = ("arch_kv_cache_dtypes", "block_sizes", "block_size_multiple", "sources", "notes")
 
 
-def _parse_backends(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str],
+def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str],
                     archs: Mapping[str, Arch]) -> tuple[dict[str, Backend], tuple[str, ...]]:
     backends: dict[str, Backend] = {}
     if not reader.keys(doc, "backends.toml", ["backends"], ["shared"]):
@@ -482,7 +392,7 @@ def _parse_backends(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[st
         per_arch: dict[str, tuple[str, ...]] = {}
         overrides = spec.get("arch_kv_cache_dtypes", {})
         if not isinstance(overrides, dict):
-            reader.error(f"expected a table of arch = [dtypes], got {_kind(overrides)}", f"{where}.arch_kv_cache_dtypes")
+            reader.error(f"expected a table of arch = [dtypes], got {describe_value(overrides)}", f"{where}.arch_kv_cache_dtypes")
             overrides = {}
         for arch, allowed in overrides.items():
             sub = f"{where}.arch_kv_cache_dtypes.{arch}"
@@ -500,11 +410,11 @@ def _parse_backends(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[st
             per_arch[arch] = names
         blocks = spec.get("block_sizes", [])
         if not isinstance(blocks, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in blocks):
-            reader.error(f"expected a list of positive integers, got {_kind(blocks)}", f"{where}.block_sizes")
+            reader.error(f"expected a list of positive integers, got {describe_value(blocks)}", f"{where}.block_sizes")
             blocks = []
         multiple = spec.get("block_size_multiple")
         if multiple is not None and (not isinstance(multiple, int) or isinstance(multiple, bool) or multiple <= 0):
-            reader.error(f"expected a positive integer, got {_kind(multiple)}", f"{where}.block_size_multiple")
+            reader.error(f"expected a positive integer, got {describe_value(multiple)}", f"{where}.block_size_multiple")
             multiple = None
         if not blocks and multiple is None:
             reader.error("declare block_sizes or block_size_multiple", where)
@@ -521,9 +431,9 @@ def _parse_backends(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[st
     return backends, shared_sources
 
 
-def _globs(reader: _Reader, value: Any, where: str) -> tuple[str, ...]:
+def _globs(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        reader.error(f"expected a list of path globs, got {_kind(value)}", where)
+        reader.error(f"expected a list of path globs, got {describe_value(value)}", where)
         return ()
     return tuple(value)
 
@@ -532,7 +442,7 @@ GSM8K_KEYS = ("task", "num_fewshot", "limit", "batch_size")
 THROUGHPUT_KEYS = ("dataset_name", "random_input_len", "random_output_len", "num_prompts", "repeats", "warmups")
 
 
-def _parse_workloads(reader: _Reader, doc: Mapping[str, Any], archs: Mapping[str, Arch]) -> dict[str, Workload]:
+def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[str, Arch]) -> dict[str, Workload]:
     workloads: dict[str, Workload] = {}
     if not reader.keys(doc, "workloads.toml", ["defaults", "workloads"]):
         return workloads
@@ -547,7 +457,7 @@ def _parse_workloads(reader: _Reader, doc: Mapping[str, Any], archs: Mapping[str
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
-            reader.error(f"expected a table, got {_kind(model_args)}", f"{where}.model_args")
+            reader.error(f"expected a table, got {describe_value(model_args)}", f"{where}.model_args")
             model_args = {}
         for reserved in ("pretrained", "kv_cache_dtype", "attention_backend"):
             if reserved in model_args:
@@ -563,29 +473,29 @@ def _parse_workloads(reader: _Reader, doc: Mapping[str, Any], archs: Mapping[str
     return workloads
 
 
-def _settings(reader: _Reader, table: Any, where: str, keys: Sequence[str], required: bool = False) -> dict[str, Any]:
+def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], required: bool = False) -> dict[str, Any]:
     if not reader.keys(table, where, keys if required else [], [] if required else keys):
         return {}
     out = {}
     for key, value in table.items():
         if key in ("task", "dataset_name"):
             if not isinstance(value, str) or not value:
-                reader.error(f"expected a name, got {_kind(value)}", f"{where}.{key}")
+                reader.error(f"expected a name, got {describe_value(value)}", f"{where}.{key}")
                 continue
         elif key == "batch_size":
             if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0)):
-                reader.error(f"expected \"auto\" or a positive integer, got {_kind(value)}", f"{where}.{key}")
+                reader.error(f"expected \"auto\" or a positive integer, got {describe_value(value)}", f"{where}.{key}")
                 continue
         else:
             minimum = 0 if key in ("limit", "num_fewshot", "warmups") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                reader.error(f"expected an integer >= {minimum}, got {_kind(value)}", f"{where}.{key}")
+                reader.error(f"expected an integer >= {minimum}, got {describe_value(value)}", f"{where}.{key}")
                 continue
         out[key] = value
     return out
 
 
-def _parse_match(reader: _Reader, value: Any, where: str, dtypes: Sequence[str], archs: Mapping[str, Arch],
+def parse_match(reader: TomlReader, value: Any, where: str, dtypes: Sequence[str], archs: Mapping[str, Arch],
                  backends: Mapping[str, Backend]) -> Match | None:
     if not reader.keys(value, where, [], MATCH_KEYS):
         return None
@@ -611,14 +521,14 @@ def _parse_match(reader: _Reader, value: Any, where: str, dtypes: Sequence[str],
     return match
 
 
-def _link(reader: _Reader, table: Mapping[str, Any], key: str, where: str) -> str:
+def _link(reader: TomlReader, table: Mapping[str, Any], key: str, where: str) -> str:
     value = reader.string(table, key, where)
     if value and not re.match(r"https?://\S+$", value):
         reader.error(f"expected a URL, got {value!r}", f"{where}.{key}")
     return value
 
 
-def _parse_exclusions(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
+def _parse_exclusions(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
                       backends: Mapping[str, Backend]) -> list[Exclusion]:
     out: list[Exclusion] = []
     if not reader.keys(doc, "exclusions.toml", [], ["exclude"]):
@@ -631,14 +541,14 @@ def _parse_exclusions(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[
         where = f"exclude[{index}]"
         if not reader.keys(entry, where, ["match", "reason", "link"]):
             continue
-        match = _parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
+        match = parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
         reason, link = reader.string(entry, "reason", where), _link(reader, entry, "link", where)
         if match is not None:
             out.append(Exclusion(match=match, reason=reason, link=link, where=where))
     return out
 
 
-def _parse_waivers(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
+def _parse_waivers(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
                    backends: Mapping[str, Backend]) -> list[Waiver]:
     out: list[Waiver] = []
     if not reader.keys(doc, "waivers.toml", [], ["waiver"]):
@@ -651,10 +561,10 @@ def _parse_waivers(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str
         where = f"waiver[{index}]"
         if not reader.keys(entry, where, ["match", "checks", "reason", "issue", "expires"]):
             continue
-        match = _parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
+        match = parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
         checks = entry["checks"]
         if not isinstance(checks, list) or not checks or not all(isinstance(c, str) and c for c in checks):
-            reader.error(f"expected a list of check names (or [\"*\"]), got {_kind(checks)}", f"{where}.checks")
+            reader.error(f"expected a list of check names (or [\"*\"]), got {describe_value(checks)}", f"{where}.checks")
             checks = []
         expires = _date(reader, entry["expires"], f"{where}.expires")
         reason, issue = reader.string(entry, "reason", where), _link(reader, entry, "issue", where)
@@ -663,7 +573,7 @@ def _parse_waivers(reader: _Reader, doc: Mapping[str, Any], dtypes: Sequence[str
     return out
 
 
-def _date(reader: _Reader, value: Any, where: str) -> dt.date | None:
+def _date(reader: TomlReader, value: Any, where: str) -> dt.date | None:
     if isinstance(value, dt.datetime):
         return value.date()
     if isinstance(value, dt.date):
@@ -673,12 +583,12 @@ def _date(reader: _Reader, value: Any, where: str) -> dt.date | None:
             return dt.date.fromisoformat(value)
         except ValueError:
             pass
-    reader.error(f"bad date {_kind(value)}", where, "Write YYYY-MM-DD, e.g. 2027-03-31")
+    reader.error(f"bad date {describe_value(value)}", where, "Write YYYY-MM-DD, e.g. 2027-03-31")
     return None
 
 
 def _expand(backends: Mapping[str, Backend], dtypes: Sequence[str], archs: Mapping[str, Arch],
-            workloads: Mapping[str, Workload], reader: _Reader) -> list[Cell]:
+            workloads: Mapping[str, Workload], reader: TomlReader) -> list[Cell]:
     cells = []
     for backend in backends.values():
         for arch in archs:

@@ -1,0 +1,123 @@
+"""Reading kvgate's TOML files (the matrix, the policy) so that every problem names its file and place.
+
+Public, so every reader of a TOML file under matrix/ reports problems the same way:
+    read_toml(path, hint)   one file -> its document, or an InputError naming the file
+    TomlReader              walks a document, collecting every problem (`ERROR <file>: <what> in <where>`)
+    describe_value(value)   how a value is named in an error ("the string 'x'", "a table", ...)
+    shown_path(path)        a path as the user should see it (relative to the working folder when inside it)
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from kvgate import InputError, unknown_name_hint
+
+
+def read_toml(path: Path, *, missing_hint: str, invalid_hint: str | None = None) -> dict[str, Any]:
+    """The document of one TOML file; InputError (file, what, hint) when it is missing or unreadable."""
+    shown = shown_path(path)
+    try:
+        with Path(path).open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise InputError(shown, "file is missing", hint=missing_hint) from None
+    except tomllib.TOMLDecodeError as error:
+        raise InputError(shown, f"invalid TOML: {error}", hint=invalid_hint) from None
+    except OSError as error:
+        raise InputError(shown, f"cannot read: {error.strerror or error}") from None
+
+
+def shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+class TomlReader:
+    """Collects problems while walking the documents, so one run reports them all."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.problems: list[InputError] = []
+
+    def error(self, what: str, where: str, hint: str | None = None) -> None:
+        self.problems.append(InputError(self.source, what, where, hint))
+
+    def keys(self, table: Any, where: str, required: Sequence[str], optional: Sequence[str] = ()) -> bool:
+        if not isinstance(table, dict):
+            self.error(f"expected a table, got {describe_value(table)}", where)
+            return False
+        ok = True
+        for key in table:
+            if key not in required and key not in optional:
+                self.error(f"unknown key '{key}'", where, unknown_name_hint(key, [*required, *optional]))
+                ok = False
+        for key in required:
+            if key not in table:
+                self.error(f"missing key '{key}'", where)
+                ok = False
+        return ok
+
+    def string(self, table: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+        value = table.get(key, default)
+        if not isinstance(value, str) or not value.strip():
+            self.error(f"expected a non-empty string, got {describe_value(value)}", f"{where}.{key}")
+            return ""
+        return value
+
+    def boolean(self, table: Mapping[str, Any], key: str, where: str) -> bool:
+        value = table.get(key)
+        if not isinstance(value, bool):
+            self.error(f"expected true or false, got {describe_value(value)}", f"{where}.{key}")
+            return False
+        return value
+
+    def names(self, value: Any, where: str, known: Iterable[str], what: str,
+              allow_one: bool = False) -> tuple[str, ...]:
+        """A list of known names (or one name where allow_one), each checked with a 'did you mean'."""
+        if allow_one and isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.error(f"expected a list of {what} names, got {describe_value(value)}", where)
+            return ()
+        known = list(known)
+        seen = set()
+        out = []
+        for index, item in enumerate(value):
+            if item not in known:
+                self.error(f"unknown {what} '{item}'", f"{where}[{index}]" if not allow_one or len(value) > 1 else where,
+                           unknown_name_hint(item, known))
+            elif item in seen:
+                self.error(f"duplicate {what} '{item}'", f"{where}[{index}]")
+            else:
+                seen.add(item)
+                out.append(item)
+        return tuple(out)
+
+
+def describe_value(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
