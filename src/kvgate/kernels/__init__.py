@@ -1,6 +1,7 @@
 """Decode-kernel unit tests: does a backend's kernel compute attention correctly with an FP8 KV cache?
 
-The first stage of every cell (`kvgate kernels`, tests/kernels/). Modules, each owning one noun:
+Stage 2 of kvgate's flow, beside the runners: the first stage of every cell (`kvgate kernels`,
+tests/kernels/). Modules, each owning one noun:
 
     fp8        FP8 quantisation with per-tensor scales; vLLM's bmm1/bmm2 scales <-> FlashInfer's ckv/kpe scales
     reference  the float32 reference: MLA decode over a paged latent cache, and grouped-query decode
@@ -14,5 +15,6 @@ The first stage of every cell (`kvgate kernels`, tests/kernels/). Modules, each 
     runner     one pytest process per cell into the results folder (stdlib only)
 
 Only fp8, reference, cases, tolerance, benchmark and the adapters import torch; the CLI imports
-families, gpus, runner and timings, so `kvgate` itself stays light.
+families, gpus, runner and timings, so `kvgate` itself stays light. It may import the matrix and the
+results (the cell folder writer); it must never import the runners, the gate, the report or the CLI.
 """

@@ -4,6 +4,7 @@ A cell is attention backend x kv_cache_dtype x GPU arch (x workload), declared a
 the repository's `matrix/` folder. This package owns
     cells        the declared model (archs, backends, workloads, exclusions, waivers, cells) and `load()`
     views        the matrix as other tools want it (a table, GitHub Actions' {"include": [...]})
+    toml_reading how every TOML file under matrix/ is read, so each problem names its file and place
 
 Stdlib only, so the noxfile can import it before anything is installed. It must never import another stage
 of kvgate (runners, kernels, results, gate, report, workloads, cli) nor an engine (vLLM, torch, lm-eval);

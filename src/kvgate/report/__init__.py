@@ -1,8 +1,11 @@
-"""Verdict -> what people and CI read: report.md, report.html, junit.xml, verdict.json.
+"""Stage 5 of kvgate's flow, the report: verdict -> what people and CI read (report.md, report.html,
+junit.xml, verdict.json).
 
 `render_all` is pure (file name -> bytes); `write_all` writes them into the output folder atomically:
 every file goes to a temporary name first and is renamed into place only when all four are written, and
-nothing else in the folder is touched.
+nothing else in the folder is touched. Modules: markdown (the PR comment / step summary), html (plots),
+junit_xml (one test case per check). It may import the matrix, the results and the gate (the verdict); it
+must never import the runners, the kernels, the workloads or the CLI, nor an engine (vLLM, torch, lm-eval).
 """
 
 from __future__ import annotations

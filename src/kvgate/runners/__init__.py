@@ -13,7 +13,8 @@ The machine: hardware (this machine's arch; stdlib only), engine_env (the shared
 environments, stdlib only, so the noxfile can import both), vllm_drift (the matrix's declared support
 against the installed vLLM's backend classes).
 
-Runners may import the matrix, the results and the workloads; never the gate, the report or the CLI.
+Runners may import the matrix, the results, the workloads and the kernels; they must never import the
+gate, the report or the CLI.
 vLLM, lm-eval and torch are imported only inside the processes that run them (accuracy_worker) or inside
 the functions that need them.
 """
