@@ -79,7 +79,7 @@ def cell_folders(run_dir: Path) -> list[Path]:
 
 
 def run_info(environ: dict[str, str]) -> dict[str, object]:
-    """run.json for this job's slice of the run (CONTRACT.md: free-form facts)."""
+    """run.json for this job's slice of the run (docs/results-folder.md: free-form facts)."""
     keys = {"commit": "GITHUB_SHA", "repository": "GITHUB_REPOSITORY", "workflow_run_id": "GITHUB_RUN_ID",
             "runner": "RUNNER_NAME", "cell": "KVGATE_CELL"}
     info: dict[str, object] = {"contract_version": 1, "source": "github-actions"}

@@ -1,4 +1,4 @@
-"""Write results folders in the contract's format (CONTRACT.md) from chosen per-question outcomes.
+"""Write results folders in the contract's format (docs/results-folder.md) from chosen per-question outcomes.
 
 For the gate's tests and benchmarks (it is not part of the kvgate package), and for anyone who wants to see
 what the gate does with given figures: the files have the shapes lm-eval 0.4.13, `vllm bench throughput` and pytest --junitxml write (keys,

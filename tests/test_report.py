@@ -106,6 +106,6 @@ def test_a_run_where_nothing_ran_says_so(tmp_path):
     run = tmp_path / "run"
     write_cell(run, backend="FLASHINFER_MLA", kv_cache_dtype="auto", arch="sm100")
     verdict = verdict_of(run)
-    assert verdict.exit_status == 0  # CONTRACT.md: stages never requested fail only with --require
+    assert verdict.exit_status == 0  # docs/results-folder.md: stages never requested fail only with --require
     assert headline(verdict) == ("⚠️ kvgate: nothing was checked (4 stages not run); pass --require to make missing "
                                  "stages fail")

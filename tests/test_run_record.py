@@ -21,7 +21,7 @@ def test_each_invocation_is_kept_and_the_top_level_is_the_latest(tmp_path, repo_
     assert data["command"] == ["kvgate", "run", "throughput"]
     assert [(i["stages"], i["finished_at"]) for i in data["invocations"]] == [
         (["accuracy"], "2026-11-30T04:05:00Z"), (["throughput"], "2026-11-30T04:16:00Z")]
-    assert parse_run((tmp_path / "run.json").read_text(), "run.json")["contract_version"] == 1
+    assert parse_run((tmp_path / "run.json").read_text(), "run.json")["contract_version"] == "1.1"
 
 
 def test_versions_of_the_engine_environment():

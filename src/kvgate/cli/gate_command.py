@@ -25,7 +25,7 @@ HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pas
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the results folder (CONTRACT.md)")
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the results folder (docs/results-folder.md)")
     parser.add_argument("--baseline", type=Path, metavar="DIR", help="a results folder to compare every cell with")
     parser.add_argument("--out", type=Path, metavar="DIR", help=f"where the outputs go (default RUN_DIR/{GATE_FOLDER}/)")
     parser.add_argument("--require", default="", metavar="STAGES",

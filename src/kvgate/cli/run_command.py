@@ -1,5 +1,5 @@
 """`kvgate run accuracy|throughput|cell`: run the real tools (lm-eval + vLLM, `vllm bench throughput`,
-the kernel tests) for the selected cells and write the results folder of CONTRACT.md.
+the kernel tests) for the selected cells and write the results folder (docs/results-folder.md).
 
     kvgate run accuracy --run-dir reports/runs/x --arch-default cpu -- --limit 250
     kvgate run throughput --run-dir reports/runs/x --backend CPU_ATTN

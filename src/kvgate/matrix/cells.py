@@ -142,7 +142,7 @@ class Cell:
         return self.kv_cache_dtype != "auto"
 
     def as_record(self) -> dict[str, Any]:
-        """The identity written to a results folder's cell.json (CONTRACT.md)."""
+        """The identity written to a results folder's cell.json (docs/results-folder.md)."""
         return {
             "backend": self.backend,
             "kv_cache_dtype": self.kv_cache_dtype,

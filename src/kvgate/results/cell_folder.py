@@ -1,4 +1,4 @@
-"""Writing one cell's folder of a results run (../shared/CONTRACT.md), safely.
+"""Writing one cell's folder of a results run (docs/results-folder.md), safely.
 
     <run dir>/<cell id>/cell.json      identity (written first)
     <run dir>/<cell id>/status.json    one entry per stage: ok | error | timeout | skipped
@@ -22,9 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-CONTRACT_VERSION = 1  # major version of CONTRACT.md this writer follows
-STAGES = ("kernels", "accuracy", "throughput", "probe")
-STATUSES = ("ok", "error", "timeout", "skipped")
+from kvgate.results.records import CONTRACT_VERSION, STAGE_STATUSES
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -75,8 +73,8 @@ def stage_output(cell_dir: Path, stage: str) -> Iterator[Path]:
 def write_status(cell_dir: Path, stage: str, status: str, reason: str | None = None,
                  log_tail: str | None = None, **extra: Any) -> None:
     """Record one stage's outcome in status.json (merged with the other stages' entries, under a lock)."""
-    if status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    if status not in STAGE_STATUSES:
+        raise ValueError(f"status must be one of {STAGE_STATUSES}, got {status!r}")
     cell_dir = Path(cell_dir)
     entry: dict[str, Any] = {"status": status, **extra}
     if reason is not None:

@@ -1,4 +1,4 @@
-"""Typed records of one results run (../shared/CONTRACT.md), as the parsers read them.
+"""Typed records of one results run (docs/results-folder.md), as the parsers read them.
 
 Plain frozen dataclasses, no I/O: the parsers (kvgate.results.parsers) build them at the edge, the run loader
 (kvgate.results.run_loader) assembles a `RunResults`, and the gate (kvgate.gate.checks) judges it.
@@ -12,6 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
+CONTRACT_VERSION = "1.1"  # docs/results-folder.md; readers refuse a newer major, writers write this
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 STAGE_STATUSES = ("ok", "error", "timeout", "skipped")
 DEFAULT_TASK = "gsm8k"

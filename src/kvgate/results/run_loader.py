@@ -1,4 +1,4 @@
-"""Read a results folder (CONTRACT.md) into kvgate.results.records records: the only part of the gate that walks disks.
+"""Read a results folder (docs/results-folder.md) into kvgate.results.records records: the only part of the gate that walks disks.
 
 Every problem is collected and raised together (InputErrors), each naming the file, so one gate run tells a
 person everything that is wrong with a folder. A stage marked error/timeout/skipped in status.json is not

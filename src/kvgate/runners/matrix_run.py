@@ -1,4 +1,4 @@
-"""Run the selected stages of the selected cells into one results folder (CONTRACT.md), then summarise.
+"""Run the selected stages of the selected cells into one results folder (docs/results-folder.md), then summarise.
 
 A stage that crashes, hangs past its timeout or runs the wrong backend is recorded in its cell's
 status.json and the run goes on with the other stages and cells; the exit status says whether all passed.

