@@ -28,6 +28,16 @@ SUBCOMMANDS = {
 }
 
 
+DESCRIPTION = """Does FP8 KV cache still work on every vLLM attention backend and GPU it claims?
+kvgate runs the cells of its matrix (backend x kv_cache_dtype x arch) with the real tools (kernel tests,
+lm-eval + vLLM, vllm bench throughput) and gates the results."""
+EPILOG = """typical use:
+  kvgate matrix --arch sm90                       the cells an H100/H200 runs
+  kvgate run cell --cell flashmla-fp8-sm90 --run-dir reports/runs/x
+  kvgate gate reports/runs/x [--baseline DIR]     verdict, report.md/.html, junit.xml
+exit status: 0 pass, 1 a regression or a failed/missing check, 2 unusable input (one ERROR line each)"""
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one `ERROR` line and exit status 2, like every other bad input."""
 
@@ -36,7 +46,8 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
+    parser = _ArgumentParser(prog="kvgate", description=DESCRIPTION, epilog=EPILOG,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=_ArgumentParser)
     for name, module_name in SUBCOMMANDS.items():

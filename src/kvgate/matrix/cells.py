@@ -280,6 +280,11 @@ def default_matrix_dir() -> Path:
 def load(folder: Path | None = None) -> Matrix:
     """Read matrix/*.toml and parse them; raises InputErrors naming every problem."""
     folder = folder or default_matrix_dir()
+    if not any((folder / name).is_file() for name in MATRIX_FILES):
+        raise InputError(shown_path(folder), f"no kvgate matrix here (it holds {', '.join(MATRIX_FILES)})",
+                         hint=f"kvgate looks in --matrix-dir, then ${MATRIX_DIR_ENV}, then the checkout it runs from, "
+                              f"then ./matrix: pass --matrix-dir DIR or set {MATRIX_DIR_ENV} to a kvgate checkout's "
+                              f"matrix/ folder")
     documents: dict[str, dict[str, Any]] = {}
     problems = []
     for name in MATRIX_FILES:

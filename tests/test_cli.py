@@ -1,0 +1,42 @@
+"""The `kvgate` command as a user meets it first: its help, and a run outside a checkout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvgate.cli import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def test_help_tells_a_user_what_kvgate_does_not_how_it_is_built(capsys):
+    try:
+        main(["--help"])
+    except SystemExit as done:
+        assert done.code == 0
+    text = capsys.readouterr().out
+    assert "Does FP8 KV cache still work on every vLLM attention backend and GPU it claims?" in text
+    assert "kvgate gate reports/runs/x [--baseline DIR]" in text
+    assert "only place" not in text  # a developer's note about the code, not for users
+
+
+def test_outside_a_checkout_the_missing_matrix_is_one_line_with_the_way_out(tmp_path):
+    """A copy of the package (as pip would install it) run in an empty folder: one hint, exit 2, no traceback."""
+    installed = tmp_path / "site"
+    installed.mkdir()
+    subprocess.run(["cp", "-r", str(SRC / "kvgate"), str(installed)], check=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "KVGATE_MATRIX_DIR"}
+    env["PYTHONPATH"] = str(installed)
+    done = subprocess.run([sys.executable, "-m", "kvgate", "gate", "some-run"], cwd=work, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "ERROR matrix: no kvgate matrix here (it holds axes.toml, backends.toml, exclusions.toml, waivers.toml, "
+        "workloads.toml). kvgate looks in --matrix-dir, then $KVGATE_MATRIX_DIR, then the checkout it runs from, "
+        "then ./matrix: pass --matrix-dir DIR or set KVGATE_MATRIX_DIR to a kvgate checkout's matrix/ folder"]
