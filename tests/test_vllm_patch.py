@@ -1,0 +1,146 @@
+"""Unified diffs against vLLM's sources: parsed and applied exactly as git would, refused with the place named.
+
+The patches here are made by the real `git diff` in a repository the test builds, so the parser meets git's
+own output (renames, new and deleted files, no newline at the end, quoted non-ASCII names).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvgate import InputError
+from kvgate.runners.vllm_patch import apply_file_patch, changed_paths, classify, parse_patch
+from kvgate.runners.vllm_spec import parse_spec
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "vllm-repo"
+    (root / "vllm" / "a").mkdir(parents=True)
+    (root / "vllm" / "a" / "x.py").write_text("".join(f"line{i}\n" for i in range(1, 31)))
+    (root / "vllm" / "old_name.py").write_text("".join(f"keep {i}\n" for i in range(20)))
+    (root / "vllm" / "gone.py").write_text("bye\n")
+    (root / "vllm" / "no_newline.py").write_text("last line")
+    (root / "vllm" / "été.py").write_text("accent\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "base")
+    return root
+
+
+def change(repo: Path) -> None:
+    text = (repo / "vllm" / "a" / "x.py").read_text().replace("line2\n", "LINE2\n").replace("line28\n", "LINE28\n")
+    (repo / "vllm" / "a" / "x.py").write_text(text)
+    git(repo, "mv", "vllm/old_name.py", "vllm/new_name.py")
+    (repo / "vllm" / "new_name.py").write_text((repo / "vllm" / "new_name.py").read_text().replace("keep 3", "KEEP 3"))
+    git(repo, "rm", "-q", "vllm/gone.py")
+    (repo / "vllm" / "fresh.py").write_text("new file\n")
+    (repo / "vllm" / "no_newline.py").write_text("last line\nand one more")
+    (repo / "vllm" / "été.py").write_text("accent changed\n")
+    git(repo, "add", "-A")
+
+
+def test_git_diff_applies_to_the_base_exactly_as_git_wrote_it(repo):
+    change(repo)
+    patches = parse_patch(git(repo, "diff", "--cached", "-M"), "change.patch")
+    assert changed_paths(patches) == ["vllm/a/x.py", "vllm/fresh.py", "vllm/gone.py", "vllm/old_name.py",
+                                      "vllm/new_name.py", "vllm/no_newline.py", "vllm/été.py"]
+    for patch in patches:
+        before = git(repo, "show", f"HEAD:{patch.old_path}") if patch.old_path else None
+        after = apply_file_patch(before, patch, "change.patch")
+        expected = (repo / patch.new_path).read_text() if patch.new_path else None
+        assert after == expected, patch.path
+
+
+def test_a_hunk_moved_by_lines_added_above_it_still_applies(repo):
+    change(repo)
+    patch = next(p for p in parse_patch(git(repo, "diff", "--cached", "vllm/a/x.py"), "p") if p.path == "vllm/a/x.py")
+    shifted = "header 1\nheader 2\n" + git(repo, "show", "HEAD:vllm/a/x.py")
+    assert apply_file_patch(shifted, patch, "p") == "header 1\nheader 2\n" + (repo / "vllm/a/x.py").read_text()
+
+
+def test_a_hunk_that_does_not_match_names_the_file_the_hunk_and_the_patch_line(repo):
+    change(repo)
+    text = git(repo, "diff", "--cached", "vllm/a/x.py")
+    patch = parse_patch(text, "fix.patch")[0]
+    release = git(repo, "show", "HEAD:vllm/a/x.py").replace("line27\n", "line 27 edited\n")
+    with pytest.raises(InputError) as caught:
+        apply_file_patch(release, patch, "fix.patch")
+    header_line = text.splitlines().index(next(line for line in text.splitlines() if line.startswith("@@ -25"))) + 1
+    assert str(caught.value) == (
+        f"fix.patch: hunk 2 of vllm/a/x.py does not apply: its 6 context/removed lines are not at line 25 of the "
+        f"release's file (or anywhere after hunk 1) in line {header_line}. Make the patch against the installed "
+        f"release's sources (kvgate applies without fuzz)")
+
+
+def test_paths_are_sorted_into_package_build_and_elsewhere():
+    assert [classify(p) for p in ("vllm/v1/attention/backends/cpu_attn.py", "vllm/_C.abi3.so", "csrc/cpu/attn.cpp",
+                                  "CMakeLists.txt", "cmake/utils.cmake", "setup.py", "requirements/cuda.txt",
+                                  "vllm/kernels/x.cu", "tests/test_x.py", "docs/a.md", ".buildkite/x.yaml")] == [
+        "package", "build", "build", "build", "build", "build", "build", "build", "elsewhere", "elsewhere",
+        "elsewhere"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("hello\n", "p: not a unified diff (no '--- a/FILE' / '+++ b/FILE' or 'diff --git' header). Make it with "
+                "`git diff` or `diff -u`"),
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,3 +1,3 @@\n a\n-b\n", "p: hunk ends early: 2 of 3 old and 1 of 3 new "
+                                                                  "lines in line 3. Was the patch cut or edited by hand?"),
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ bogus @@\n", "p: malformed hunk header '@@ bogus @@' in line 3. Expected "
+                                                      "'@@ -START,COUNT +START,COUNT @@'"),
+    ("--- a/../etc/passwd\n+++ b/../etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "p: unsafe path '../etc/passwd' in line 1. "
+                                                                      "A vLLM patch names files relative to the "
+                                                                      "repository root (a/vllm/...)"),
+    ("--- /etc/passwd\n+++ /etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "p: unsafe path '/etc/passwd' in line 1. A vLLM "
+                                                              "patch names files relative to the repository root "
+                                                              "(a/vllm/...)"),
+])
+def test_a_malformed_or_hostile_patch_is_one_error(text, message):
+    with pytest.raises(InputError) as caught:
+        parse_patch(text, "p")
+    assert str(caught.value) == message
+
+
+def test_a_binary_change_is_refused():
+    text = ("diff --git a/vllm/_C.abi3.so b/vllm/_C.abi3.so\nindex 1..2 100755\n"
+            "Binary files a/vllm/_C.abi3.so and b/vllm/_C.abi3.so differ\n")
+    patch = parse_patch(text, "p")[0]
+    with pytest.raises(InputError) as caught:
+        apply_file_patch("x", patch, "p")
+    assert str(caught.value) == ("p: binary change to vllm/_C.abi3.so in line 1. kvgate applies text changes only; "
+                                 "pass a wheel: for binary ones")
+
+
+@pytest.mark.parametrize(("text", "kind", "path", "version", "base"), [
+    ("release", "release", None, None, None),
+    ("release:0.32.0", "release", None, "0.32.0", None),
+    ("wheel:dist/vllm-1-py3-none-any.whl", "wheel", "dist/vllm-1-py3-none-any.whl", None, None),
+    ("source:../vllm", "source", "../vllm", None, None),
+    ("source:../vllm@v0.32.0", "source", "../vllm", None, "v0.32.0"),
+    ("patch:canaries/x.patch", "patch", "canaries/x.patch", None, None),
+])
+def test_specs(text, kind, path, version, base):
+    spec = parse_spec(text)
+    assert (spec.kind, str(spec.path) if spec.path else None, spec.version, spec.base_rev) == (kind, path, version, base)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("nightly", "--vllm: unknown vLLM spec 'nightly'. Write release[:VERSION], wheel:PATH, source:PATH[@BASE] or "
+                "patch:PATH"),
+    ("patch:", "--vllm: 'patch:' names no path. Write patch:PATH"),
+    ("release:", "--vllm: 'release:' names no version. Write release or release:VERSION, e.g. release:0.32.0"),
+    ("source:@v1", "--vllm: 'source:@v1': expected source:PATH@BASE with both parts. e.g. source:../vllm@v0.32.0, "
+                   "or source:../vllm for the release's tag"),
+])
+def test_bad_specs(text, message):
+    with pytest.raises(InputError) as caught:
+        parse_spec(text)
+    assert str(caught.value) == message
