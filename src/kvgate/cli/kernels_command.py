@@ -1,24 +1,28 @@
 """`kvgate kernels`: run the decode-kernel tests of the selected cells into a results folder.
 
     kvgate kernels --run-dir DIR [--cell ID ...] [--arch A] [--backend B] [--kv-cache-dtype D]
-                   [--arch-default ARCH] [--gpus N] [pytest args ...]
+                   [--arch-default ARCH] [--gpus N] [--vllm SPEC [--base-vllm SPEC]] [pytest args ...]
 
 Without filters it selects the cells of --arch-default (the noxfile passes this machine's arch). Each
 cell's JUnit lands in <run dir>/<cell id>/kernels/junit.xml, its timings in kernels/timings.json
 (kvgate.kernels.runner). Unknown flags go to pytest. Exit status 1 when any cell's kernels stage
-errored or timed out, 0 otherwise (skipped cells included).
+errored or timed out, 0 otherwise (skipped cells included). With --vllm the tests import the vLLM under
+test (kvgate.runners.vllm_spec); with --base-vllm too, each cell runs once per side (A/B folders).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
 from kvgate.kernels import gpus, runner
+from kvgate.results.records import SIDES
 from kvgate.runners import hardware
+from kvgate.runners.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run the decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) of the selected cells"
 PASSES_THROUGH = True
@@ -34,6 +38,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"pytest-xdist workers, one GPU each (default ${gpus.WORKERS_ENV} or 0: one process)")
     parser.add_argument("--timeout", type=float, default=runner.DEFAULT_TIMEOUT_S, metavar="SECONDS",
                         help="per cell")
+    add_vllm_arguments(parser)
+    parser.add_argument("--side", choices=SIDES, default=None,
+                        help="write the cell as this side of an A/B run (`kvgate run` passes it; the vLLM of "
+                             "that side comes with the environment)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,14 +57,22 @@ def run(args: argparse.Namespace) -> int:
     workers = args.gpus if args.gpus is not None else gpus.workers_from_env()
     if workers < 0:
         raise InputError("kvgate kernels", f"--gpus must be 0 or more, got {workers}")
+    if args.side is not None and (args.vllm or args.base_vllm):
+        raise InputError("kvgate kernels", "--side comes with the environment of that side's vLLM",
+                         hint="Pass either --side or --vllm/--base-vllm")
+    sides = prepare_sides(args.vllm, args.base_vllm)
     failed = False
-    for cell in cells:
+    runs = [(cell, side) for cell in cells for side in sides]
+    for cell, side in runs:
+        name = args.side or (side.name if side.ab else None)
+        env = side.vllm.environment(os.environ) if side.vllm is not None else None
         outcome = runner.run_cell(cell, args.run_dir, local_arch=local_arch, workers=workers,
-                                  pytest_args=args.passthrough, timeout_s=args.timeout)
+                                  pytest_args=args.passthrough, timeout_s=args.timeout, side=name, env=env)
         counts = outcome.counts
         figures = (f" ({counts.passed} passed, {counts.failures + counts.errors} failed, {counts.skipped} skipped"
                    f", {outcome.seconds:.0f} s)") if counts.tests else ""
-        print(f"{cell.id}: {outcome.status}{figures}" + (f" - {outcome.reason}" if outcome.reason else ""))
+        shown = cell.id if name is None else f"{cell.id} ({name})"
+        print(f"{shown}: {outcome.status}{figures}" + (f" - {outcome.reason}" if outcome.reason else ""))
         failed |= outcome.status in ("error", "timeout")
     print(f"kvgate kernels: {len(cells)} cells under {args.run_dir}", file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK

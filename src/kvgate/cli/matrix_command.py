@@ -21,6 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--changed-files", metavar="FILE", type=Path,
                         help="a file listing changed paths (one per line, e.g. `git diff --name-only`); "
                              "keeps only cells whose backend's sources match (shared code keeps all)")
+    parser.add_argument("--changed-by-vllm", metavar="SPEC",
+                        help="keep only the cells a vLLM change can affect: patch:PATH (its files), source:PATH[@BASE] "
+                             "(the checkout's diff against BASE, both sides of renames) or wheel:PATH")
     parser.add_argument("--check-vllm", action="store_true",
                         help="compare declared support with the installed vLLM's backend classes")
 
@@ -44,6 +47,11 @@ def read_changed_files(path: Path) -> list[str]:
 def selected_cells(args: argparse.Namespace) -> tuple[matrix_module.Matrix, list[matrix_module.Cell]]:
     matrix = matrix_module.load(args.matrix_dir)
     changed = read_changed_files(args.changed_files) if getattr(args, "changed_files", None) else None
+    if getattr(args, "changed_by_vllm", None):
+        from kvgate.runners.vllm_overlay import changed_paths_of
+        from kvgate.runners.vllm_spec import parse_spec
+
+        changed = [*(changed or []), *changed_paths_of(parse_spec(args.changed_by_vllm, "--changed-by-vllm"))]
     cells = matrix.select(archs=args.arch, backends=args.backend, kv_cache_dtypes=args.kv_cache_dtype,
                           cell_ids=args.cell, changed_files=changed)
     return matrix, cells

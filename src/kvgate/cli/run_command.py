@@ -4,6 +4,7 @@ the kernel tests) for the selected cells and write the results folder (docs/resu
     kvgate run accuracy --run-dir reports/runs/x --arch-default cpu -- --limit 250
     kvgate run throughput --run-dir reports/runs/x --backend CPU_ATTN
     kvgate run cell --cell cpu_attn-fp8-cpu --run-dir reports/runs/x [--stages kernels,accuracy]
+    kvgate run accuracy --run-dir reports/runs/x --vllm patch:fix.diff --base-vllm release   (A/B)
 
 Without filters the cells of --arch-default run (the noxfile passes this machine's arch). Flags kvgate does
 not know go to lm_eval (accuracy) or `vllm bench throughput` (throughput).
@@ -19,6 +20,7 @@ from kvgate import InputError
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.matrix.cells import load as load_matrix
 from kvgate.runners import hardware
+from kvgate.runners.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
 PASSES_THROUGH = True
@@ -37,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="per stage of a cell; the stage's process group is killed after it (default 3600)")
     parser.add_argument("--stages", default=None,
                         help="for `run cell`: comma-separated, of kernels,accuracy,throughput (default: all)")
+    add_vllm_arguments(parser)
 
 
 def _stages(args: argparse.Namespace) -> list[str]:
@@ -94,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"kvgate run {args.what}", "no cell matches these filters",
                          hint="List the cells with `kvgate matrix`")
 
+    sides = prepare_sides(args.vllm, args.base_vllm)  # every spec checked before a folder is touched
+
     from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS, RunOptions, run_cells
 
-    options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough,
+    options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
                          timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
                          matrix_dir=args.matrix_dir, local_arch=hardware.local_arch())

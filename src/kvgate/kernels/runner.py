@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -117,9 +117,14 @@ def pytest_argv(cell_id: str, out_dir: Path, *, workers: int, python: str, extra
 
 
 def run_cell(cell: Cell, run_dir: Path, *, local_arch: str, workers: int = 0, pytest_args: Sequence[str] = (),
-             python: str = sys.executable, timeout_s: float = DEFAULT_TIMEOUT_S) -> CellOutcome:
-    """The kernels stage of one cell; never raises for a failing or crashing test run."""
-    cell_dir = cell_folder.prepare_cell(run_dir, cell.as_record())
+             python: str = sys.executable, timeout_s: float = DEFAULT_TIMEOUT_S, side: str | None = None,
+             env: Mapping[str, str] | None = None) -> CellOutcome:
+    """The kernels stage of one cell; never raises for a failing or crashing test run.
+
+    `side` names the side of an A/B run (its folder is then kvgate's for that side); `env` is the environment
+    the tests run in (default this process's), e.g. with a vLLM overlay first on PYTHONPATH."""
+    record = cell.as_record() if side is None else {**cell.as_record(), "side": side}
+    cell_dir = cell_folder.prepare_cell(run_dir, record)
     plan = kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)
     reason = plan.skip_reason
     if reason is None and cell.arch != local_arch:
@@ -134,7 +139,7 @@ def run_cell(cell: Cell, run_dir: Path, *, local_arch: str, workers: int = 0, py
     log = cell_folder.log_path(cell_dir, STAGE)
     with cell_folder.stage_output(cell_dir, STAGE) as out:
         argv = pytest_argv(cell.id, out, workers=workers, python=python, extra=pytest_args)
-        env = dict(os.environ)
+        env = dict(os.environ if env is None else env)
         src = str(REPO_ROOT / "src")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         timed_out = False

@@ -1,6 +1,6 @@
 """Writing one cell's folder of a results run (docs/results-folder.md), safely.
 
-    <run dir>/<cell id>/cell.json      identity (written first)
+    <run dir>/<cell id>/cell.json      identity (written first); the base side of an A/B run: <cell id>--base/
     <run dir>/<cell id>/status.json    one entry per stage: ok | error | timeout | skipped
     <run dir>/<cell id>/<stage>/       a stage's outputs, replaced whole on a re-run
     <run dir>/<cell id>/logs/<stage>.log   the stage's full log (engine included)
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvgate.results.records import CONTRACT_VERSION, STAGE_STATUSES
+from kvgate.results.records import CONTRACT_VERSION, HEAD, STAGE_STATUSES
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -35,9 +35,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def folder_name(cell_id: str, side: str | None = None) -> str:
+    """A cell's folder: its id, and for the base side of an A/B run `<id>--base` (docs/results-folder.md)."""
+    return cell_id if side in (None, HEAD) else f"{cell_id}--{side}"
+
+
 def prepare_cell(run_dir: Path, cell_record: dict[str, Any]) -> Path:
-    """Create <run dir>/<cell id>/ and its cell.json; returns the cell folder."""
-    cell_dir = Path(run_dir) / cell_record["cell_id"]
+    """Create the cell's folder (kvgate's name for it: folder_name) and its cell.json; returns the folder."""
+    cell_dir = Path(run_dir) / folder_name(cell_record["cell_id"], cell_record.get("side"))
     cell_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cell_dir / "cell.json", {"contract_version": CONTRACT_VERSION, **cell_record})
     return cell_dir

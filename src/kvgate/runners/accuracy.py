@@ -51,8 +51,11 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         mismatch = backend_mismatch(cell.backend, cell.arch, read_backend_evidence(_read_text(log)),
                                     engine_backends)
 
+        wrong_vllm = _wrong_vllm(ctx, report.get("vllm_file"))
         if result.timed_out:
             status, reason = "timeout", f"killed after its timeout of {ctx.timeout:.0f} s ({_last_step(report)})"
+        elif wrong_vllm:
+            status, reason = "error", wrong_vllm
         elif result.returncode == EXIT_BACKEND_MISMATCH or (result.ok and mismatch):
             status, reason = "error", f"wrong attention backend: {mismatch or 'the engine ran another backend'}"
         elif not result.ok:
@@ -66,15 +69,17 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         extra: dict[str, Any] = {"elapsed_s": round(elapsed, 1), "backend": cell.backend}
         if engine_backends is not None:
             extra["engine_backends"] = engine_backends
+        if report.get("vllm_file"):
+            extra["vllm_file"] = report["vllm_file"]
         if status == "ok":
             commit_stage(cell_dir, "accuracy", output)
             figures = accuracy_figures(cell_dir / "accuracy", str(cell.workload.gsm8k["task"]))
             cell_folder.write_status(cell_dir, "accuracy", "ok", **extra, **figures)
-            outcomes.append(StageOutcome(cell_id=cell.id, stage="accuracy", status="ok", elapsed=elapsed,
+            outcomes.append(StageOutcome(cell_id=ctx.label, stage="accuracy", status="ok", elapsed=elapsed,
                                          headline=accuracy_headline(figures)))
         else:
             cell_folder.write_status(cell_dir, "accuracy", status, reason, result.log_tail, **extra)
-            outcomes.append(StageOutcome(cell_id=cell.id, stage="accuracy", status=status, elapsed=elapsed,
+            outcomes.append(StageOutcome(cell_id=ctx.label, stage="accuracy", status=status, elapsed=elapsed,
                                          reason=reason))
         if with_probe:
             outcomes.append(_probe_outcome(ctx, status, report, probe_dir, result.log_tail, elapsed))
@@ -83,9 +88,20 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _wrong_vllm(ctx: CellContext, vllm_file: str | None) -> str | None:
+    """Why the engine did not run the vLLM under test (None when it did, or when kvgate cannot tell)."""
+    overlay = ctx.vllm.overlay if ctx.vllm is not None else None
+    if not vllm_file:
+        return None
+    loaded = Path(vllm_file).resolve()
+    if overlay is not None and not loaded.is_relative_to(overlay.resolve()):
+        return f"the engine imported vllm from {loaded.parent}, not from the vLLM under test ({overlay})"
+    return None
+
+
 def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
                    probe_dir: Path, log_tail: str, elapsed: float) -> StageOutcome:
-    cell, cell_dir = ctx.cell, ctx.cell_dir
+    cell_dir = ctx.cell_dir
     if accuracy_status != "ok":
         status, reason = accuracy_status, "not run: the accuracy stage failed (see its reason)"
     elif report.get("probe_error"):
@@ -99,7 +115,7 @@ def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
         cell_folder.write_status(cell_dir, "probe", "ok")
     else:
         cell_folder.write_status(cell_dir, "probe", status, reason, log_tail)
-    return StageOutcome(cell_id=cell.id, stage="probe", status=status, elapsed=elapsed, reason=reason)
+    return StageOutcome(cell_id=ctx.label, stage="probe", status=status, elapsed=elapsed, reason=reason)
 
 
 def accuracy_figures(accuracy_dir: Path, task: str) -> dict[str, Any]:

@@ -80,7 +80,10 @@ def main(argv: list[str]) -> int:
         print(f"kvgate: cannot ask the engine for its attention backends ({type(error).__name__}: {error}); "
               f"the engine log decides", flush=True)
     mismatch = backend_mismatch(options.backend, options.arch, BackendEvidence(), names) if names else None
-    save("engine", attention_backends=names, backend_mismatch=mismatch)
+    import vllm
+
+    save("engine", attention_backends=names, backend_mismatch=mismatch, vllm_file=vllm.__file__,
+         vllm_version=getattr(vllm, "__version__", None))
     if names is not None:
         print(f"kvgate: the engine's attention layers use {', '.join(names) or 'no backend kvgate can see'}",
               flush=True)

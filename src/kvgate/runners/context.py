@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.matrix.cells import Cell
+from kvgate.runners.vllm_overlay import VllmUnderTest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,3 +23,10 @@ class CellContext:
     include_path: Path | None = None  # folder of kvgate's local gsm8k task, when the workload uses it
     matrix_dir: Path | None = None  # a matrix other than the repository's (handed on to `kvgate kernels`)
     echo: bool = True  # stream the tools' output to the terminal too
+    side: str | None = None  # the side of an A/B run (base | head); None: a run of one side
+    vllm: VllmUnderTest | None = None  # what this side runs, when kvgate was told (--vllm / --base-vllm)
+
+    @property
+    def label(self) -> str:
+        """The cell as progress lines name it: its id, and the side in an A/B run."""
+        return self.cell.id if self.side is None else f"{self.cell.id} ({self.side})"

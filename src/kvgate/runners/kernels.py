@@ -32,9 +32,11 @@ def run_kernels(ctx: CellContext) -> StageOutcome:
     if not kernels_available():
         reason = "kernels stage not available (no `kvgate kernels` command in this kvgate)"
         cell_folder.write_status(cell_dir, "kernels", "error", reason)
-        return StageOutcome(cell_id=cell.id, stage="kernels", status="error", reason=reason)
+        return StageOutcome(cell_id=ctx.label, stage="kernels", status="error", reason=reason)
     log = fresh_log(cell_dir, "kernels")
     argv = [ctx.python, "-m", "kvgate", "kernels", "--cell", cell.id, "--run-dir", str(ctx.run_dir)]
+    if ctx.side is not None:  # an A/B run: the side's folder; its vLLM comes with ctx.env (PYTHONPATH)
+        argv += ["--side", ctx.side]
     if ctx.matrix_dir is not None:
         argv += ["--matrix-dir", str(ctx.matrix_dir)]
     if ctx.timeout is not None:  # its own timeout first, so that it can record it itself
@@ -57,7 +59,7 @@ def run_kernels(ctx: CellContext) -> StageOutcome:
         status, reason = "error", f"`kvgate kernels` {describe_exit(result.returncode)}"
     if status != entry.get("status") or (status not in ("ok", "skipped") and not entry.get("reason")):
         cell_folder.write_status(cell_dir, "kernels", status, reason, result.log_tail)
-    return StageOutcome(cell_id=cell.id, stage="kernels", status=status, elapsed=elapsed, reason=reason,
+    return StageOutcome(cell_id=ctx.label, stage="kernels", status=status, elapsed=elapsed, reason=reason,
                         headline={"ok": "kernel tests passed", "skipped": reason or "skipped"}.get(status, ""))
 
 

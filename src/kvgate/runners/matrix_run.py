@@ -18,6 +18,7 @@ from pathlib import Path
 from kvgate import EXIT_FAILED, EXIT_OK
 from kvgate.matrix.cells import Cell
 from kvgate.results import cell_folder
+from kvgate.results.records import HEAD
 from kvgate.runners import hardware, progress
 from kvgate.runners.accuracy import run_accuracy
 from kvgate.runners.commands import LOCAL_GSM8K_TASK
@@ -26,7 +27,8 @@ from kvgate.runners.engine_environment import engine_environment
 from kvgate.runners.kernels import run_kernels
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
-from kvgate.runners.throughput import run_throughput
+from kvgate.runners.sides import Side, sides_record
+from kvgate.runners.throughput import run_throughput, run_throughput_interleaved
 
 STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them
 DEFAULT_TIMEOUT_SECONDS = 3600.0
@@ -45,6 +47,16 @@ class RunOptions:
     matrix_dir: Path | None = None
     echo: bool = True
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    sides: Sequence[Side] = (Side(name=HEAD, vllm=None),)  # [head], or [base, head] for an A/B run
+
+
+@dataclass(kw_only=True)
+class _CellSide:
+    side: Side
+    cell_dir: Path
+    ctx: CellContext | None  # None: the cell is for another machine
+    setup_error: str | None
+    wrong_machine: str | None
 
 
 def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[StageOutcome]]:
@@ -52,43 +64,45 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     run_dir = options.run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     started = now_utc()
+    sides = list(options.sides)
     record = dict(repo=REPO_ROOT, command=options.command, started_at=started, arch=options.arch,
-                  cells=[c.id for c in cells], stages=list(options.stages))
+                  cells=[c.id for c in cells], stages=list(options.stages),
+                  sides=[s.name for s in sides], vllm_under_test=sides_record(sides))
     write_run_record(run_dir, run_record(**record, finished_at=None))
     point_latest(run_dir)
+    for side in sides:
+        if side.vllm is not None:
+            options.say(f"kvgate: {side.name}: {side.vllm.short()}")
     warned: set[str] = set()
     outcomes: list[StageOutcome] = []
-    total = len(cells) * len(options.stages)
+    total = len(cells) * len(options.stages) * len(sides)
     index = 0
     previous_handler = _terminate_like_ctrl_c()
     try:
         for cell in cells:
-            cell_dir = cell_folder.prepare_cell(run_dir, cell_record(cell))
-            env, warnings = engine_environment(os.environ, arch=cell.arch, local_model=cell.workload.is_local_model,
-                                               home=Path.home())
-            for warning in warnings:
-                if warning not in warned:
-                    warned.add(warning)
-                    options.say(f"kvgate: WARNING {warning}")
-            wrong_machine = _wrong_machine(cell, options.local_arch)
-            if wrong_machine:
-                ctx, setup_error = None, None
-            else:
-                ctx, setup_error = _context(cell, cell_dir, run_dir, env, options)
+            parts = [_cell_side(cell, side, run_dir, options, warned) for side in sides]
             for stage in options.stages:
-                index += 1
-                options.say(progress.start_line(index, total, cell.id, stage))
-                try:
-                    if ctx is None:
-                        stage_outcomes = _skip_stage(stage, cell, cell_dir, wrong_machine)
+                if stage == "throughput" and len(parts) > 1 and all(p.ctx and not p.setup_error for p in parts):
+                    for part in parts:
+                        index += 1
+                        options.say(progress.start_line(index, total, part.ctx.label, stage))
+                    stage_outcomes = _guarded(parts, stage, run_throughput_interleaved, [p.ctx for p in parts])
+                    for outcome in stage_outcomes:
+                        outcomes.append(outcome)
+                        options.say(progress.end_line(index, total, outcome))
+                    continue
+                for part in parts:
+                    index += 1
+                    label = part.ctx.label if part.ctx else cell.id
+                    options.say(progress.start_line(index, total, label, stage))
+                    if part.ctx is None:
+                        stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
                     else:
-                        stage_outcomes = _run_stage(stage, ctx, setup_error, cell, cell_dir)
-                except KeyboardInterrupt:
-                    cell_folder.write_status(cell_dir, stage, "error", "interrupted (Ctrl-C or SIGTERM) before it finished")
-                    raise
-                for outcome in stage_outcomes:
-                    outcomes.append(outcome)
-                    options.say(progress.end_line(index, total, outcome))
+                        stage_outcomes = _guarded([part], stage, _run_stage, stage, part.ctx, part.setup_error, cell,
+                                                  part.cell_dir)
+                    for outcome in stage_outcomes:
+                        outcomes.append(outcome)
+                        options.say(progress.end_line(index, total, outcome))
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
@@ -98,6 +112,35 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
             options.say(progress.summary_table(outcomes))
             options.say(f"kvgate: results in {run_dir}")
     return (EXIT_OK if outcomes and not any(o.failed for o in outcomes) else EXIT_FAILED), outcomes
+
+
+def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warned: set[str]) -> _CellSide:
+    """One side of one cell: its folder, its environment (the side's vLLM first on PYTHONPATH), its context."""
+    cell_dir = cell_folder.prepare_cell(run_dir, side.record(cell_record(cell)))
+    env, warnings = engine_environment(os.environ, arch=cell.arch, local_model=cell.workload.is_local_model,
+                                       home=Path.home())
+    if side.vllm is not None:
+        env = side.vllm.environment(env)
+    for warning in warnings:
+        if warning not in warned:
+            warned.add(warning)
+            options.say(f"kvgate: WARNING {warning}")
+    wrong_machine = _wrong_machine(cell, options.local_arch)
+    if wrong_machine:
+        return _CellSide(side=side, cell_dir=cell_dir, ctx=None, setup_error=None, wrong_machine=wrong_machine)
+    ctx, setup_error = _context(cell, cell_dir, run_dir, env, options, side)
+    return _CellSide(side=side, cell_dir=cell_dir, ctx=ctx, setup_error=setup_error, wrong_machine=None)
+
+
+def _guarded(parts: list[_CellSide], stage: str, run: Callable[..., list[StageOutcome]], *args) -> list[StageOutcome]:
+    """run(*args) for a stage; on Ctrl-C or SIGTERM mark it failed in every side it was running for, then stop."""
+    try:
+        outcome = run(*args)
+    except KeyboardInterrupt:
+        for part in parts:
+            cell_folder.write_status(part.cell_dir, stage, "error", "interrupted (Ctrl-C or SIGTERM) before it finished")
+        raise
+    return outcome if isinstance(outcome, list) else [outcome]
 
 
 def _terminate_like_ctrl_c():
@@ -118,7 +161,7 @@ def cell_record(cell: Cell) -> dict:
 
 
 def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
-             options: RunOptions) -> tuple[CellContext, str | None]:
+             options: RunOptions, side: Side) -> tuple[CellContext, str | None]:
     """The cell's context, and why its engine stages cannot run (model not buildable, task not writable)."""
     needs_engine = any(stage in ("accuracy", "throughput") for stage in options.stages)
     model_path, include_path, setup_error = cell.model, None, None
@@ -137,7 +180,8 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
     ctx = CellContext(cell=cell, cell_dir=cell_dir, run_dir=run_dir, model_path=str(model_path),
                       python=sys.executable, env=env, timeout=options.timeout,
                       passthrough=tuple(options.passthrough), include_path=include_path,
-                      matrix_dir=options.matrix_dir, echo=options.echo)
+                      matrix_dir=options.matrix_dir, echo=options.echo,
+                      side=side.name if side.ab else None, vllm=side.vllm)
     return ctx, setup_error
 
 

