@@ -28,7 +28,7 @@ def checks(run: Path) -> dict[tuple[str, str, str | None], dict]:
 
 def test_the_real_cpu_run_passes(run, capsys):
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "✅ kvgate: all 11 checks passed"
+    assert capsys.readouterr().out.splitlines()[0] == "⚪ kvgate: NEUTRAL — 11 checks passed, but the change was compared with nothing (no base side, no --baseline)"
     found = checks(run)
     for key, check in sorted(found.items()):
         print(check["status"], key, check["detail"])

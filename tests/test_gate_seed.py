@@ -12,11 +12,11 @@ from synthetic_run import write_seed_run
 FP8 = "flashinfer_mla-fp8-sm100"
 
 
-def test_seed_case_passes(tmp_path, capsys):
+def test_seed_case_passes_but_reads_neutral_without_a_baseline(tmp_path, capsys):
     run = write_seed_run(tmp_path / "run")
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "✅ kvgate: all 8 checks passed"
+    assert first == "⚪ kvgate: NEUTRAL — 8 checks passed, but the change was compared with nothing (no base side, no --baseline)"
     verdict = json.loads((run / "gate" / "verdict.json").read_text())
     strict = next(c for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match")
     print(json.dumps(strict, indent=1))
@@ -63,3 +63,17 @@ def test_requiring_every_stage_fails_a_run_without_probes(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0] == (
         "❌ kvgate: 2 of 10 checks failed — flashinfer_mla-auto-sm100 probe stage never requested, but the gate "
         "requires it (+1 more)")
+
+
+def test_seed_case_against_a_baseline_is_a_plain_pass(tmp_path, capsys):
+    run = write_seed_run(tmp_path / "run")
+    base = write_seed_run(tmp_path / "base")
+    assert main(["gate", str(run), "--baseline", str(base), "--require-baseline", "--today", "2026-11-30"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("✅ kvgate: all ")
+
+
+def test_without_a_baseline_ci_fails_the_run(tmp_path, capsys):
+    run = write_seed_run(tmp_path / "run")
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "❌ kvgate: 1 of 9 checks failed — (run) baseline no baseline: the change was compared with nothing")

@@ -39,7 +39,7 @@ def test_verdict_json_is_versioned_and_complete(failing):
     data = json.loads(render_all(failing)["verdict.json"])
     assert data["verdict_version"] == VERDICT_VERSION
     assert data["summary"] == {"checks": 8, "failed": 3, "fail": 3, "error": 0, "missing": 0, "waived": 0,
-                               "pass": 5, "not_run": 2, "info": 1}
+                               "pass": 5, "not_run": 3, "info": 1}  # not_run: 2 stages + no baseline
     assert data["exit_status"] == 1 and data["passed"] is False
     assert {c["status"] for c in data["checks"]} <= {"pass", "fail", "waived", "missing", "error", "not_run", "info"}
     for check in data["checks"]:
@@ -50,7 +50,7 @@ def test_a_verdict_of_a_newer_major_version_is_refused():
     check_version({"verdict_version": "1.7"}, "v.json")
     with pytest.raises(InputError) as error:
         check_version({"verdict_version": "2.0"}, "v.json")
-    assert str(error.value) == "v.json: verdict version 2.0 is newer than this kvgate reads (1.0) in verdict_version. Upgrade kvgate"
+    assert str(error.value) == f"v.json: verdict version 2.0 is newer than this kvgate reads ({VERDICT_VERSION}) in verdict_version. Upgrade kvgate"
 
 
 def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(failing):
@@ -67,7 +67,7 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
 
 def test_a_waived_run_says_so_in_its_first_line(tmp_path):
     run = write_seed_run(tmp_path / "run", backend="FLASHINFER", arch="sm120")
-    assert headline(verdict_of(run)) == "✅ kvgate: all 8 checks passed (5 waived)"
+    assert headline(verdict_of(run)) == "⚪ kvgate: NEUTRAL — 8 checks passed (5 waived), but the change was compared with nothing (no base side, no --baseline)"
 
 
 def test_html_is_self_contained_with_both_plots(failing):
@@ -83,7 +83,7 @@ def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_p
     xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
     cases = [case for suite in xml for case in suite]
     assert len(cases) == len(failing.checks)
-    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (11, 3, 0, 3)
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (12, 3, 0, 4)  # the baseline check is skipped (not run)
     kernels = next(c for c in cases if c.classname == "kvgate.kernels" and c.name == "flashinfer_mla-auto-sm100")
     assert kernels.result[0].message == ("FAIL: 0 kernel tests ran (3 skipped of 3); the policy needs at least 1 | "
                                          "threshold 0 failed, 0 errors")

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from kvgate import InputError, InputErrors, problems_of
 from kvgate.gate import checks as gate
@@ -18,7 +22,7 @@ from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
 from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, write_all
-from kvgate.results.records import STAGES
+from kvgate.results.records import BASE, HEAD, STAGES
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
 
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
@@ -33,6 +37,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", type=Path, metavar="FILE", help="thresholds (default: matrix/policy.toml)")
     parser.add_argument("--matrix-dir", type=Path, metavar="DIR", help="default: the repository's matrix/")
     parser.add_argument("--today", metavar="YYYY-MM-DD", help="the date waivers expire against (default: today, UTC)")
+    parser.add_argument("--require-baseline", action="store_true",
+                        help="fail when the change was compared with nothing (no base side in the run, no "
+                             "--baseline); without it such a run is NEUTRAL. CI passes it")
+    parser.add_argument("--expect-cells", type=Path, metavar="FILE",
+                        help="cells the run must hold: GitHub Actions' matrix JSON ({\"include\": [{\"cell\": "
+                             "...}]}) or one cell id per line; absent ones fail (run.json's planned cells always do)")
 
 
 def parse_require(value: str) -> tuple[str, ...]:
@@ -53,6 +63,50 @@ def parse_today(value: str | None) -> dt.date:
         return dt.date.fromisoformat(value)
     except ValueError:
         raise InputError("--today", f"bad date '{value}'", hint="Write YYYY-MM-DD, e.g. 2026-11-30") from None
+
+
+def planned_cells(run_info: Mapping[str, Any]) -> list[str]:
+    """The cell ids that the kvgate commands writing into the run planned (run.json: `cells` of every
+    invocation); a hand-made run.json without them plans nothing."""
+    invocations = run_info.get("invocations")
+    listed = [i.get("cells") for i in invocations if isinstance(i, Mapping)] if isinstance(invocations, list) else []
+    listed.append(run_info.get("cells"))
+    return list(dict.fromkeys(c for cells in listed if isinstance(cells, list) for c in cells if isinstance(c, str)))
+
+
+def planned_sides(run_info: Mapping[str, Any], ab: bool) -> list[str]:
+    sides = run_info.get("sides")
+    named = [s for s in sides if s in (BASE, HEAD)] if isinstance(sides, list) else []
+    if ab or BASE in named:
+        return [BASE, HEAD]
+    return [HEAD]
+
+
+def read_expected_cells(path: Path) -> list[str]:
+    """--expect-cells: GitHub Actions' {"include": [{"cell": ...}]} or one cell id per line."""
+    shown = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(shown, "no such file", hint="Pass the plan's matrix JSON or a list of cell ids") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(shown, f"cannot read: {getattr(error, 'strerror', None) or error}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise InputError(shown, f"not valid JSON ({error.msg})", f"line {error.lineno} column {error.colno}") from None
+        include = data.get("include") if isinstance(data, dict) else None
+        if not isinstance(include, list) or not all(isinstance(e, dict) and isinstance(e.get("cell"), str)
+                                                    for e in include):
+            raise InputError(shown, "expected {\"include\": [{\"cell\": \"<id>\", ...}, ...]}", "include",
+                             hint="Pass the plan job's matrix output as it is")
+        return [e["cell"] for e in include]
+    cells = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    bad = [c for c in cells if not re.fullmatch(r"[a-z0-9_]+-[a-z0-9_]+-[a-z0-9]+", c)]
+    if bad:
+        raise InputError(shown, f"'{bad[0][:60]}' is not a cell id", hint="Write one id per line, e.g. flashmla-fp8-sm90")
+    return cells
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,11 +133,21 @@ def run(args: argparse.Namespace) -> int:
             results = loaded
         else:
             baseline = loaded
+    expected = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
     if problems:
         raise InputErrors(problems)
     assert results is not None
+    ab = results.has_base_side
+    if ab:
+        if baseline is not None:
+            raise InputError("--baseline", f"{args.run_dir} is an A/B run: it holds its own base side",
+                             hint="Judge it alone, or judge a run of one side against --baseline")
+        results, baseline = results.side(HEAD), results.side(BASE)
+    sides = planned_sides(results.run_info, ab)
+    planned = [(cell, side) for cell in [*planned_cells(results.run_info), *expected] for side in sides]
     verdict = gate.evaluate(results, policy=policy, baseline=baseline, waiver_for=matrix.waiver_for, today=today,
-                            require=require, probe_compare=probe_agreement.compare)
+                            require=require, probe_compare=probe_agreement.compare, ab=ab,
+                            require_baseline=args.require_baseline, planned=planned)
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     paths = write_all(verdict, out_dir)
     print(headline(verdict))

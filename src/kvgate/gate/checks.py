@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvgate.gate import stats
+from kvgate.gate import probe_agreement, stats
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check, Verdict, WaiverNote
 from kvgate.results.records import (
+    BASE,
+    HEAD,
     STAGES,
     AccuracyResult,
     CellIdentity,
@@ -36,7 +38,7 @@ from kvgate.results.records import (
     ThroughputResult,
 )
 
-KIND_ORDER = ("cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",
+KIND_ORDER = ("baseline", "cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",
               "probe")
 UNITS = {"requests_per_second": "req/s", "tokens_per_second": "tok/s", "output_tokens_per_second": "output tok/s"}
 WaiverLookup = Callable[[CellIdentity, str], Any]  # -> matrix.Waiver | None
@@ -57,13 +59,23 @@ class _Pending:
 
 def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = None,
              waiver_for: WaiverLookup | None = None, today: dt.date, require: Sequence[str] = (),
-             probe_compare: Callable[[Any, Any], Any] | None = None) -> Verdict:
-    checks: list[Check] = []
+             probe_compare: Callable[[Any, Any], Any] | None = probe_agreement.compare, ab: bool = False,
+             require_baseline: bool = False, planned: Sequence[tuple[str, str]] = ()) -> Verdict:
+    """The verdict on `run` (its head cells).
+
+    ab: `baseline` is the base side of the same A/B run (same machine, same job): every head cell must have its
+    base counterpart, and a missing or failed one fails the comparison. require_baseline: with no baseline at
+    all the run fails (a change compared with nothing is not a pass); without it the run is neutral.
+    planned: (cell id, side) pairs the run was asked for (run.json, --expect-cells); an absent one fails.
+    """
+    checks: list[Check] = _planned_checks(run, baseline if ab else None, planned)
     pending: list[_Pending] = []
+    if baseline is None:
+        checks.append(_no_baseline_check(require_baseline))
     for cell in run.cells:
         checks.append(_kernels_check(cell, policy, require))
         checks.append(_accuracy_check(cell, require))
-        throughput_check, throughput_pending = _throughput_check(cell, baseline, policy, require)
+        throughput_check, throughput_pending = _throughput_check(cell, baseline, policy, require, ab=ab)
         if throughput_pending:
             pending.append(throughput_pending)
         else:
@@ -79,7 +91,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
             elif item is not None:
                 checks.append(item)
         if baseline is not None:
-            for item in _baseline_accuracy_checks(cell, baseline.find(cell.identity), policy):
+            for item in _baseline_accuracy_checks(cell, baseline.find(cell.identity), policy, ab=ab):
                 (pending.append(item) if isinstance(item, _Pending) else checks.append(item))
     if baseline is not None:
         for old in baseline.cells:
@@ -110,6 +122,31 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
                        "throughput": {"method": policy.throughput.multiplicity, "alpha": policy.throughput.alpha,
                                       "family_size": family_sizes["throughput"]}},
                    policy=policy_summary(policy), run_info=dict(run.run_info), required_stages=tuple(require))
+
+
+RUN = "(run)"  # the `cell` of checks about the run as a whole
+
+
+def _planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[tuple[str, str]]) -> list[Check]:
+    """A planned cell that left no folder (a run killed between cells, an artifact lost) fails, named."""
+    present = {(c.identity.id, HEAD) for c in run.cells}
+    if base is not None:
+        present |= {(c.identity.id, BASE) for c in base.cells}
+    missing = [(cell, side) for cell, side in dict.fromkeys(planned) if (cell, side) not in present]
+    return [Check(cell=cell, kind="cell", status="missing", reference=side if side != HEAD else None,
+                  detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
+                         f"it: the cell never started, or its results were lost on the way to the gate",
+                  headline="planned, but absent from the run") for cell, side in missing]
+
+
+def _no_baseline_check(required: bool) -> Check:
+    what = ("compared with nothing: the run has no base side (kvgate run --base-vllm) and no --baseline was "
+            "given, so no check could see a regression that the change itself caused")
+    if required:
+        return Check(cell=RUN, kind="baseline", status="missing", detail=f"{what}; --require-baseline makes it fail",
+                     headline="no baseline: the change was compared with nothing")
+    return Check(cell=RUN, kind="baseline", status="not_run",
+                 detail=f"{what}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)")
 
 
 def _name_models_where_ids_repeat(checks: list[Check]) -> list[Check]:
@@ -212,7 +249,7 @@ def _accuracy_check(cell: CellResults, require: Sequence[str]) -> Check:
 
 
 def _throughput_check(cell: CellResults, baseline: RunResults | None, policy: Policy,
-                      require: Sequence[str]) -> tuple[Check, _Pending | None]:
+                      require: Sequence[str], *, ab: bool = False) -> tuple[Check, _Pending | None]:
     unhealthy = _health_check(cell, "throughput", "throughput", require)
     if unhealthy:
         return unhealthy, None
@@ -229,9 +266,16 @@ def _throughput_check(cell: CellResults, baseline: RunResults | None, policy: Po
     if baseline is None:
         return Check(**base, status="pass", figures=figures, detail=f"{summary}; no baseline given"), None
     if old_cell is None:
+        if ab:
+            return Check(**base, status="missing", figures=figures, reference="base side",
+                         detail=f"{summary}; the base side of this A/B run has no such cell"), None
         return Check(**base, status="pass", figures=figures, detail=f"{summary}; new cell, not in the baseline"), None
     old_stage = old_cell.stage("throughput")
     if old_stage.health != "ok":
+        if ab and old_stage.health != "not_run":
+            return Check(**base, status="error" if old_stage.health in ("error", "timeout") else "missing",
+                         figures=figures, reference="base side",
+                         detail=f"{summary}; the base side's throughput stage is {old_stage.health}"), None
         return Check(**base, status="pass", figures=figures,
                      detail=f"{summary}; the baseline has no usable throughput for this cell ({old_stage.health})"), None
     old_values = old_stage.data.values(measure)
@@ -331,10 +375,12 @@ def _fp8_accuracy_checks(cell: CellResults, partner: CellResults | None, policy:
                                                                        "and task in this run", judged_if_absent=True)
 
 
-def _baseline_accuracy_checks(cell: CellResults, old: CellResults | None, policy: Policy) -> list[Any]:
-    return _accuracy_comparisons(cell, old, kind="baseline_accuracy", reference="baseline",
+def _baseline_accuracy_checks(cell: CellResults, old: CellResults | None, policy: Policy, *,
+                              ab: bool = False) -> list[Any]:
+    return _accuracy_comparisons(cell, old, kind="baseline_accuracy", reference="base side" if ab else "baseline",
                                  margin=policy.accuracy.baseline_margin_points, policy=policy,
-                                 partner_absent="new cell, not in the baseline", judged_if_absent=False)
+                                 partner_absent="the base side of this A/B run has no such cell" if ab else
+                                 "new cell, not in the baseline", judged_if_absent=ab)
 
 
 def _accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kind: str, reference: str, margin: float,
@@ -351,7 +397,7 @@ def _accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kin
     theirs = partner.stage("accuracy")
     if theirs.health != "ok":
         detail = f"cannot compare: the {reference}'s accuracy stage is {theirs.health.replace('_', ' ')}"
-        if reference == "baseline":
+        if reference == "baseline":  # a stored baseline without this stage; an A/B run's base side must have it
             return [Check(**base, status="not_run", detail=detail)]
         status = {"error": "error", "timeout": "error"}.get(theirs.health, "missing")
         return [Check(**base, status=status, detail=detail)]

@@ -15,7 +15,7 @@ from typing import Any
 
 from kvgate import InputError
 
-VERDICT_VERSION = "1.0"  # major.minor; readers refuse a newer major
+VERDICT_VERSION = "1.1"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
 FAILING = frozenset({"fail", "error", "missing"})
 JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})
@@ -36,6 +36,7 @@ class WaiverNote:
 class Check:
     cell: str  # the cell id (e.g. flashinfer_mla-fp8-sm100)
     kind: str  # kernels | accuracy | throughput | probe | fp8_accuracy | baseline_accuracy | fp8_throughput | cell
+    #            | baseline (the run had none to compare with)
     status: str
     detail: str = ""  # one line a reviewer reads
     headline: str = ""  # the few words the report's first line quotes when this check fails (default: detail)
@@ -85,6 +86,11 @@ class Verdict:
     def passed(self) -> bool:
         return not self.failed
 
+    @property
+    def neutral(self) -> bool:
+        """Nothing failed, but nothing was compared with the vLLM before the change either (no baseline)."""
+        return self.passed and any(c.kind == "baseline" and c.status == "not_run" for c in self.checks)
+
     def counts(self) -> dict[str, int]:
         counts = Counter(c.status for c in self.checks)
         return {status: counts.get(status, 0) for status in STATUSES}
@@ -129,6 +135,7 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         "verdict_version": VERDICT_VERSION,
         "kvgate_version": kvgate_version,
         "passed": verdict.passed,
+        "neutral": verdict.neutral,
         "exit_status": verdict.exit_status,
         "run": verdict.run,
         "baseline": verdict.baseline,

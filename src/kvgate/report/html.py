@@ -37,7 +37,7 @@ code{font-size:12px;background:#f6f8fa;padding:0 3px;border-radius:3px}
 def render_html(verdict: Verdict) -> str:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(headline(verdict))}</title>", f"<style>{CSS}</style></head><body>",
-             f"<h1>{_badge('pass' if verdict.passed else 'fail', 'PASSED' if verdict.passed else 'FAILED')} "
+             f"<h1>{_badge(*_verdict_badge(verdict))} "
              f"{_e(_plain(headline(verdict)))}</h1>", f'<div class="ctx">{_e(_context(verdict))}</div>',
              "<div>" + " ".join(_badge(s, f"{STATUS_LABEL[s]} {n}") for s, n in verdict.counts().items() if n)
              + "</div>"]
@@ -83,6 +83,12 @@ def _context(verdict: Verdict) -> str:
 def _plain(text: str) -> str:
     """The headline without its leading emoji (the page shows a coloured badge instead; no emoji font needed)."""
     return text.split(" ", 1)[1] if text[:1] in ("✅", "❌", "⚠") else text
+
+
+def _verdict_badge(verdict: Verdict) -> tuple[str, str]:
+    if not verdict.passed:
+        return "fail", "FAILED"
+    return ("not_run", "NEUTRAL") if verdict.neutral else ("pass", "PASSED")
 
 
 def _badge(status: str, text: str) -> str:

@@ -40,9 +40,12 @@ def headline(verdict: Verdict) -> str:
                 f"{what}{more}")
     tail = f" ({waived} waived)" if waived else ""
     if not judged:
-        not_run = sum(c.status == "not_run" for c in verdict.checks)
+        not_run = sum(c.status == "not_run" and c.kind != "baseline" for c in verdict.checks)
         return (f"⚠️ kvgate: nothing was checked ({not_run} stages not run); pass --require to make missing stages "
                 "fail")
+    if verdict.neutral:
+        return (f"⚪ kvgate: NEUTRAL — {len(judged)} check{'s' if len(judged) != 1 else ''} passed{tail}, but the change "
+                f"was compared with nothing (no base side, no --baseline)")
     if len(judged) == 1:
         return f"✅ kvgate: the 1 check passed{tail}"
     return f"✅ kvgate: all {len(judged)} checks passed{tail}"
@@ -122,7 +125,31 @@ def run_facts(info: Mapping[str, Any]) -> list[str]:
         facts.append(f"CPU {info['cpu']}")
     if isinstance(info.get("host"), str):
         facts.append(f"host {info['host']}")
+    under_test = info.get("vllm_under_test") if isinstance(info.get("vllm_under_test"), Mapping) else {}
+    for side in ("head", "base"):
+        described = vllm_text(under_test.get(side))
+        if described:
+            facts.append(f"{side}: {described}" if "base" in under_test else f"vLLM under test: {described}")
     return facts
+
+
+def vllm_text(record: Any) -> str:
+    """One side's vLLM in a few words: the spec, the source commit, how many files differ and their hash."""
+    if not isinstance(record, Mapping) or not isinstance(record.get("spec"), str):
+        return ""
+    spec = record["spec"]
+    if record.get("kind") == "release":
+        return f"{spec} (vllm {record.get('version', '?')})"
+    parts = [spec]
+    if isinstance(record.get("source_commit"), str):
+        parts.append(f"@ {record['source_commit'][:12]}")
+    changed = record.get("changed_files") if isinstance(record.get("changed_files"), list) else []
+    deleted = record.get("deleted_files") if isinstance(record.get("deleted_files"), list) else []
+    parts.append(f"({len(changed) + len(deleted)} files differ from vllm {record.get('release', '?')}")
+    if isinstance(record.get("changes_sha256"), str):
+        parts[-1] += f", sha256 {record['changes_sha256'][:12]}"
+    parts[-1] += ")"
+    return " ".join(parts)
 
 
 def _table(checks: list[Check]) -> list[str]:

@@ -12,8 +12,10 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.1"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.2"  # docs/results-folder.md; readers refuse a newer major, writers write this
 STAGES = ("kernels", "accuracy", "throughput", "probe")
+HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
+SIDES = (BASE, HEAD)
 STAGE_STATUSES = ("ok", "error", "timeout", "skipped")
 DEFAULT_TASK = "gsm8k"
 
@@ -164,6 +166,7 @@ class CellResults:
     folder: str  # as shown in messages
     stages: Mapping[str, StageResult]
     extra: Mapping[str, Any] = field(default_factory=dict)  # cell.json keys beyond the identity
+    side: str = HEAD  # the side of an A/B run (cell.json "side"); head when cell.json names none
 
     def stage(self, name: str) -> StageResult:
         return self.stages.get(name) or StageResult(stage=name, requested=False, status=None)
@@ -177,3 +180,13 @@ class RunResults:
 
     def find(self, identity: CellIdentity) -> CellResults | None:
         return next((c for c in self.cells if c.identity == identity), None)
+
+    @property
+    def has_base_side(self) -> bool:
+        """An A/B run: it holds base cells (the vLLM the change is compared with) beside the head cells."""
+        return any(c.side == BASE for c in self.cells)
+
+    def side(self, name: str) -> RunResults:
+        """The cells of one side, as a run of their own."""
+        return RunResults(folder=self.folder, cells=tuple(c for c in self.cells if c.side == name),
+                          run_info=self.run_info)

@@ -21,6 +21,7 @@ from kvgate.results import probe_file
 from kvgate.results.parsers import contract, junit, lm_eval, vllm_bench
 from kvgate.results.parsers.reading import read_bytes, read_text
 from kvgate.results.records import (
+    HEAD,
     STAGES,
     CellIdentity,
     CellResults,
@@ -67,7 +68,7 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         except InputError as error:
             problems.append(error)
     cells: list[CellResults] = []
-    seen: dict[CellIdentity, str] = {}
+    seen: dict[tuple[CellIdentity, str], str] = {}
     jobs = []
     for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         cell_shown = f"{shown}/{folder.name}"
@@ -82,12 +83,14 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
             problems.extend(InputError(*error) for error in errors)
             continue
         cell_shown = cell.folder
-        if cell.identity in seen:
+        key = (cell.identity, cell.side)
+        if key in seen:
+            side = f", {cell.side} side" if cell.side != HEAD else ""
             problems.append(InputError(f"{cell_shown}/cell.json", f"duplicate cell {cell.identity.id} "
-                                       f"(model {cell.identity.model}, task {cell.identity.task})", "the top level",
-                                       f"{seen[cell.identity]} is the same cell; keep one of them"))
+                                       f"(model {cell.identity.model}, task {cell.identity.task}{side})",
+                                       "the top level", f"{seen[key]} is the same cell; keep one of them"))
             continue
-        seen[cell.identity] = f"{cell_shown}/cell.json"
+        seen[key] = f"{cell_shown}/cell.json"
         cells.append(cell)
     if problems:
         raise InputErrors(problems)
@@ -150,7 +153,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing)
     if problems:
         raise InputErrors(problems)
-    return CellResults(identity=identity, folder=shown, stages=stages, extra=extra)
+    return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=extra.get("side", HEAD))
 
 
 def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:

@@ -8,8 +8,11 @@ from typing import Any
 from kvgate import InputError, unknown_name_hint
 from kvgate.results.parsers.reading import expect_object, expect_string, kind, loads, major_version
 from kvgate.results.records import (
+    BASE,
     CONTRACT_VERSION,
     DEFAULT_TASK,
+    HEAD,
+    SIDES,
     STAGE_STATUSES,
     STAGES,
     CellIdentity,
@@ -48,6 +51,10 @@ def parse_cell(text: str, source: str, *, backends: Collection[str], kv_cache_dt
                               ("arch", archs, "arch")):
         if values[key] not in known:
             raise InputError(source, f"unknown {label} {values[key]!r}", key, unknown_name_hint(values[key], known))
+    side = data.get("side", HEAD)
+    if side not in SIDES:
+        raise InputError(source, f"unknown side {side!r}", "side",
+                         f"An A/B run writes side \"{BASE}\" or \"{HEAD}\"; leave it out for a run of one side")
     identity = CellIdentity(task=task, **values)
     extra = {k: v for k, v in data.items() if k not in (*IDENTITY_KEYS, "task")}
     return identity, extra

@@ -1,0 +1,155 @@
+"""A/B runs (base and head of each cell in one folder), the required baseline, and planned-means-required.
+
+Folders are written in the contract's format by tests/synthetic_run.py, then judged through `kvgate gate`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_status
+
+BACKEND, ARCH = "FLASHMLA", "sm90"
+AUTO, FP8 = "flashmla-auto-sm90", "flashmla-fp8-sm90"
+FILTERS = ("strict-match", "flexible-extract")
+
+
+def write_side(run: Path, dtype: str, side: str | None, correct: list[bool]) -> Path:
+    cell_id = f"flashmla-{dtype}-sm90"
+    folder = cell_id if side in (None, "head") else f"{cell_id}--{side}"
+    cell = write_cell(run, backend=BACKEND, kv_cache_dtype=dtype, arch=ARCH, folder=folder,
+                      extra={"side": side} if side else None)
+    write_accuracy(cell, {name: correct for name in FILTERS})
+    write_status(cell, {"accuracy": {"status": "ok"}})
+    return cell
+
+
+def outcomes(drop: int = 0, n: int = 1319) -> list[bool]:
+    """0.65 accuracy with 10 % of questions flipping against the reference; `drop` more lost."""
+    return paired_outcomes(n, reference_correct=857, only_reference=66 + drop, only_candidate=66, seed=1)[1]
+
+
+def reference(n: int = 1319) -> list[bool]:
+    return paired_outcomes(n, reference_correct=857, only_reference=66, only_candidate=66, seed=1)[0]
+
+
+def ab_run(tmp_path: Path, *, head_fp8_drop: int = 0, base_cells=("auto", "fp8")) -> Path:
+    run = tmp_path / "run"
+    for dtype in base_cells:
+        write_side(run, dtype, "base", reference())
+    write_side(run, "auto", "head", reference())
+    write_side(run, "fp8", "head", outcomes(head_fp8_drop) if head_fp8_drop else reference())
+    return run
+
+
+def verdict(run: Path) -> dict:
+    return json.loads((run / "gate" / "verdict.json").read_text())
+
+
+def checks(run: Path, kind: str) -> dict[tuple[str, str | None], dict]:
+    return {(c["cell"], c["subject"]): c for c in verdict(run)["checks"] if c["kind"] == kind}
+
+
+def test_an_ab_run_judges_head_against_its_own_base_side(tmp_path, capsys):
+    run = ab_run(tmp_path)
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("✅ kvgate: all ")
+    compared = checks(run, "baseline_accuracy")
+    assert sorted(compared) == [(AUTO, "flexible-extract"), (AUTO, "strict-match"), (FP8, "flexible-extract"),
+                                (FP8, "strict-match")]
+    assert {c["reference"] for c in compared.values()} == {"base side"}
+    assert {c["status"] for c in compared.values()} == {"pass"}
+    assert not any(c["cell"].endswith("--base") for c in verdict(run)["checks"])  # the base side is the reference
+
+
+def test_a_head_that_regressed_against_its_base_fails(tmp_path):
+    run = ab_run(tmp_path, head_fp8_drop=80)
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    assert checks(run, "baseline_accuracy")[(FP8, "strict-match")]["status"] == "fail"
+    assert checks(run, "baseline_accuracy")[(AUTO, "strict-match")]["status"] == "pass"
+
+
+def test_in_an_ab_run_a_head_cell_without_its_base_fails_closed(tmp_path):
+    run = ab_run(tmp_path, base_cells=("auto",))
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    missing = checks(run, "baseline_accuracy")[(FP8, None)]
+    assert (missing["status"], missing["detail"]) == ("missing", "the base side of this A/B run has no such cell")
+
+
+def test_in_an_ab_run_a_failed_base_stage_fails_the_comparison(tmp_path):
+    run = ab_run(tmp_path)
+    write_status(run / f"{FP8}--base", {"accuracy": {"status": "error", "reason": "engine crashed"}})
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    failed = checks(run, "baseline_accuracy")[(FP8, None)]
+    assert (failed["status"], failed["detail"]) == ("error", "cannot compare: the base side's accuracy stage is error")
+
+
+def test_an_ab_run_cannot_take_a_second_baseline(tmp_path, capsys):
+    run = ab_run(tmp_path)
+    assert main(["gate", str(run), "--baseline", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (f"ERROR --baseline: {run} is an A/B run: it holds its own base side. "
+                                               "Judge it alone, or judge a run of one side against --baseline")
+
+
+def test_an_unknown_side_is_bad_input(tmp_path, capsys):
+    run = ab_run(tmp_path)
+    record = json.loads((run / AUTO / "cell.json").read_text())
+    (run / AUTO / "cell.json").write_text(json.dumps({**record, "side": "left"}))
+    assert main(["gate", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ERROR {run}/{AUTO}/cell.json: unknown side 'left' in side. An A/B run writes side \"base\" or "
+        f"\"head\"; leave it out for a run of one side")
+
+
+def test_the_same_cell_twice_on_one_side_is_a_duplicate(tmp_path, capsys):
+    run = ab_run(tmp_path)
+    write_side(run, "fp8", "base", reference()).rename(run / "copy-of-fp8-base")
+    write_side(run, "fp8", "base", reference())
+    assert main(["gate", str(run)]) == 2
+    assert "duplicate cell flashmla-fp8-sm90 (model deepseek-ai/DeepSeek-V2-Lite-Chat, task gsm8k, base side)" in \
+        capsys.readouterr().err
+
+
+def one_sided_run(tmp_path: Path, planned: list[str]) -> Path:
+    run = tmp_path / "run"
+    write_side(run, "auto", None, reference())
+    (run / "run.json").write_text(json.dumps({"contract_version": "1.1", "cells": planned, "sides": ["head"],
+                                              "invocations": [{"cells": planned, "sides": ["head"]}]}))
+    return run
+
+
+def test_a_planned_cell_that_left_no_folder_fails_by_name(tmp_path, capsys):
+    run = one_sided_run(tmp_path, [AUTO, FP8])
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    missing = checks(run, "cell")[(FP8, None)]
+    assert missing["status"] == "missing"
+    assert missing["detail"] == ("planned but no folder of this run holds it: the cell never started, or its results "
+                                 "were lost on the way to the gate")
+    assert capsys.readouterr().out.splitlines()[0].startswith("❌ kvgate: 1 of ")
+
+
+@pytest.mark.parametrize("form", ["json", "lines"])
+def test_expected_cells_from_the_plan_must_all_be_there(tmp_path, form):
+    run = one_sided_run(tmp_path, [AUTO])
+    plan = tmp_path / "plan"
+    plan.write_text(json.dumps({"include": [{"cell": AUTO}, {"cell": FP8}]}) if form == "json" else f"{AUTO}\n{FP8}\n")
+    assert main(["gate", str(run), "--expect-cells", str(plan), "--today", "2026-11-30"]) == 1
+    assert checks(run, "cell")[(FP8, None)]["status"] == "missing"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"include": [{"runner": "x"}]}', 'expected {"include": [{"cell": "<id>", ...}, ...]} in include. Pass the plan '
+                                       "job's matrix output as it is"),
+    ('{"include": [', "not valid JSON (Expecting value) in line 1 column 14"),
+    ("flashmla-fp8-sm90\nrm -rf /\n", "'rm -rf /' is not a cell id. Write one id per line, e.g. flashmla-fp8-sm90"),
+])
+def test_a_bad_expected_cells_file_is_one_error(tmp_path, capsys, text, message):
+    run = one_sided_run(tmp_path, [AUTO])
+    plan = tmp_path / "plan"
+    plan.write_text(text)
+    assert main(["gate", str(run), "--expect-cells", str(plan)]) == 2
+    assert capsys.readouterr().err.strip() == f"ERROR {plan}: {message}"
