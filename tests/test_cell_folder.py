@@ -8,6 +8,7 @@ import stat
 import pytest
 
 from kvgate.results import cell_folder
+from kvgate.results.records import CONTRACT_VERSION
 
 RECORD = {"cell_id": "cpu_attn-fp8-cpu", "backend": "CPU_ATTN", "kv_cache_dtype": "fp8", "arch": "cpu", "model": "m"}
 
@@ -15,7 +16,7 @@ RECORD = {"cell_id": "cpu_attn-fp8-cpu", "backend": "CPU_ATTN", "kv_cache_dtype"
 def test_prepare_cell_writes_versioned_identity(tmp_path):
     cell_dir = cell_folder.prepare_cell(tmp_path, RECORD)
     assert cell_dir == tmp_path / "cpu_attn-fp8-cpu"
-    assert json.loads((cell_dir / "cell.json").read_text()) == {"contract_version": "1.1", **RECORD}
+    assert json.loads((cell_dir / "cell.json").read_text()) == {"contract_version": CONTRACT_VERSION, **RECORD}
     assert stat.S_IMODE((cell_dir / "cell.json").stat().st_mode) == 0o644
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
+from kvgate.results.records import CONTRACT_VERSION
 from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput
 
 FP8 = "flashinfer_mla-fp8-sm100"
@@ -130,7 +131,7 @@ CASES = {
                      [f"ERROR {R}/{FP8}/cell.json: unknown arch 'h100' in arch. Did you mean sm100?"]),
     "newer contract major version": (_set_cell("contract_version", "2.0"),
                                      [f"ERROR {R}/{FP8}/cell.json: written for results contract version 2.0, but "
-                                      "this kvgate reads version 1.1 in contract_version. Upgrade kvgate to a release "
+                                      f"this kvgate reads version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release "
                                       "that reads it"]),
     "duplicate cells": (_duplicate,
                         [f"ERROR {R}/fp8-again/cell.json: duplicate cell {FP8} (model deepseek-ai/DeepSeek-V2-Lite-Chat, "
@@ -184,7 +185,7 @@ CASES = {
                            "--junitxml output"]),
     "newer run.json": (_text("run.json", '{"contract_version": 3}'),
                        [f"ERROR {R}/run.json: written for results contract version 3, but this kvgate reads "
-                        "version 1.1 in contract_version. Upgrade kvgate to a release that reads it"]),
+                        f"version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release that reads it"]),
     "probe file of another tool": (_text(f"{FP8}/probe/probe.json", '{"format": "other"}'),
                                    [f"ERROR {R}/{FP8}/probe/probe.json: not a kvgate probe file (format 'other') in "
                                     "'format'. Expected format 'kvgate-probe'"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from kvgate.results.parsers.contract import parse_run
+from kvgate.results.records import CONTRACT_VERSION
 from kvgate.runners.run_record import run_record, tool_versions, write_run_record
 
 
@@ -21,7 +22,7 @@ def test_each_invocation_is_kept_and_the_top_level_is_the_latest(tmp_path, repo_
     assert data["command"] == ["kvgate", "run", "throughput"]
     assert [(i["stages"], i["finished_at"]) for i in data["invocations"]] == [
         (["accuracy"], "2026-11-30T04:05:00Z"), (["throughput"], "2026-11-30T04:16:00Z")]
-    assert parse_run((tmp_path / "run.json").read_text(), "run.json")["contract_version"] == "1.1"
+    assert parse_run((tmp_path / "run.json").read_text(), "run.json")["contract_version"] == CONTRACT_VERSION
 
 
 def test_versions_of_the_engine_environment():
