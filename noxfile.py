@@ -138,6 +138,12 @@ def cell(session: nox.Session, cell_id: str) -> None:
     _kvgate(session, _engine(session, arch), "run", "cell", "--cell", cell_id, "--run-dir", str(RUN_DIR))
 
 
+@nox.session(venv_backend="none")
+def canaries(session: nox.Session) -> None:
+    """Small vLLM patches with known verdicts (canaries/), run A/B on the CPU default: a detection table."""
+    _kvgate(session, _engine(session, "cpu"), "canaries")
+
+
 @nox.session
 def gate(session: nox.Session) -> None:
     """Judge a results folder: `nox -s gate -- [<run dir>] [--baseline <run dir>]` (default: this run, else latest)."""

@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "kernels": "kvgate.cli.kernels_command",
     "gate": "kvgate.cli.gate_command",
     "power": "kvgate.cli.power_command",
+    "canaries": "kvgate.cli.canaries_command",
 }
 
 

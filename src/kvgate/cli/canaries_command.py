@@ -1,0 +1,159 @@
+"""`kvgate canaries`: run the shipped canaries A/B on this machine and check that the gate catches each one.
+
+    kvgate canaries [--only NAME ...] [--ci] [--run-root DIR]
+
+A canary (canaries/canaries.toml) is a small patch to the release's Python sources with the verdict kvgate must
+give it. Each runs through the real flow, `kvgate run cell ... --vllm patch:<it> --base-vllm release` then
+`kvgate gate --require-baseline`, and the table says whether the expected checks failed (or passed).
+Exit status 0 when every canary got its verdict, 1 otherwise, 2 for a malformed canaries file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgate import EXIT_FAILED, EXIT_OK, InputError, InputErrors
+from kvgate.matrix.toml_reading import TomlReader, read_toml
+
+HELP = "run the canaries (small vLLM patches with known verdicts) A/B and print a detection table"
+CANARIES_FILE = "canaries.toml"
+KEYS = ("what", "patch", "cells", "stages", "expect", "fails", "passes", "ci")
+FAILING = ("fail", "error", "missing")
+STAGE_NAMES = ("kernels", "accuracy", "throughput")
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Canary:
+    name: str
+    what: str
+    patch: Path
+    cells: tuple[str, ...]
+    stages: tuple[str, ...]
+    expect: str  # fail | pass
+    fails: tuple[tuple[str, str], ...]  # (cell, kind)
+    passes: tuple[tuple[str, str], ...]
+    ci: bool
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run this canary (repeatable)")
+    parser.add_argument("--ci", action="store_true", help="only the canaries marked ci = true")
+    parser.add_argument("--run-root", type=Path, default=None, metavar="DIR",
+                        help="one results folder per canary under it (default reports/canaries/<UTC time>)")
+    parser.add_argument("--canaries-dir", type=Path, default=REPO_ROOT / "canaries", metavar="DIR")
+    parser.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS", help="per stage of a cell")
+
+
+def load_canaries(folder: Path) -> list[Canary]:
+    path = folder / CANARIES_FILE
+    document = read_toml(path, missing_hint="Pass --canaries-dir, the folder of canaries.toml and its patches")
+    reader = TomlReader(str(path))
+    canaries = []
+    for name, table in document.items():
+        if not reader.keys(table, name, ["what", "patch", "cells", "stages", "expect"], ["fails", "passes", "ci"]):
+            continue
+        expect = reader.string(table, "expect", name)
+        if expect and expect not in ("fail", "pass"):
+            reader.error(f"expect must be \"fail\" or \"pass\", got '{expect}'", f"{name}.expect")
+        stages = reader.names(table["stages"], f"{name}.stages", STAGE_NAMES, "stage")
+        cells = tuple(c for c in table["cells"] if isinstance(c, str)) if isinstance(table["cells"], list) else ()
+        if not cells:
+            reader.error("expected a list of cell ids", f"{name}.cells")
+        checks = {}
+        for key in ("fails", "passes"):
+            items = table.get(key, [])
+            parsed = []
+            for i, item in enumerate(items if isinstance(items, list) else [None]):
+                parts = item.split() if isinstance(item, str) else []
+                if len(parts) != 2:
+                    reader.error("expected \"<cell id> <check kind>\"", f"{name}.{key}[{i}]")
+                else:
+                    parsed.append((parts[0], parts[1]))
+            checks[key] = tuple(parsed)
+        patch = folder / reader.string(table, "patch", name)
+        if not patch.is_file():
+            reader.error(f"no such patch file {patch.name}", f"{name}.patch")
+        canaries.append(Canary(name=name, what=reader.string(table, "what", name), patch=patch, cells=cells,
+                               stages=stages, expect=expect, fails=checks["fails"], passes=checks["passes"],
+                               ci=bool(table.get("ci", False))))
+    if reader.problems:
+        raise InputErrors(reader.problems)
+    return canaries
+
+
+def judge(canary: Canary, verdict: Mapping[str, Any] | None, gate_exit: int) -> tuple[bool, str]:
+    """Whether the gate gave the canary its verdict, and what it said (pure)."""
+    if verdict is None:
+        return False, f"no verdict (kvgate gate exited {gate_exit})"
+    checks = [c for c in verdict.get("checks", []) if isinstance(c, Mapping)]
+    failing = [c for c in checks if c.get("status") in FAILING]
+    shown = ", ".join(sorted({f"{c.get('cell')} {c.get('kind')}" for c in failing})) or "none"
+    problems = []
+    wanted_exit = 1 if canary.expect == "fail" else 0
+    if gate_exit != wanted_exit:
+        problems.append(f"gate exit {gate_exit}, expected {wanted_exit}")
+    for cell, kind in canary.fails:
+        if not any(c.get("cell") == cell and c.get("kind") == kind and c.get("status") in FAILING for c in checks):
+            problems.append(f"{cell} {kind} did not fail")
+    for cell, kind in canary.passes:
+        found = [c for c in checks if c.get("cell") == cell and c.get("kind") == kind]
+        if not found or any(c.get("status") != "pass" for c in found):
+            problems.append(f"{cell} {kind} did not pass")
+    return not problems, "; ".join(problems) if problems else f"failing: {shown}"
+
+
+def run(args: argparse.Namespace) -> int:
+    canaries = load_canaries(args.canaries_dir)
+    known = {c.name for c in canaries}
+    for name in args.only:
+        if name not in known:
+            from kvgate import unknown_name_hint
+
+            raise InputError("--only", f"unknown canary '{name}'", hint=unknown_name_hint(name, known))
+    selected = [c for c in canaries if (not args.only or c.name in args.only) and (c.ci or not args.ci)]
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    root = (args.run_root or REPO_ROOT / "reports" / "canaries" / stamp).resolve()
+    rows = []
+    for canary in selected:
+        run_dir = root / canary.name
+        argv = [sys.executable, "-m", "kvgate", "run", "cell", "--run-dir", str(run_dir), "--stages",
+                ",".join(canary.stages), "--vllm", f"patch:{canary.patch}", "--base-vllm", "release",
+                "--timeout", f"{args.timeout:g}"]
+        for cell in canary.cells:
+            argv += ["--cell", cell]
+        print(f"kvgate canaries: {canary.name}: {canary.what}", flush=True)
+        subprocess.run(argv, check=False)
+        gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run_dir), "--require-baseline"],
+                              capture_output=True, text=True, check=False)
+        print(gate.stdout + gate.stderr, end="", flush=True)
+        verdict = _read_verdict(run_dir / "gate" / "verdict.json")
+        ok, detail = judge(canary, verdict, gate.returncode)
+        rows.append((canary.name, canary.expect, str(gate.returncode), "yes" if ok else "NO", detail))
+    print()
+    print(table(rows))
+    print(f"kvgate canaries: results under {root}")
+    return EXIT_OK if rows and all(r[3] == "yes" for r in rows) else EXIT_FAILED
+
+
+def _read_verdict(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> str:
+    """The detection table, Markdown."""
+    lines = ["| canary | expected | gate exit | as expected | what the gate said |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""The canaries: small vLLM patches with the verdict kvgate must give them (canaries/canaries.toml).
+
+The shipped declarations are read and checked here; `judge` is tested on verdicts; the CI canaries run end to
+end on the real engine (A/B: base the release, head the patch) in the engine-marked test at the bottom.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvgate import InputErrors
+from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries
+from kvgate.runners.vllm_patch import classify, parse_patch
+
+CANARIES = REPO_ROOT / "canaries"
+
+
+def test_the_shipped_canaries_are_well_formed_patches_of_the_package():
+    canaries = {c.name: c for c in load_canaries(CANARIES)}
+    assert set(canaries) == {"fp8-scale-mismatch", "silent-backend-handover", "fp8-decode-extra-work",
+                             "harmless-refactor"}
+    assert {name for name, c in canaries.items() if c.ci} >= {"fp8-scale-mismatch", "harmless-refactor"}
+    for canary in canaries.values():
+        patches = parse_patch(canary.patch.read_text(), str(canary.patch))
+        assert patches and all(classify(p) == "package" for patch in patches for p in patch.paths), canary.name
+
+
+def verdict(*checks: tuple[str, str, str]) -> dict:
+    return {"checks": [{"cell": cell, "kind": kind, "status": status} for cell, kind, status in checks]}
+
+
+def test_judge_wants_every_expected_failure_and_pass():
+    canary = next(c for c in load_canaries(CANARIES) if c.name == "fp8-scale-mismatch")
+    caught = verdict(("cpu_attn-fp8-cpu", "probe", "fail"), ("cpu_attn-fp8-cpu", "fp8_accuracy", "fail"),
+                     ("cpu_attn-fp8-cpu", "baseline_accuracy", "fail"), ("cpu_attn-auto-cpu", "baseline_accuracy",
+                                                                          "pass"),
+                     ("cpu_attn-auto-cpu", "accuracy", "pass"))
+    assert judge(canary, caught, 1) == (True, "failing: cpu_attn-fp8-cpu baseline_accuracy, cpu_attn-fp8-cpu "
+                                              "fp8_accuracy, cpu_attn-fp8-cpu probe")
+    missed = verdict(("cpu_attn-fp8-cpu", "probe", "pass"), ("cpu_attn-fp8-cpu", "fp8_accuracy", "fail"),
+                     ("cpu_attn-fp8-cpu", "baseline_accuracy", "fail"), ("cpu_attn-auto-cpu", "baseline_accuracy",
+                                                                          "pass"),
+                     ("cpu_attn-auto-cpu", "accuracy", "pass"))
+    assert judge(canary, missed, 1) == (False, "cpu_attn-fp8-cpu probe did not fail")
+    assert judge(canary, None, 2) == (False, "no verdict (kvgate gate exited 2)")
+
+
+def test_a_harmless_change_must_pass_everything():
+    canary = next(c for c in load_canaries(CANARIES) if c.name == "harmless-refactor")
+    assert judge(canary, verdict(("cpu_attn-fp8-cpu", "probe", "fail")), 1)[0] is False
+
+
+def test_a_malformed_canaries_file_names_each_problem(tmp_path):
+    (tmp_path / CANARIES_FILE).write_text('[x]\nwhat = "w"\npatch = "none.patch"\ncells = []\nstages = ["acc"]\n'
+                                          'expect = "maybe"\n')
+    with pytest.raises(InputErrors) as caught:
+        load_canaries(tmp_path)
+    shown = f"{tmp_path / CANARIES_FILE}"
+    assert [str(e) for e in caught.value.errors] == [
+        f"{shown}: expect must be \"fail\" or \"pass\", got 'maybe' in x.expect",
+        f"{shown}: unknown stage 'acc' in x.stages[0]. Known: accuracy, kernels, throughput",
+        f"{shown}: expected a list of cell ids in x.cells",
+        f"{shown}: no such patch file none.patch in x.patch"]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_ci_canaries_get_their_verdicts_on_the_real_engine(tmp_path):
+    """(a) the FP8 scale mismatch fails the FP8 cell; (d) the harmless refactor passes everything, A/B."""
+    done = subprocess.run([sys.executable, "-m", "kvgate", "canaries", "--ci", "--run-root", str(tmp_path)],
+                          capture_output=True, text=True, check=False)
+    print(done.stdout[-6000:], done.stderr[-3000:])
+    assert done.returncode == 0
+    table = done.stdout.split("| canary |", 1)[1]
+    assert "| fp8-scale-mismatch | fail | 1 | yes |" in table and "| harmless-refactor | pass | 0 | yes |" in table
+    scale = json.loads((tmp_path / "fp8-scale-mismatch" / "run.json").read_text())
+    assert scale["vllm_under_test"]["head"]["changed_files"] == ["vllm/v1/attention/backends/cpu_attn.py"]
+    assert scale["vllm_under_test"]["base"]["kind"] == "release"
+    status = json.loads((tmp_path / "fp8-scale-mismatch" / "cpu_attn-fp8-cpu" / "status.json").read_text())
+    assert Path(status["accuracy"]["vllm_file"]).is_relative_to(Path(scale["vllm_under_test"]["head"]["overlay"]))
