@@ -40,7 +40,24 @@ def test_identical_records_agree_exactly() -> None:
     assert agreement.as_record() == {
         "prompts": 2, "prompt_positions": 8, "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0,
         "top1_agreement": 1.0, "generated_positions": 8, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
+        "decode_positions": 8, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
+        "identical": True,
     }
+
+
+def test_decode_positions_are_judged_over_the_common_greedy_prefix_only() -> None:
+    """Generated tokens before the first divergence saw the same context: their logprob difference is the
+    cache's doing. After it the contexts differ, so the positions are not compared."""
+    reference, candidate = make_record(), make_record()
+    first = candidate["prompts"][0]
+    first["generated_logprobs"] = [-0.30, -0.25, -0.90, -0.10]  # reference: -0.3 everywhere
+    first["generated_token_ids"] = [300, 301, 999, 303]  # diverges at index 2
+    agreement = probe_agreement.compare(reference, candidate)
+    assert agreement.decode_positions == 2 + 4  # prompt 0: indices 0-1; prompt 1: all 4
+    assert agreement.decode_max_abs_logprob_diff == pytest.approx(0.05)
+    assert agreement.decode_mean_abs_logprob_diff == pytest.approx(0.05 / 6)
+    assert agreement.greedy_prefix_match == 6 / 8
+    assert agreement.identical is False
 
 
 def test_logprob_differences_top1_and_greedy_match() -> None:

@@ -333,16 +333,20 @@ def _probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Se
     limits = _probe_limits(policy, cell.identity)
     figures = {k: v for k, v in _as_mapping(agreement).items() if isinstance(v, (int, float, str))}
     broken = []
+    thresholds = policy.probe.thresholds(cell.identity.kv_cache_dtype, cell.identity.arch)
+    if thresholds.require_effect and figures.get("identical") is True:
+        broken.append(f"no measurable {cell.identity.kv_cache_dtype} effect: every logprob and token equals the auto "
+                      "cell's, so the FP8 cache was most likely never used")
     for name, limit in limits.items():
         if name.startswith("max_"):
             key = name[4:]
             value = figures.get(key)
-            if value is None or value > limit:
+            if value is None or value != value or value > limit:  # NaN: nothing to measure: fails
                 broken.append(f"{key} {_fmt(value)} > {limit:g}")
         elif name.startswith("min_"):
             key = name[4:]
             value = figures.get(key)
-            if value is None or value < limit:
+            if value is None or value != value or value < limit:
                 broken.append(f"{key} {_fmt(value)} < {limit:g}")
     shown = ", ".join(f"{k[4:]} {_fmt(figures.get(k[4:]))}" for k in limits) or "no thresholds for this dtype"
     threshold_text = ", ".join(f"{k[4:]} {'≤' if k.startswith('max_') else '≥'} {v:g}" for k, v in limits.items())
@@ -353,9 +357,12 @@ def _probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Se
 
 def _probe_limits(policy: Policy, identity: CellIdentity) -> dict[str, float]:
     limits = policy.probe.thresholds(identity.kv_cache_dtype, identity.arch)
-    return {"max_mean_abs_logprob_diff": limits.mean_abs_logprob_diff_max,
-            "max_max_abs_logprob_diff": limits.max_abs_logprob_diff_max,
-            "min_top1_agreement": limits.top1_agreement_min}
+    found = {"max_mean_abs_logprob_diff": limits.mean_abs_logprob_diff_max,
+             "max_max_abs_logprob_diff": limits.max_abs_logprob_diff_max,
+             "min_top1_agreement": limits.top1_agreement_min,
+             "max_decode_mean_abs_logprob_diff": limits.decode_mean_abs_logprob_diff_max,
+             "min_greedy_prefix_match": limits.greedy_prefix_match_min}
+    return {name: value for name, value in found.items() if value == value}  # NaN: not judged
 
 
 def _as_mapping(value: Any) -> Mapping[str, Any]:

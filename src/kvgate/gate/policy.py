@@ -96,6 +96,10 @@ class ProbeThresholds:
     mean_abs_logprob_diff_max: float
     max_abs_logprob_diff_max: float
     top1_agreement_min: float  # a fraction, 0..1
+    decode_mean_abs_logprob_diff_max: float = math.nan  # NaN: not judged
+    greedy_prefix_match_min: float = math.nan
+    require_effect: bool = False  # the cell must differ measurably from auto (an FP8 cache that changes nothing
+    #                               was most likely never used)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,6 +154,7 @@ ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplic
 ACCURACY_OPTIONAL = ("fp8_tax_points_by_model",)
 THROUGHPUT_KEYS = ("tolerance", "alpha", "multiplicity", "metric")
 PROBE_KEYS = ("mean_abs_logprob_diff_max", "max_abs_logprob_diff_max", "top1_agreement_min")
+PROBE_OPTIONAL_KEYS = ("decode_mean_abs_logprob_diff_max", "greedy_prefix_match_min", "require_effect")
 
 
 def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix: Matrix | None = None) -> Policy:
@@ -294,7 +299,7 @@ def _parse_probe(reader: TomlReader, table: Any, matrix: Matrix | None, source: 
         if dtype not in dtypes:
             reader.error(f"unknown kv_cache_dtype '{dtype}'", sub, unknown_name_hint(dtype, dtypes))
             continue
-        if not reader.keys(spec, sub, PROBE_KEYS, ["by_arch"]):
+        if not reader.keys(spec, sub, PROBE_KEYS, [*PROBE_OPTIONAL_KEYS, "by_arch"]):
             continue
         base = _probe_thresholds(reader, spec, sub, required=True)
         by_dtype[dtype] = base
@@ -307,9 +312,9 @@ def _parse_probe(reader: TomlReader, table: Any, matrix: Matrix | None, source: 
             if archs is not None and arch not in archs:
                 reader.error(f"unknown arch '{arch}'", arch_where, unknown_name_hint(arch, archs))
                 continue
-            if not reader.keys(override, arch_where, [], PROBE_KEYS):
+            if not reader.keys(override, arch_where, [], [*PROBE_KEYS, *PROBE_OPTIONAL_KEYS]):
                 continue
-            values = {k: getattr(base, k) for k in PROBE_KEYS}
+            values = {k: getattr(base, k) for k in (*PROBE_KEYS, *PROBE_OPTIONAL_KEYS)}
             values.update({k: getattr(_probe_thresholds(reader, override, arch_where, required=False), k)
                            for k in override})
             by_arch[(dtype, arch)] = ProbeThresholds(**values)
@@ -327,10 +332,20 @@ def _probe_thresholds(reader: TomlReader, spec: Mapping[str, Any], where: str, *
             return math.nan
         return _number(reader, spec, key, where, **bounds)
 
+    def optional(key: str, **bounds: Any) -> float:
+        return _number(reader, spec, key, where, **bounds) if key in spec else math.nan
+
+    require_effect = spec.get("require_effect", False)
+    if not isinstance(require_effect, bool):
+        reader.error(f"expected true or false, got {describe_value(require_effect)}", f"{where}.require_effect")
+        require_effect = False
     return ProbeThresholds(
         mean_abs_logprob_diff_max=get("mean_abs_logprob_diff_max", low=0, high=math.inf),
         max_abs_logprob_diff_max=get("max_abs_logprob_diff_max", low=0, high=math.inf),
         top1_agreement_min=get("top1_agreement_min", low=0, high=1),
+        decode_mean_abs_logprob_diff_max=optional("decode_mean_abs_logprob_diff_max", low=0, high=math.inf),
+        greedy_prefix_match_min=optional("greedy_prefix_match_min", low=0, high=1),
+        require_effect=require_effect,
     )
 
 

@@ -1,7 +1,16 @@
 """How closely an FP8 cell's probe follows the auto cell's on the same prompts (pure).
 
 Reads records of kvgate.results.probe_file; the gate's probe check holds the figures against the policy's
-limits.
+limits. Two families of figures:
+
+- prompt positions: the logprob of each prompt token given the ones before it. On MLA backends these go
+  through the prefill path, which computes attention from fresh latents, not from the KV cache, so a decode
+  kernel that FP8 breaks cannot move them (seen on the H200: TRITON_MLA fp8 matched auto exactly there);
+- decode positions: the generated tokens over the common greedy prefix, where both sides had the same context
+  and the same chosen token, so the logprob difference is the cache's doing. These judge the decode path.
+
+`identical` is true when nothing differs at all (every logprob and token equal): for an FP8 cell that means
+the FP8 cache had no measurable effect, i.e. it was probably never used.
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ class ProbeAgreement:
     generated_positions: int
     greedy_token_match: float  # share of generated positions with the same token at the same index
     greedy_prefix_match: float  # share of generated tokens before the first divergence
+    decode_positions: int = 0  # generated positions before the first divergence (same context, same token)
+    decode_mean_abs_logprob_diff: float = 0.0
+    decode_max_abs_logprob_diff: float = 0.0
+    identical: bool = False  # every logprob and every token the same as the reference
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -35,6 +48,10 @@ class ProbeAgreement:
             "generated_positions": self.generated_positions,
             "greedy_token_match": self.greedy_token_match,
             "greedy_prefix_match": self.greedy_prefix_match,
+            "decode_positions": self.decode_positions,
+            "decode_mean_abs_logprob_diff": encode_float(self.decode_mean_abs_logprob_diff),
+            "decode_max_abs_logprob_diff": encode_float(self.decode_max_abs_logprob_diff),
+            "identical": self.identical,
         }
 
 
@@ -51,17 +68,24 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
         candidate = from_dict(candidate, "<candidate>")
     _check_comparable(reference, candidate)
     diffs: list[float] = []
+    decode: list[float] = []
     top1_same = 0
     generated = matched = prefix = 0
+    identical = True
     for ref, cand in zip(reference.prompts, candidate.prompts, strict=True):
         for i in range(1, len(ref.prompt_token_ids)):
             diffs.append(_abs_diff(ref.prompt_logprobs[i], cand.prompt_logprobs[i]))
             top1_same += ref.prompt_top[i][0][0] == cand.prompt_top[i][0][0]
+            identical = identical and ref.prompt_top[i] == cand.prompt_top[i]
         length = max(len(ref.generated_token_ids), len(cand.generated_token_ids))
         same = [a == b for a, b in zip(ref.generated_token_ids, cand.generated_token_ids, strict=False)]
+        common = same.index(False) if False in same else len(same)
         generated += length
         matched += sum(same)
-        prefix += same.index(False) if False in same else len(same)
+        prefix += common
+        decode += [_abs_diff(ref.generated_logprobs[j], cand.generated_logprobs[j]) for j in range(common)]
+        identical = (identical and common == length and ref.generated_top == cand.generated_top)
+    identical = identical and all(d == 0.0 for d in diffs) and all(d == 0.0 for d in decode)
     return ProbeAgreement(
         prompts=len(reference.prompts),
         prompt_positions=len(diffs),
@@ -71,6 +95,10 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
         generated_positions=generated,
         greedy_token_match=matched / generated if generated else 1.0,
         greedy_prefix_match=prefix / generated if generated else 1.0,
+        decode_positions=len(decode),
+        decode_mean_abs_logprob_diff=math.fsum(decode) / len(decode) if decode else math.nan,
+        decode_max_abs_logprob_diff=max(decode, default=math.nan),
+        identical=identical,
     )
 
 
