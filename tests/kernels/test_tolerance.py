@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvgate.kernels import tolerance
+from kvgate.kernels import fp8, reference, tolerance
+from kvgate.kernels.cases import BATCH_SPECS, GQA_HEAD_DIM, GQA_HEADS, AttentionCase, make_attention_inputs
 
 
 def test_figures_of_identical_tensors() -> None:
@@ -40,3 +41,47 @@ def test_nonfinite_and_shape_mismatch() -> None:
 def test_fp8_dtypes_get_the_fp8_bound() -> None:
     assert tolerance.for_kv_dtype(torch.float8_e4m3fn) is tolerance.FP8
     assert tolerance.for_kv_dtype(torch.bfloat16) is tolerance.BF16
+
+
+def _fp8_case(spec: str, heads: tuple[int, int] = GQA_HEADS):
+    """The FP8 decode of a GPU attention test case, on the CPU: dequantised FP8 query, keys and values."""
+    case = AttentionCase(spec=BATCH_SPECS[spec], num_heads=heads[0], num_kv_heads=heads[1], head_dim=GQA_HEAD_DIM,
+                         page_size=16, kv_cache_dtype="fp8_e4m3")
+    inputs = make_attention_inputs(case)
+    query = fp8.dequantize(fp8.quantize(inputs.query, inputs.q_scale), inputs.q_scale)
+    keys = [fp8.dequantize(fp8.quantize(k, inputs.k_scale), inputs.k_scale) for k in inputs.keys]
+    values = [fp8.dequantize(fp8.quantize(v, inputs.v_scale), inputs.v_scale) for v in inputs.values]
+    return inputs, query, keys, values
+
+
+def test_fp8_pv_bound_covers_the_rounding_model_and_catches_the_negative_control() -> None:
+    """FP8_PV's reason, recomputed: P rounded to e4m3 stays well inside it; a k_scale 10 % off does not."""
+    inputs, query, keys, values = _fp8_case("ragged_short")
+    plain = reference.gqa_decode(query, keys, values, inputs.scale)
+    model = reference.gqa_decode(query, keys, values, inputs.scale, round_p_to=torch.float8_e4m3fn)
+    modelled = tolerance.error_figures(model.to(torch.bfloat16), plain, tolerance.FP8_PV)
+    assert modelled.rel_l2 <= tolerance.FP8_PV.max_rel_l2 / 2 and modelled.cos_diff <= tolerance.FP8_PV.max_cos_diff / 3
+    assert tolerance.problems(modelled, tolerance.FP8_PV) == []
+    wrong = reference.gqa_decode(query, [k * 1.1 for k in keys], values, inputs.scale)
+    control = tolerance.error_figures(wrong, plain, tolerance.FP8_PV)
+    assert control.rel_l2 >= 1.5 * tolerance.FP8_PV.max_rel_l2 and control.cos_diff >= 2 * tolerance.FP8_PV.max_cos_diff
+    assert control.outside_tolerance > 0
+    assert len(tolerance.problems(control, tolerance.FP8_PV)) == 3
+    assert len(tolerance.problems(tolerance.error_figures(wrong, plain, tolerance.FP8), tolerance.FP8)) == 3
+
+
+def test_fp8_pv_on_long_sequences_breaks_the_plain_fp8_bound() -> None:
+    """Why FP8_PV exists: on 5-8192 tokens the e4m3 rounding of P alone breaks the plain FP8 bound."""
+    inputs, query, keys, values = _fp8_case("ragged_long", heads=(8, 2))
+    plain = reference.gqa_decode(query, keys, values, inputs.scale)
+    model = reference.gqa_decode(query, keys, values, inputs.scale, round_p_to=torch.float8_e4m3fn)
+    figures = tolerance.error_figures(model, plain, tolerance.FP8)
+    assert tolerance.problems(figures, tolerance.FP8), figures.summary()
+    within = tolerance.error_figures(model, plain, tolerance.FP8_PV)
+    assert tolerance.problems(within, tolerance.FP8_PV) == [] and within.rel_l2 <= tolerance.FP8_PV.max_rel_l2 / 1.5
+
+
+def test_for_kernel() -> None:
+    assert tolerance.for_kernel(torch.float8_e4m3fn, fp8_pv=True) is tolerance.FP8_PV
+    assert tolerance.for_kernel(torch.float8_e5m2, fp8_pv=False) is tolerance.FP8
+    assert tolerance.for_kernel(torch.bfloat16, fp8_pv=True) is tolerance.BF16

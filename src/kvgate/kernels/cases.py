@@ -4,6 +4,12 @@ A `DecodeCase` is one accuracy test: a batch spec (ragged KV lengths), a head co
 a kv_cache_dtype. `make_inputs` builds the bf16 query, the paged latent cache in the cell's storage
 dtype (bf16, or FP8 with a per-tensor scale) and the float32 values it was made from.
 `BENCH_SPECS` are the speed shapes of ../shared/facts/h200.md (batch x heads x kv len, page 64).
+
+The non-MLA (grouped-query) cases: an `AttentionCase` gives bf16 keys and values per request (what the
+model would write), per-tensor K/V scales and the scale of an FP8 query; `paged_layout` places the
+requests' tokens in shuffled cache blocks as vLLM's block table does (block 0, vLLM's null block, is
+never handed out), and the adapters write them with the backend's own vLLM cache op.
+`ATTENTION_BENCH_SPECS` are the grouped-query speed shapes (Llama-3.1-8B heads: 32 query, 8 KV, 128).
 """
 
 from __future__ import annotations
@@ -144,7 +150,7 @@ def bytes_moved(inputs: DecodeInputs) -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionCase:
-    """A non-MLA (grouped-query) decode case: the CPU_ATTN family."""
+    """A non-MLA (grouped-query) decode case: CPU_ATTN, and the GPU families of test_attention_decode.py."""
 
     spec: BatchSpec
     num_heads: int
@@ -168,6 +174,7 @@ class AttentionInputs:
     values: list[torch.Tensor]
     k_scale: float
     v_scale: float
+    q_scale: float = 1.0  # an FP8 query's per-tensor scale (amax / 448, e4m3) where the kernel quantises it
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -179,13 +186,111 @@ class AttentionInputs:
 
 
 def make_attention_inputs(case: AttentionCase) -> AttentionInputs:
-    """Seeded bf16 query, keys and values; per-tensor scales amax/fp8_max for an FP8 cache (1.0 for bf16)."""
+    """Seeded bf16 query, keys and values on the CPU; per-tensor scales amax/fp8_max for an FP8 cache.
+
+    The K/V scales map each tensor's amax onto the cache dtype's max; the query scale maps the query's
+    amax onto e4m3's (vLLM quantises a query to current_platform.fp8_dtype(), e4m3 on CUDA, whatever the
+    cache's FP8 kind). All three are 1.0 for a bf16 cache.
+    """
     generator = torch.Generator().manual_seed(case.seed)
     shape = (case.num_kv_heads, case.head_dim)
     keys = [torch.randn(n, *shape, generator=generator).to(torch.bfloat16) for n in case.spec.kv_lens]
     values = [torch.randn(n, *shape, generator=generator).to(torch.bfloat16) for n in case.spec.kv_lens]
     query = torch.randn(len(keys), case.num_heads, case.head_dim, generator=generator).to(torch.bfloat16)
+    return _attention_inputs(case, query, keys, values)
+
+
+def _attention_inputs(case: AttentionCase, query: torch.Tensor, keys: list[torch.Tensor],
+                      values: list[torch.Tensor]) -> AttentionInputs:
     dtype = fp8.kv_torch_dtype(case.kv_cache_dtype)
-    k_scale = fp8.per_tensor_scale(*keys, dtype=dtype) if fp8.is_fp8(dtype) else 1.0
-    v_scale = fp8.per_tensor_scale(*values, dtype=dtype) if fp8.is_fp8(dtype) else 1.0
-    return AttentionInputs(case=case, query=query, keys=keys, values=values, k_scale=k_scale, v_scale=v_scale)
+    if not fp8.is_fp8(dtype):
+        return AttentionInputs(case=case, query=query, keys=keys, values=values, k_scale=1.0, v_scale=1.0)
+    return AttentionInputs(case=case, query=query, keys=keys, values=values,
+                           k_scale=fp8.per_tensor_scale(*keys, dtype=dtype),
+                           v_scale=fp8.per_tensor_scale(*values, dtype=dtype),
+                           q_scale=fp8.per_tensor_scale(query, dtype=torch.float8_e4m3fn))
+
+
+GQA_HEADS = (32, 8)  # (query heads, KV heads) of Llama-3.1-8B, the matrix's non-MLA model
+GQA_HEAD_DIM = 128
+NULL_BLOCK = 0  # vLLM keeps KV cache block 0 as its null block: no request's tokens are ever written there
+
+
+@dataclass(frozen=True, kw_only=True)
+class PagedLayout:
+    """Where each request's tokens live in a paged K/V cache of `num_blocks` blocks of `page_size` slots."""
+
+    block_table: torch.Tensor  # [batch, max_blocks] int32; entries past a request's blocks are NULL_BLOCK
+    slot_mapping: torch.Tensor  # [total tokens] int64, request after request: block * page_size + offset
+    seq_lens: torch.Tensor  # [batch] int32
+    num_blocks: int
+    page_size: int
+
+    def slots_of(self, request: int) -> torch.Tensor:
+        start = int(self.seq_lens[:request].sum())
+        return self.slot_mapping[start: start + int(self.seq_lens[request])]
+
+
+def paged_layout(kv_lens: tuple[int, ...], page_size: int, *, seed: int = 0, spare_blocks: int = 2) -> PagedLayout:
+    """Shuffled blocks 1..num_blocks-1 handed out request by request (block 0 is vLLM's null block)."""
+    if any(n < 1 for n in kv_lens):
+        raise ValueError("every request needs at least one cached token")
+    counts = [-(-n // page_size) for n in kv_lens]
+    num_blocks = 1 + sum(counts) + spare_blocks
+    order = torch.randperm(num_blocks - 1, generator=torch.Generator().manual_seed(seed + 1)) + 1
+    block_table = torch.full((len(kv_lens), max(counts)), NULL_BLOCK, dtype=torch.int32)
+    slots, used = [], 0
+    for b, (n, count) in enumerate(zip(kv_lens, counts, strict=True)):
+        blocks = order[used: used + count]
+        used += count
+        block_table[b, :count] = blocks.to(torch.int32)
+        token = torch.arange(n)
+        slots.append(blocks[token // page_size] * page_size + token % page_size)
+    return PagedLayout(block_table=block_table, slot_mapping=torch.cat(slots).to(torch.int64),
+                       seq_lens=torch.tensor(kv_lens, dtype=torch.int32), num_blocks=num_blocks,
+                       page_size=page_size)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionBenchSpec:
+    name: str
+    batch: int
+    kv_len: int
+    num_heads: int = GQA_HEADS[0]
+    num_kv_heads: int = GQA_HEADS[1]
+    head_dim: int = GQA_HEAD_DIM
+    page_size: int = 16
+
+
+ATTENTION_BENCH_SPECS = {
+    spec.name: spec
+    for spec in (
+        AttentionBenchSpec(name="b32-h32kv8-d128-kv8192", batch=32, kv_len=8192),
+        AttentionBenchSpec(name="b128-h32kv8-d128-kv2048", batch=128, kv_len=2048),
+    )
+}
+
+
+def make_attention_bench_inputs(spec: AttentionBenchSpec, kv_cache_dtype: str,
+                                device: torch.device | str) -> AttentionInputs:
+    """Uniform lengths, values drawn on the device (big shapes; accuracy is not checked)."""
+    generator = torch.Generator(device=device).manual_seed(1)
+    tokens = spec.batch * spec.kv_len
+    shape = (tokens, spec.num_kv_heads, spec.head_dim)
+    keys = torch.randn(shape, generator=generator, device=device, dtype=torch.bfloat16)
+    values = torch.randn(shape, generator=generator, device=device, dtype=torch.bfloat16)
+    query = torch.randn(spec.batch, spec.num_heads, spec.head_dim, generator=generator, device=device,
+                        dtype=torch.bfloat16)
+    case = AttentionCase(spec=BatchSpec(name=spec.name, kv_lens=(spec.kv_len,) * spec.batch, gpu_only=True),
+                         num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                         page_size=spec.page_size, kv_cache_dtype=kv_cache_dtype)
+    return _attention_inputs(case, query, list(keys.split(spec.kv_len)), list(values.split(spec.kv_len)))
+
+
+def attention_bytes_moved(inputs: AttentionInputs, *, query_element_size: int) -> int:
+    """The least HBM traffic of one grouped-query decode: cached K and V once, the query, a bf16 output."""
+    case = inputs.case
+    kv_element_size = fp8.kv_torch_dtype(case.kv_cache_dtype).itemsize
+    cached = sum(case.spec.kv_lens) * case.num_kv_heads * case.head_dim * 2 * kv_element_size
+    rows = len(case.spec.kv_lens) * case.num_heads * case.head_dim
+    return cached + rows * query_element_size + rows * 2

@@ -138,12 +138,20 @@ def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: floa
     return out
 
 
-def gqa_decode(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float) -> torch.Tensor:
+def gqa_decode(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float,
+               *, round_p_to: torch.dtype | None = None) -> torch.Tensor:
     """Reference for a non-MLA decode: q [batch, heads, D]; keys/values per request [seq_len, kv_heads, D].
 
     Query head h reads kv head h // (heads // kv_heads) (grouped-query attention). float32 out
     [batch, heads, D].
+
+    `round_p_to` is not part of the reference: it models a kernel that multiplies P.V in FP8. The
+    unnormalised weights exp(s - max) are rounded to that dtype before P.V, the normaliser is not
+    (as FA3 FP8 and vLLM's Triton attention with an FP8 query do). kvgate.kernels.tolerance derives
+    the FP8_PV bound from the error this model makes against the plain reference.
     """
+    if round_p_to is not None:
+        return _gqa_decode_rounded_p(q, keys, values, scale, round_p_to)
     batch, heads, _ = q.shape
     out = torch.empty(batch, heads, values[0].shape[-1], dtype=torch.float32, device=q.device)
     for b in range(batch):
@@ -155,4 +163,19 @@ def gqa_decode(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Ten
         v = values[b].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale
         out[b] = torch.einsum("ht,thd->hd", torch.softmax(scores, dim=-1), v)
+    return out
+
+
+def _gqa_decode_rounded_p(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float,
+                          dtype: torch.dtype) -> torch.Tensor:
+    batch, heads, _ = q.shape
+    out = torch.empty(batch, heads, values[0].shape[-1], dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        group = heads // keys[b].shape[1]
+        k = keys[b].float().repeat_interleave(group, dim=1)
+        v = values[b].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[b].float(), k) * scale
+        weights = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+        rounded = weights.to(dtype).float()
+        out[b] = torch.einsum("ht,thd->hd", rounded, v) / weights.sum(dim=-1, keepdim=True)
     return out
