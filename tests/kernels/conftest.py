@@ -18,9 +18,7 @@ gpus.pin_this_worker()  # before anything initialises CUDA in this xdist worker
 
 import pytest  # noqa: E402
 
-from kvgate.kernels.families import ARCH_FAMILIES, kernels_for_cell  # noqa: E402
-
-KV_STORAGE = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+from kvgate.kernels.families import ARCH_FAMILIES, STORAGE_KIND, kernels_for_cell  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,7 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cell = matrix.load().cell(cell_id)
     plan = kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)
     wanted = {family.name for family in plan.families}
-    storage = KV_STORAGE[cell.kv_cache_dtype]
+    storage = STORAGE_KIND[cell.kv_cache_dtype]
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("kvgate_kernel")

@@ -23,7 +23,9 @@ def test_every_mla_cell_has_a_family_or_a_reason() -> None:
     ("CPU_ATTN", "fp8", "cpu", ("vllm_cpu_attn",), None),
     ("CPU_MLA", "fp8", "cpu", (), "no kernel family of CPU_MLA has a fp8 KV path"),
     ("FLASHINFER_MLA", "auto", "sm90", (), "no kernel family of FLASHINFER_MLA runs on sm90"),
-    ("FLASHMLA", "fp8", "sm90", (), families.NO_FAMILY_REASONS["FLASHMLA"]),
+    ("FLASHMLA", "fp8", "sm90", ("vllm_flashmla",), None),
+    ("FLASH_ATTN_MLA", "fp8", "sm90", (), "no kernel family of FLASH_ATTN_MLA has a fp8 KV path"),
+    ("CUTLASS_MLA", "fp8", "sm100", (), families.NO_FAMILY_REASONS["CUTLASS_MLA"]),
     ("NEW_MLA", "auto", "sm90", (), "kvgate has no kernel adapter for the MLA backend NEW_MLA yet"),
 ])
 def test_kernels_for_cell(backend, dtype, arch, families_, reason) -> None:
@@ -31,10 +33,43 @@ def test_kernels_for_cell(backend, dtype, arch, families_, reason) -> None:
     assert tuple(f.name for f in plan.families) == families_ and plan.skip_reason == reason
 
 
-def test_non_mla_backends_say_so() -> None:
-    plan = families.kernels_for_cell("FLASHINFER", "fp8", "sm90", mla=False)
-    assert plan.skip_reason == ("kvgate's kernel tests cover MLA decode only; the non-MLA backend FLASHINFER has "
-                                "no kernel test yet (its accuracy and throughput stages still run)")
+def test_a_non_mla_backend_without_a_family_says_so() -> None:
+    plan = families.kernels_for_cell("NEW_ATTN", "fp8", "sm90", mla=False)
+    assert plan.skip_reason == ("kvgate has no kernel adapter for the non-MLA backend NEW_ATTN yet (its accuracy and "
+                                "throughput stages still run)")
+
+
+# Every sm90 cell of the matrix and the families that test it (issue 12: a kernel test for every SM90 cell).
+SM90_CELLS = {
+    "flashmla-auto-sm90": ("vllm_flashmla",), "flashmla-fp8-sm90": ("vllm_flashmla",),
+    "flashmla-fp8_e4m3-sm90": ("vllm_flashmla",),
+    "flash_attn_mla-auto-sm90": ("vllm_flash_attn_mla",),
+    "triton_mla-auto-sm90": ("vllm_triton_mla",), "triton_mla-fp8-sm90": ("vllm_triton_mla",),
+    "triton_mla-fp8_e4m3-sm90": ("vllm_triton_mla",),
+    "flash_attn-auto-sm90": ("vllm_flash_attn",), "flash_attn-fp8-sm90": ("vllm_flash_attn",),
+    "flash_attn-fp8_e4m3-sm90": ("vllm_flash_attn",),
+    "flashinfer-auto-sm90": ("flashinfer_decode",), "flashinfer-fp8-sm90": ("flashinfer_decode",),
+    "flashinfer-fp8_e4m3-sm90": ("flashinfer_decode",), "flashinfer-fp8_e5m2-sm90": ("flashinfer_decode",),
+    "triton_attn-auto-sm90": ("vllm_triton_attn",), "triton_attn-fp8-sm90": ("vllm_triton_attn",),
+    "triton_attn-fp8_e4m3-sm90": ("vllm_triton_attn",), "triton_attn-fp8_e5m2-sm90": ("vllm_triton_attn",),
+    "flex_attention-auto-sm90": ("vllm_flex_attn",),
+}
+
+
+def test_every_sm90_cell_has_a_kernel_family() -> None:
+    cells = {c.id: c for c in matrix.load().cells if c.arch == "sm90"}
+    assert set(cells) == set(SM90_CELLS), "the matrix's sm90 cells changed; map the new ones here"
+    for cell_id, expected in SM90_CELLS.items():
+        cell = cells[cell_id]
+        plan = families.kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)
+        assert tuple(f.name for f in plan.families) == expected and plan.skip_reason is None, cell_id
+
+
+def test_storage_kinds() -> None:
+    assert families.storage_kinds(families.FAMILIES["vllm_triton_attn"]) == ("auto", "fp8_e4m3", "fp8_e5m2")
+    assert families.storage_kinds(families.FAMILIES["vllm_flash_attn"]) == ("auto", "fp8_e4m3")
+    assert families.storage_kinds(families.FAMILIES["vllm_flex_attn"]) == ("auto",)
+    assert [f.name for f in families.FAMILIES.values() if f.fp8_pv] == ["vllm_flash_attn", "vllm_triton_attn"]
 
 
 @pytest.mark.parametrize(("worker", "devices", "expected"), [

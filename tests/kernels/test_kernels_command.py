@@ -50,10 +50,10 @@ def runner_local_arch() -> str:
 
 
 def test_a_cell_without_a_kernel_family_is_skipped_with_its_reason(tmp_path: Path, capsys) -> None:
-    assert main(["kernels", "--run-dir", str(tmp_path), "--cell", "flashmla-fp8-sm90"]) == 0
-    status = _status(tmp_path, "flashmla-fp8-sm90")
-    assert status["status"] == "skipped" and status["reason"].startswith("FlashMLA's decode kernel ships only")
-    skipped = runner.read_junit(tmp_path / "flashmla-fp8-sm90" / "kernels" / "junit.xml")
+    assert main(["kernels", "--run-dir", str(tmp_path), "--cell", "cutlass_mla-fp8-sm100"]) == 0
+    status = _status(tmp_path, "cutlass_mla-fp8-sm100")
+    assert status["status"] == "skipped" and status["reason"].startswith("vLLM's CUTLASS MLA decode ships only")
+    skipped = runner.read_junit(tmp_path / "cutlass_mla-fp8-sm100" / "kernels" / "junit.xml")
     assert (skipped.tests, skipped.skipped, skipped.skip_reasons) == (1, 1, (status["reason"],))
 
 

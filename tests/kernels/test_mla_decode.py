@@ -3,6 +3,7 @@
 Accuracy: ragged batches (BATCH_SPECS) x heads 16/128 x the family's page sizes x kv dtype. FP8 is
 compared with the reference on the *dequantised* cache (the kernel's own error; tolerance.FP8) and,
 as figures plus a sanity bound, with the unquantised values (the quantisation error; FP8_QUANTISATION).
+Where the kernel reads a quantised query (FLASHMLA FP8), the reference takes that query dequantised.
 Every figure is printed and recorded as a JUnit property before anything is asserted.
 Speed: BENCH_SPECS per family and kv dtype (kvgate.kernels.benchmark), into timings.json via
 --kvgate-timings-dir.
@@ -92,8 +93,9 @@ def test_decode_matches_reference(family: KernelFamily, case: DecodeCase, record
     out = prepared.run()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    ref = reference.mla_decode(inputs.query, inputs.cache, inputs.sm_scale)
-    bound = tolerance.for_kv_dtype(inputs.kv_dtype)
+    query = prepared.reference_query if prepared.reference_query is not None else inputs.query
+    ref = reference.mla_decode(query, inputs.cache, inputs.sm_scale)
+    bound = tolerance.for_kernel(inputs.kv_dtype, fp8_pv=family.fp8_pv)
     figures = tolerance.error_figures(out, ref, bound)
     record_figures("provenance", prepared.provenance)
     record_figures("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
@@ -103,7 +105,7 @@ def test_decode_matches_reference(family: KernelFamily, case: DecodeCase, record
         record_figures(name, value)
     found = tolerance.problems(figures, bound)
     if inputs.is_fp8:
-        exact_ref = reference.mla_decode(inputs.query, inputs.exact_cache, inputs.sm_scale)
+        exact_ref = reference.mla_decode(inputs.query, inputs.exact_cache, inputs.sm_scale)  # unquantised query
         quantisation = tolerance.error_figures(out, exact_ref, tolerance.FP8_QUANTISATION)
         for name, value in quantisation.as_dict().items():
             record_figures(f"vs_unquantised_{name}", value)
@@ -147,7 +149,7 @@ def test_decode_speed(family: KernelFamily, kv: str, spec, record_figures, timin
 
 
 def _negative_control_params():
-    for name in ("flashinfer_mla_fa3", "vllm_triton_mla"):
+    for name in ("flashinfer_mla_fa3", "vllm_triton_mla", "vllm_flashmla"):
         family = FAMILIES[name]
         case = DecodeCase(spec=BATCH_SPECS["ragged_short"], num_heads=16, page_size=family.page_sizes[-1],
                           kv_cache_dtype="fp8_e4m3")
@@ -160,9 +162,11 @@ def test_a_wrong_kv_scale_is_caught(family: KernelFamily, case: DecodeCase, reco
     device = _device(family)
     inputs = make_inputs(case, device)
     wrong = dataclasses.replace(inputs, cache=dataclasses.replace(inputs.cache, scale=inputs.cache.scale * 1.1))
-    out = _prepare(family, wrong).run()
+    prepared = _prepare(family, wrong)
+    out = prepared.run()
     torch.cuda.synchronize(device)
-    ref = reference.mla_decode(inputs.query, inputs.cache, inputs.sm_scale)
+    query = prepared.reference_query if prepared.reference_query is not None else inputs.query
+    ref = reference.mla_decode(query, inputs.cache, inputs.sm_scale)
     figures = tolerance.error_figures(out, ref, tolerance.FP8)
     record_figures("rel_l2", figures.rel_l2)
     assert tolerance.problems(figures, tolerance.FP8), f"a 10 % scale error went unnoticed: {figures.summary()}"

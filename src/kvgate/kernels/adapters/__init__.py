@@ -1,10 +1,18 @@
-"""One module per kernel family; each turns `DecodeInputs` into a launch the tests and the benchmark share.
+"""One module per kernel family; each turns the inputs of a case into a launch the tests and the benchmark share.
 
-Every adapter module exposes ``prepare(inputs, family) -> PreparedDecode``. ``PreparedDecode.run()``
-launches the kernel once and returns its output ``[batch, heads, kv_lora_rank]``; it allocates nothing
-and never synchronises with the host, so the benchmark can capture it in a CUDA graph. An adapter
-raises `KernelUnavailable` (a skip, with the reason) when this machine cannot run the kernel: the
-package is missing, the GPU arch is not the kernel's, the kv dtype has no path.
+An MLA adapter exposes ``prepare(inputs: DecodeInputs, family) -> PreparedDecode``; ``run()`` launches the
+kernel once and returns its output ``[batch, heads, kv_lora_rank]``. A non-MLA adapter on a GPU exposes
+``prepare(inputs: AttentionInputs, family) -> paged_kv.PreparedPagedDecode`` (output ``[batch, heads,
+head_dim]``). ``run()`` never synchronises with the host, so the benchmark can capture it in a CUDA graph
+(a kernel wrapper that allocates its output does so in the graph's pool). Where the kernel reads a
+quantised query, the prepared launch says which (``reference_query``), so the reference is computed on
+what the kernel read.
+
+Two kinds of "cannot": an adapter raises `KernelUnavailable` (a skip, with the reason) when this machine
+is not one the kernel runs on: no GPU, another arch, the package missing. When the machine is the
+kernel's but vLLM resolves something else than kvgate tests (another FlashAttention version, FlashMLA
+unsupported on an SM90), it raises `KernelMismatch`, which fails the test: a skip there would hide that
+the engine runs another kernel.
 """
 
 from __future__ import annotations
@@ -22,10 +30,15 @@ class KernelUnavailable(Exception):
     """This kernel cannot run on this machine; the message says why (the test is skipped with it)."""
 
 
+class KernelMismatch(RuntimeError):
+    """This machine should run the kernel, but vLLM resolves another one; the test fails with the message."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class PreparedDecode:
     run: Callable[[], torch.Tensor]
     provenance: str  # which library and version ran, for the JUnit properties and timings.json
+    reference_query: torch.Tensor | None = None  # the query the kernel read, dequantised (None: inputs.query)
 
 
 def adapter_module(module_name: str) -> ModuleType:

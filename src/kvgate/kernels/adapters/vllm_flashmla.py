@@ -1,0 +1,98 @@
+"""vLLM's FlashMLA dense decode (vllm._flashmla_C / _flashmla_extension_C), the kernel of vLLM's FLASHMLA.
+
+Family ``vllm_flashmla``. Called as vllm/v1/attention/backends/mla/flashmla.py (vLLM 0.26.0) calls it, from
+vllm/v1/attention/ops/flashmla.py:
+
+- bf16 cache: ``get_mla_metadata(seq_lens, num_q_tokens_per_head_k=heads, 1, is_fp8_kvcache=False)`` (an
+  empty ``FlashMLASchedMeta``, filled by the first call) and ``flash_mla_with_kvcache(q=[batch, 1, heads,
+  576] bf16, k_cache=kv.unsqueeze(-2), block_table, cache_seqlens, head_dim_v=512,
+  tile_scheduler_metadata, softmax_scale, causal=True, is_fp8_kvcache=False)``;
+- FP8 cache: ``get_mla_metadata_dense_fp8(seq_lens, heads, 1)`` -> (tile_scheduler_metadata, num_splits)
+  and ``flash_mla_with_kvcache_fp8(q, k_cache, block_table, cache_seqlens, head_dim_v=512,
+  tile_scheduler_metadata, num_splits, softmax_scale, causal=True, descale_q=layer._q_scale.reshape(1),
+  descale_k=layer._k_scale.reshape(1))``. The query is FP8 there: MLACommonImpl sets
+  ``supports_quant_query_input = True`` and FlashMLAImpl keeps it, so MLAAttention quantises the decode
+  query (``_DecodeConcatQuantFP8``: static per-tensor with ``_q_scale``) before ``forward_mqa``. The
+  latent cache is vLLM's standard FP8 MLA format (576 e4m3 values per token, one scale; not fp8_ds_mla).
+
+Page (block) size 64 only (``FlashMLABackend.get_supported_kernel_block_sizes``). Dense FlashMLA is
+Hopper-only (``is_flashmla_dense_supported``); on an SM90 GPU whose vLLM lacks it, `KernelMismatch`.
+The reference is computed on the dequantised FP8 query (``PreparedDecode.reference_query``). vLLM's own
+test (tests/kernels/attention/test_flashmla.py) bounds the FP8 cosine difference by 1e-4, which an FP8
+P.V would not meet, so this family is judged by tolerance.FP8.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvgate.kernels import fp8
+from kvgate.kernels.adapters import (
+    KernelMismatch,
+    KernelUnavailable,
+    PreparedDecode,
+    import_quietly,
+    require_capability,
+)
+from kvgate.kernels.adapters.paged_kv import quantize_query, vllm_ops
+from kvgate.kernels.cases import DecodeInputs
+
+PAGE_SIZES = (64,)
+
+
+def _flashmla():
+    try:
+        vllm, _ = import_quietly("vllm")
+        ops, _ = import_quietly("vllm.v1.attention.ops.flashmla")
+    except Exception as error:
+        raise KernelUnavailable(f"vLLM's FlashMLA ops did not import ({type(error).__name__}: {error})") from None
+    return vllm, ops
+
+
+def prepare(inputs: DecodeInputs, family: str) -> PreparedDecode:
+    require_capability("vLLM's dense FlashMLA decode", (9,), "SM90")
+    if inputs.cache.page_size not in PAGE_SIZES:
+        raise KernelUnavailable(f"FLASHMLA takes block size {PAGE_SIZES}, not {inputs.cache.page_size}")
+    if inputs.is_fp8 and inputs.kv_dtype != torch.float8_e4m3fn:
+        raise KernelUnavailable(f"FLASHMLA takes fp8/fp8_e4m3 KV only, not {inputs.kv_dtype}")
+    vllm, ops = _flashmla()
+    supported, reason = ops.is_flashmla_dense_supported()
+    if not supported:
+        raise KernelMismatch(f"vLLM {vllm.__version__} says dense FlashMLA is not supported on this SM90 GPU: {reason}")
+    query = inputs.query  # [batch, heads, 576] bf16
+    batch, heads, _ = query.shape
+    device = query.device
+    cache = inputs.cache
+    k_cache = cache.kv.unsqueeze(-2)  # [pages, 64, 1, 576]
+    rank = cache.kv_lora_rank
+    if inputs.is_fp8:
+        q_scale = fp8.per_tensor_scale(query, dtype=torch.float8_e4m3fn)
+        q_fp8, reference = quantize_query(vllm_ops(), query, q_scale)
+        q = q_fp8.unsqueeze(1)  # [batch, 1, heads, 576]
+        tile_scheduler_metadata, num_splits = ops.get_mla_metadata_dense_fp8(cache.seq_lens, heads, 1)
+        descale_q = torch.tensor([q_scale], dtype=torch.float32, device=device)
+        descale_k = torch.tensor([cache.scale], dtype=torch.float32, device=device)
+
+        def run() -> torch.Tensor:
+            out, _ = ops.flash_mla_with_kvcache_fp8(
+                q=q, k_cache=k_cache, block_table=cache.block_table, cache_seqlens=cache.seq_lens, head_dim_v=rank,
+                tile_scheduler_metadata=tile_scheduler_metadata, num_splits=num_splits,
+                softmax_scale=inputs.sm_scale, causal=True, descale_q=descale_q, descale_k=descale_k)
+            return out.view(batch, heads, rank)
+
+        kernel = "flash_mla_with_kvcache_fp8"
+    else:
+        reference = None
+        q = query.unsqueeze(1)
+        sched_meta, _ = ops.get_mla_metadata(cache.seq_lens, heads, 1, is_fp8_kvcache=False)
+
+        def run() -> torch.Tensor:
+            out, _ = ops.flash_mla_with_kvcache(
+                q=q, k_cache=k_cache, block_table=cache.block_table, cache_seqlens=cache.seq_lens, head_dim_v=rank,
+                tile_scheduler_metadata=sched_meta, softmax_scale=inputs.sm_scale, causal=True,
+                is_fp8_kvcache=False)
+            return out.view(batch, heads, rank)
+
+        kernel = "flash_mla_with_kvcache"
+    return PreparedDecode(run=run, provenance=f"vllm {vllm.__version__} v1.attention.ops.flashmla.{kernel}",
+                          reference_query=reference)
