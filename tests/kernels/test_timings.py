@@ -103,3 +103,44 @@ def test_h200_cell_folders_from_kvgate_kernels() -> None:
     status = json.loads((skipped / "status.json").read_text())["kernels"]
     assert status["status"] == "skipped" and status["reason"].startswith("FlashMLA's decode kernel ships only")
     assert runner.read_junit(skipped / "kernels" / "junit.xml").skip_reasons == (status["reason"],)
+
+
+def test_spread_of_three_runs_and_the_derived_tolerance(tmp_path: Path) -> None:
+    runs = [[entry(median_us=m), entry(kv_cache_dtype="auto", median_us=a)] for m, a in
+            ((470.0, 140.0), (480.0, 141.0), (475.0, 147.0))]
+    runs[2].append(entry(spec="b64-h128-kv2048"))  # only in the third run: left out, and said so
+    spreads, missing = timings.spread(runs)
+    assert [s.key[1] for s in spreads] == ["auto", "fp8_e4m3"]
+    assert missing == [("flashinfer_mla_fa3", "fp8_e4m3", "b64-h128-kv2048")]
+    auto = spreads[0]
+    assert (auto.min_us, auto.median_us, auto.max_us) == (140.0, 141.0, 147.0)
+    assert auto.spread == pytest.approx(7 / 141)
+    assert timings.tolerance_from_spreads(spreads) == 0.15  # 3 x 4.96 % = 14.9 %, rounded up
+    assert timings.tolerance_from_spreads([spreads[1]]) == 0.07  # 3 x 10/475 = 6.3 %
+    assert timings.tolerance_from_spreads([timings.TimingSpread(key=("a", "b", "c"), medians_us=(1.0, 1.001))]) == 0.05
+    paths = []
+    for index, run in enumerate(runs):
+        path = tmp_path / f"timings-{index}.json"
+        path.write_text(json.dumps(timings.document(run, cell_id=None, device={}, method={})))
+        paths.append(path)
+    report = timings.spread_report(paths)
+    assert "| flashinfer_mla_fa3 | auto | b32-h128-kv8192 | 140.0, 141.0, 147.0 | 140.0 | 141.0 | 147.0 | 5.0 % |" in report
+    assert report.endswith("Derived timing tolerance: max(5 %, 3 x 5.0 %) = 15 % (a ratio above 1.15 vs the baseline "
+                           "is slower)")
+    assert "Entries missing from some run (left out): flashinfer_mla_fa3/fp8_e4m3/b64-h128-kv2048" in report
+
+
+def test_spread_refuses_too_few_runs_and_duplicates() -> None:
+    with pytest.raises(ValueError, match="a spread needs at least two runs, got 1"):
+        timings.spread([[entry()]])
+    with pytest.raises(ValueError, match=r"run 2: two entries for \('flashinfer_mla_fa3', 'fp8_e4m3', 'b32-h128-kv8192'\)"):
+        timings.spread([[entry()], [entry(), entry()]])
+
+
+def test_regressions_use_the_tolerance() -> None:
+    current = [entry(median_us=110.0), entry(kv_cache_dtype="auto", median_us=104.0)]
+    baseline = [entry(median_us=100.0), entry(kv_cache_dtype="auto", median_us=100.0)]
+    assert [c.key[1] for c in timings.regressions(timings.compare(current, baseline), 0.05)] == ["fp8_e4m3"]
+    assert timings.regressions(timings.compare(current, baseline), 0.15) == []
+    with pytest.raises(ValueError, match=r"a timing tolerance is a fraction such as 0\.05, got 15"):
+        timings.regressions([], 15)
