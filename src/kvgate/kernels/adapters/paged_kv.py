@@ -57,14 +57,14 @@ class PagedCache:
 
     def read_back(self, *, dequantize: bool = True) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per request [seq_len, kv_heads, head_dim] keys and values as stored, float32 (times the scales)."""
-        key_cache, value_cache = self.views(self.read_dtype)
+        key_cache, value_cache = self.views()  # gathered as stored (bf16 or uint8), then viewed as read
         page = self.layout.page_size
         keys, values = [], []
         for request in range(self.layout.seq_lens.shape[0]):
             slots = self.layout.slots_of(request).to(self.physical.device)
             blocks, offsets = slots // page, slots % page
-            k = key_cache[blocks, offsets].float()
-            v = value_cache[blocks, offsets].float()
+            k = key_cache[blocks, offsets].view(self.read_dtype).float()
+            v = value_cache[blocks, offsets].view(self.read_dtype).float()
             keys.append(k * self.k_scale if dequantize else k)
             values.append(v * self.v_scale if dequantize else v)
         return keys, values
