@@ -1,5 +1,5 @@
-"""kvgate.runners.hardware: the arch of the GPU the engine will use (CUDA_VISIBLE_DEVICES honoured), against a
-fake nvidia-smi that answers like the real one."""
+"""kvgate.runners.hardware: the arch of the GPU the engine will use (CUDA_VISIBLE_DEVICES honoured) and the
+driver check that runs before any GPU cell, against a fake nvidia-smi that answers like the real one."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from ci_scripts import load_ci_script
+from kvgate import InputError
+from kvgate.cli import main
 from kvgate.runners import hardware
 
 L4 = {"uuid": "GPU-4c1a0d6e-0000-0000-0000-000000000001", "cap": "8.9", "driver": "580.159.04"}
@@ -53,6 +55,7 @@ def fake_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NVIDIA_SMI_LOG", str(log))
     monkeypatch.delenv("KVGATE_ARCH", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", tmp_path / "no-proc-driver")
 
     def gpus(*found: dict) -> None:
         monkeypatch.setenv("FAKE_NVIDIA_SMI", json.dumps(list(found)))
@@ -119,6 +122,79 @@ def test_the_cell_job_counts_only_the_visible_gpus(fake_smi):
     assert cell_job.kernel_workers({"CUDA_VISIBLE_DEVICES": "2,3"}, cell_job.gpu_count({"CUDA_VISIBLE_DEVICES": "2,3"})) == "2"
 
 
+# ------------------------------------------------------------------------------------------------- driver
+
+OLD_DRIVER_ERROR = (
+    "nvidia driver 550.54.15: kvgate's GPU engine (torch 2.11.0+cu130, CUDA 13.0) needs >= 580. Upgrade the "
+    "runner's NVIDIA driver to the 580 branch or newer (`nvidia-smi` shows the version), or run the GPU cells "
+    "on a runner that has it")
+
+
+@pytest.mark.parametrize(("version", "ok"), [("580.159.04", True), ("580.65.06", True), ("590.1", True),
+                                             ("550.54.15", False), ("575.57.08", False), ("junk", False)])
+def test_driver_problem(version, ok):
+    assert (hardware.driver_problem(version) is None) is ok
+
+
+def test_an_old_driver_is_one_error_before_any_gpu_cell(fake_smi):
+    gpus, calls = fake_smi
+    gpus({**H200, "driver": "550.54.15"})
+    with pytest.raises(InputError) as info:
+        hardware.check_gpu_driver_for(["sm90", "sm90"], "sm90")
+    assert str(info.value) == OLD_DRIVER_ERROR
+    assert calls() == ["--query-gpu=driver_version --format=csv,noheader"]
+
+
+def test_no_driver_check_when_no_gpu_cell_runs_here(fake_smi):
+    gpus, calls = fake_smi
+    gpus({**H200, "driver": "550.54.15"})
+    assert hardware.check_gpu_driver_for(["cpu"], "cpu") is None
+    assert hardware.check_gpu_driver_for(["sm100"], "sm90") is None  # those cells skip on this machine
+    assert calls() == []
+
+
+def test_the_driver_of_the_first_visible_gpu_is_asked(fake_smi, monkeypatch):
+    gpus, calls = fake_smi
+    gpus(L4, H200)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert hardware.check_gpu_driver_for(["sm90"], "sm90") is None
+    assert calls() == ["--query-gpu=driver_version --format=csv,noheader -i 1"]
+
+
+def test_without_nvidia_smi_the_kernel_modules_version_decides(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    proc = tmp_path / "version"
+    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
+                    "(dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:15:33 UTC 2024\nGCC version:  gcc version 12.3.0\n")
+    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", proc)
+    assert hardware.driver_version({}) == "550.54.15"
+    with pytest.raises(InputError, match=r"^nvidia driver 550\.54\.15: kvgate's GPU engine"):
+        hardware.check_gpu_driver({})
+
+
+def test_an_unreadable_driver_is_a_warning_not_a_guess(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    assert hardware.check_gpu_driver_for(["sm90"], "sm90", {}) == (
+        f"cannot read the NVIDIA driver version (no nvidia-smi answer, no {tmp_path / 'absent'}); kvgate's GPU "
+        "engine (torch 2.11.0+cu130) needs a driver >= 580")
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "accuracy", "--cell", "triton_mla-fp8-sm90"],
+    ["run", "cell", "--cell", "triton_mla-fp8-sm90"],
+    ["kernels", "--cell", "triton_mla-fp8-sm90"],
+    ["run", "throughput"],  # no filter: this machine's cells
+])
+def test_kvgate_refuses_to_start_gpu_cells_on_an_old_driver(fake_smi, tmp_path, capsys, argv):
+    gpus, _ = fake_smi
+    gpus({**H200, "driver": "550.54.15"})
+    run_dir = tmp_path / "run"
+    assert main([*argv, "--run-dir", str(run_dir)]) == 2
+    assert capsys.readouterr().err == f"ERROR {OLD_DRIVER_ERROR}\n"
+    assert not run_dir.exists()
+
+
 def test_the_hardware_module_stays_stdlib_only():
     """The noxfile imports it before anything is installed (kvgate itself is stdlib-only at its root)."""
     import ast
@@ -130,3 +206,19 @@ def test_the_hardware_module_stays_stdlib_only():
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= set(sys.stdlib_module_names) | {"kvgate", "__future__"}
 
+
+def test_nox_refuses_to_build_the_gpu_engine_on_an_old_driver(fake_smi):
+    """`nox -s "cell(<id>)"` checks the driver before it installs CUDA 13 wheels (gigabytes) it could not run."""
+    import os
+    import subprocess
+
+    gpus, _ = fake_smi
+    gpus({**H200, "driver": "550.54.15"})
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    env["PATH"] = f"{os.environ['PATH']}:{Path(sys.executable).parent}"
+    result = subprocess.run([sys.executable, "-m", "nox", "-s", "cell(triton_mla-auto-sm90)"], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"Session cell(triton_mla-auto-sm90) aborted: ERROR {OLD_DRIVER_ERROR}" in result.stderr
+    assert "building the gpu engine environment" not in result.stderr

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--timeout", f"expected a positive number of seconds, got {args.timeout:g}")
     matrix = load_matrix(args.matrix_dir)
     filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
-    arch_default = args.arch_default or hardware.local_arch()
+    local_arch = hardware.local_arch()
+    arch_default = args.arch_default or local_arch
     archs = list(args.arch) if filtered else [arch_default]
     if not filtered and arch_default not in matrix.archs:
         from kvgate import unknown_name_hint
@@ -97,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"kvgate run {args.what}", "no cell matches these filters",
                          hint="List the cells with `kvgate matrix`")
 
+    warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU cell runs
+    if warning:
+        print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)  # every spec checked before a folder is touched
 
     from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS, RunOptions, run_cells
@@ -104,6 +108,6 @@ def run(args: argparse.Namespace) -> int:
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
                          timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
-                         matrix_dir=args.matrix_dir, local_arch=hardware.local_arch())
+                         matrix_dir=args.matrix_dir, local_arch=local_arch)
     status, _ = run_cells(cells, options)
     return status
