@@ -36,7 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="arch whose cells run when no filter is given (default: this machine's)")
     add_filter_arguments(parser)
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="per stage of a cell; the stage's process group is killed after it (default 3600)")
+                        help="per stage of a cell; the stage's process group is killed after it (default: the "
+                             "cell's workload's, matrix/workloads.toml `timeouts`; 3600 where it declares none)")
     parser.add_argument("--stages", default=None,
                         help="for `run cell`: comma-separated, of kernels,accuracy,throughput (default: all)")
     add_vllm_arguments(parser)
@@ -103,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)  # every spec checked before a folder is touched
 
-    from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS, RunOptions, run_cells
+    from kvgate.runners.matrix_run import RunOptions, run_cells
 
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
-                         timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
+                         timeout=args.timeout,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
                          matrix_dir=args.matrix_dir, local_arch=local_arch)
     status, _ = run_cells(cells, options)

@@ -36,6 +36,15 @@ def engine_model_args(cell: Cell, model_path: str) -> dict[str, Any]:
     return args
 
 
+def lm_eval_model_args(cell: Cell, model_path: str) -> dict[str, Any]:
+    """lm-eval's `vllm` model arguments: the engine's, plus lm-eval's own where the workload sets them
+    (add_bos_token, as vLLM's CI passes it for hub models; it is not an engine argument)."""
+    args = engine_model_args(cell, model_path)
+    if "add_bos_token" in cell.workload.gsm8k:
+        args["add_bos_token"] = bool(cell.workload.gsm8k["add_bos_token"])
+    return args
+
+
 def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include_path: Path | None = None,
                       passthrough: Sequence[str] = ()) -> list[str]:
     """Arguments of `lm_eval run` for a cell's gsm8k: vllm model, n-shot, greedy, samples logged."""
@@ -43,7 +52,7 @@ def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include
     argv = [
         "run",
         "--model", "vllm",
-        "--model_args", json.dumps(engine_model_args(cell, model_path), sort_keys=False),
+        "--model_args", json.dumps(lm_eval_model_args(cell, model_path), sort_keys=False),
         "--tasks", str(gsm8k["task"]),
         "--num_fewshot", str(gsm8k["num_fewshot"]),
         "--batch_size", str(gsm8k["batch_size"]),

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK
@@ -31,7 +31,7 @@ from kvgate.runners.sides import Side, sides_record
 from kvgate.runners.throughput import run_throughput, run_throughput_interleaved
 
 STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them
-DEFAULT_TIMEOUT_SECONDS = 3600.0
+DEFAULT_TIMEOUT_SECONDS = 3600.0  # a stage whose workload declares no timeout, and the kernels stage
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 class RunOptions:
     run_dir: Path
     stages: Sequence[str]
-    timeout: float | None = DEFAULT_TIMEOUT_SECONDS
+    timeout: float | None = None  # seconds, every stage (`--timeout`); None: each stage's own (stage_timeout)
     passthrough: Sequence[str] = ()
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
     arch: str | None = None
@@ -86,7 +86,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     for part in parts:
                         index += 1
                         options.say(progress.start_line(index, total, part.ctx.label, stage))
-                    stage_outcomes = _guarded(parts, stage, run_throughput_interleaved, [p.ctx for p in parts])
+                    stage_outcomes = _guarded(parts, stage, run_throughput_interleaved,
+                                              [_for_stage(p.ctx, stage, options) for p in parts])
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
                         options.say(progress.end_line(index, total, outcome))
@@ -98,7 +99,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     if part.ctx is None:
                         stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
                     else:
-                        stage_outcomes = _guarded([part], stage, _run_stage, stage, part.ctx, part.setup_error, cell,
+                        stage_outcomes = _guarded([part], stage, _run_stage, stage,
+                                                  _for_stage(part.ctx, stage, options), part.setup_error, cell,
                                                   part.cell_dir)
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
@@ -130,6 +132,18 @@ def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warne
         return _CellSide(side=side, cell_dir=cell_dir, ctx=None, setup_error=None, wrong_machine=wrong_machine)
     ctx, setup_error = _context(cell, cell_dir, run_dir, env, options, side)
     return _CellSide(side=side, cell_dir=cell_dir, ctx=ctx, setup_error=setup_error, wrong_machine=None)
+
+
+def stage_timeout(cell: Cell, stage: str, override: float | None) -> float:
+    """Seconds a stage of a cell may run: `--timeout` when given, else its workload's (matrix/workloads.toml
+    `timeouts`, sized from the engine start-up budgets of vLLM's CI), else DEFAULT_TIMEOUT_SECONDS."""
+    if override is not None:
+        return override
+    return float(cell.workload.timeouts.get(stage, DEFAULT_TIMEOUT_SECONDS))
+
+
+def _for_stage(ctx: CellContext, stage: str, options: RunOptions) -> CellContext:
+    return replace(ctx, timeout=stage_timeout(ctx.cell, stage, options.timeout))
 
 
 def _guarded(parts: list[_CellSide], stage: str, run: Callable[..., list[StageOutcome]], *args) -> list[StageOutcome]:
