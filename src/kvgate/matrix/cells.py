@@ -70,6 +70,7 @@ class Workload:
     gsm8k: Mapping[str, Any]
     throughput: Mapping[str, Any]
     timeouts: Mapping[str, int] = field(default_factory=dict)  # stage -> seconds (accuracy, throughput)
+    calculate_kv_scales: bool = False  # FP8 cells: vLLM computes k/v scales from the data (else checkpoint or 1.0)
 
     @property
     def is_local_model(self) -> bool:
@@ -152,6 +153,8 @@ class Cell:
             "task": str(self.workload.gsm8k["task"]),  # the lm-eval task name its results are filed under
             "cell_id": self.id,
             "workload": self.workload.name,
+            # FP8 cells: the engine's calculate_kv_scales, passed explicitly (docs/results-folder.md 1.3)
+            **({"calculate_kv_scales": self.workload.calculate_kv_scales} if self.is_fp8 else {}),
         }
 
 
@@ -463,7 +466,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     timeout_defaults = _settings(reader, defaults.get("timeouts", {}), "defaults.timeouts", TIMEOUT_KEYS)
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
-        if not reader.keys(spec, where, ["model", "mla", "archs"], ["model_args", "gsm8k", "throughput", "timeouts"]):
+        if not reader.keys(spec, where, ["model", "mla", "archs"],
+                           ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -473,6 +477,9 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             if reserved in model_args:
                 reader.error(f"'{reserved}' is set by kvgate from the cell", f"{where}.model_args.{reserved}",
                              "Delete it")
+        if "calculate_kv_scales" in model_args:
+            reader.error("'calculate_kv_scales' is set by kvgate for the FP8 cells only",
+                         f"{where}.model_args.calculate_kv_scales", f"Write it as {where}.calculate_kv_scales")
         workloads[name] = Workload(
             name=name, model=reader.string(spec, "model", where), mla=reader.boolean(spec, "mla", where),
             archs=reader.names(spec["archs"], f"{where}.archs", archs, "arch"), model_args=dict(model_args),
@@ -482,6 +489,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
                         **_settings(reader, spec.get("throughput", {}), f"{where}.throughput", THROUGHPUT_KEYS)},
             timeouts={**timeout_defaults,
                       **_settings(reader, spec.get("timeouts", {}), f"{where}.timeouts", TIMEOUT_KEYS)},
+            calculate_kv_scales=reader.boolean(spec, "calculate_kv_scales", where)
+            if "calculate_kv_scales" in spec else False,
         )
     return workloads
 
