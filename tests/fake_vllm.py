@@ -69,3 +69,27 @@ def read_calls(folder: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_fake_hf_cache(home: Path, *, models: tuple[str, ...] = (), datasets: tuple[tuple[str, str], ...] = ()) -> Path:
+    """An HF_HOME laid out as huggingface_hub and datasets leave it (no real weights): models' main snapshots with
+    config.json and a safetensors link to a blob; datasets' built <org>___<name>/<config>/<version>/<hash>/."""
+    commit = "0" * 40
+    for repo_id in models:
+        repo = home / "hub" / f"models--{repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+        snapshot = repo / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (repo / "blobs").mkdir(exist_ok=True)
+        (repo / "blobs" / "cfg").write_text("{}")
+        (repo / "blobs" / "weights").write_bytes(b"\0" * 8)
+        for name, blob in (("config.json", "cfg"), ("model-00001-of-00001.safetensors", "weights")):
+            link = snapshot / name
+            if not link.exists():
+                link.symlink_to(Path("../../blobs") / blob)
+    for path, name in datasets:
+        built = home / "datasets" / path.replace("/", "___") / name / "0.0.0" / "e3b0c44298fc1c14"
+        built.mkdir(parents=True, exist_ok=True)
+        (built / "dataset_info.json").write_text("{}")
+    return home

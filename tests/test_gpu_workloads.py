@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_vllm import read_calls, write_fake_vllm
+from fake_vllm import read_calls, write_fake_hf_cache, write_fake_vllm
 from kvgate import InputErrors
 from kvgate.matrix import cells as kvmatrix
 from kvgate.runners.commands import bench_throughput_argv, lm_eval_arguments
@@ -148,6 +148,7 @@ def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monke
     fake = write_fake_vllm(tmp_path)
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
     monkeypatch.setenv("FAKE_VLLM_SLEEP", "30")
+    monkeypatch.setenv("HF_HOME", str(write_fake_hf_cache(tmp_path / "hf", models=("deepseek-ai/DeepSeek-V2-Lite-Chat",))))
     cell = kvmatrix.load(folder).cell("triton_mla-fp8-sm90")
     options = RunOptions(run_dir=tmp_path / "run", stages=["throughput"], local_arch="sm90", echo=False,
                          say=lambda line: None, matrix_dir=folder)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_vllm import read_calls, write_fake_vllm
+from fake_vllm import read_calls, write_fake_hf_cache, write_fake_vllm
 from kvgate import InputErrors
 from kvgate.matrix import cells as kvmatrix
 from kvgate.runners.commands import bench_throughput_argv, lm_eval_arguments
@@ -93,6 +93,7 @@ def test_it_cannot_hide_in_model_args(tmp_path):
 def run_throughput(tmp_path: Path, monkeypatch, cells: list[kvmatrix.Cell], *, option: bool) -> Path:
     fake = write_fake_vllm(tmp_path, calculate_kv_scales=option)
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
+    monkeypatch.setenv("HF_HOME", str(write_fake_hf_cache(tmp_path / "hf", models=tuple({c.model for c in cells}))))
     options = RunOptions(run_dir=tmp_path / "run", stages=["throughput"], local_arch="sm90", echo=False,
                          say=lambda line: None)
     run_cells(cells, options)

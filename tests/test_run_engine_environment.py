@@ -34,15 +34,37 @@ def test_cpu_defaults_and_offline_local_models():
     assert env["HF_DATASETS_OFFLINE"] == "1"
 
 
-def test_user_settings_win_and_gpu_runs_stay_online():
+def test_user_settings_win_and_gpu_runs_keep_vllms_own_cache_and_kv_sizing():
     env, _ = engine_environment({"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CACHE_ROOT": "/c"}, arch="cpu",
                                 local_model=False, home=HOME)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert env["VLLM_CACHE_ROOT"] == "/c"
-    assert "HF_HUB_OFFLINE" not in env
     gpu, _ = engine_environment({}, arch="sm100", local_model=False, home=HOME)
     assert "VLLM_CPU_KVCACHE_SPACE" not in gpu
     assert "VLLM_CACHE_ROOT" not in gpu
+
+
+def test_hub_models_run_with_the_hub_offline_unless_told_otherwise():
+    gpu, warnings = engine_environment({}, arch="sm90", local_model=False, home=HOME)
+    assert (gpu["HF_HUB_OFFLINE"], gpu["HF_DATASETS_OFFLINE"]) == ("1", "1")
+    assert warnings == []
+    online, _ = engine_environment({"HF_HUB_OFFLINE": "0"}, arch="sm90", local_model=False, home=HOME)
+    assert (online["HF_HUB_OFFLINE"], online["HF_DATASETS_OFFLINE"]) == ("0", "0")  # a developer's explicit choice
+    local, _ = engine_environment({"HF_HUB_OFFLINE": "0"}, arch="cpu", local_model=True, home=HOME)
+    assert local["HF_HUB_OFFLINE"] == "1"  # kvgate's own models never need the hub
+
+
+def test_tokens_never_reach_an_offline_engine():
+    env, warnings = engine_environment({"HF_TOKEN": "hf_x", "HUGGING_FACE_HUB_TOKEN": "hf_y"}, arch="sm90",
+                                       local_model=False, home=HOME)
+    assert "HF_TOKEN" not in env and "HUGGING_FACE_HUB_TOKEN" not in env
+    assert warnings == [
+        "HF_TOKEN and HUGGING_FACE_HUB_TOKEN are set, but the engines run with the hub offline and need no token: "
+        "kvgate keeps them from the engine processes, which run the vLLM under test (a token belongs where the "
+        "cache is filled: README, \"Offline operation\")"]
+    online, warnings = engine_environment({"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "0"}, arch="sm90",
+                                          local_model=False, home=HOME)
+    assert online["HF_TOKEN"] == "hf_x" and warnings == []
 
 
 def test_pytorch_benchmark_format_is_switched_off():

@@ -12,6 +12,7 @@ LOGGING_LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
 CONFIGURE_LOGGING_VARIABLE = "VLLM_CONFIGURE_LOGGING"
 LEVELS_THAT_KEEP_INFO = ("DEBUG", "INFO")  # vLLM upper-cases the value; DEBUG writes the INFO lines too
 MODEL_DIR_VARIABLE = "KVGATE_MODEL_DIR"
+TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's (the second is its old name)
 CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: the tiny models need little; the machine is shared
 
 
@@ -40,6 +41,17 @@ def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
     if local_model:  # kvgate's own models and data: nothing to fetch, so never wait on the hub
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
+    else:  # hub models and lm-eval's datasets come from the cache `kvgate prefetch` filled, never the network
+        env.setdefault("HF_HUB_OFFLINE", "1")  # an explicit HF_HUB_OFFLINE=0 (a developer's box) is kept
+        env.setdefault("HF_DATASETS_OFFLINE", env["HF_HUB_OFFLINE"])
+    if env["HF_HUB_OFFLINE"].strip() == "1":
+        tokens = [name for name in TOKEN_VARIABLES if env.pop(name, None) is not None]
+        if tokens:
+            warnings.append(
+                f"{' and '.join(tokens)} {'is' if len(tokens) == 1 else 'are'} set, but the engines run with the hub "
+                f"offline and need no token: kvgate keeps {'it' if len(tokens) == 1 else 'them'} from the engine "
+                f"processes, which run the vLLM under test (a token belongs where the cache is filled: README, "
+                f"\"Offline operation\")")
     env["PYTHONUNBUFFERED"] = "1"  # the engine's output reaches the terminal and the log as it happens
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env, warnings

@@ -25,6 +25,7 @@ from kvgate.runners.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_environment import engine_environment
 from kvgate.runners.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
+from kvgate.runners.hub_cache import missing_from_cache
 from kvgate.runners.kernels import run_kernels
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
@@ -192,6 +193,8 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
             include_path = _local_task_folder(run_dir)
     except Exception as error:  # reported as the cell's stage error; the other cells still run
         setup_error = f"setup failed: {type(error).__name__}: {error}"
+    if needs_engine and setup_error is None:  # a model or dataset the offline engine cannot find: say so now
+        setup_error = missing_from_cache(cell, options.stages, env)
     package_dir = vllm_package_dir(env) if cell.is_fp8 and needs_engine else None
     kv_scales, kv_scales_error = kv_scales_argument(cell, has_calculate_kv_scales(package_dir), package_dir)
     setup_error = setup_error or kv_scales_error
