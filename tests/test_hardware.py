@@ -18,7 +18,8 @@ L4 = {"uuid": "GPU-4c1a0d6e-0000-0000-0000-000000000001", "cap": "8.9", "driver"
 H200 = {"uuid": "GPU-9e2b7f30-0000-0000-0000-000000000002", "cap": "9.0", "driver": "580.159.04"}
 
 FAKE_SMI = r'''#!{python}
-"""nvidia-smi as kvgate calls it: --query-gpu=FIELD --format=csv,noheader [-i INDEX|UUID], and -L."""
+"""nvidia-smi as kvgate calls it: --query-gpu=FIELD --format=csv,noheader [-i INDEX|UUID], and -L. A device it
+cannot name: "No devices were found", exit 6 (nvidia-smi 580.159.04 on the H200, for `-i 1` and `-i MIG-...`)."""
 import json, os, sys
 gpus = json.loads(os.environ["FAKE_NVIDIA_SMI"])
 with open(os.environ["FAKE_NVIDIA_SMI_LOG"], "a") as log:
@@ -159,6 +160,19 @@ def test_the_driver_of_the_first_visible_gpu_is_asked(fake_smi, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert hardware.check_gpu_driver_for(["sm90"], "sm90") is None
     assert calls() == ["--query-gpu=driver_version --format=csv,noheader -i 1"]
+
+
+# /proc/driver/nvidia/version's first line on the H200 (2026-11-30)
+H200_PROC_VERSION = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \n"
+
+
+def test_the_kernel_modules_version_line_as_the_h200_writes_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    proc = tmp_path / "version"
+    proc.write_text(H200_PROC_VERSION)
+    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", proc)
+    assert hardware.driver_version({}) == "580.159.04"
+    assert hardware.check_gpu_driver({}) is None
 
 
 def test_without_nvidia_smi_the_kernel_modules_version_decides(tmp_path, monkeypatch):
