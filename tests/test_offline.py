@@ -66,6 +66,15 @@ def test_nothing_to_check_for_kvgates_own_models_or_an_online_engine(real_matrix
                                                                                         "HF_HUB_OFFLINE": "0"}) is None
 
 
+def test_only_hub_ids_are_looked_up(tmp_path):
+    assert hub_cache.is_hub_model(LLAMA)
+    assert not hub_cache.is_hub_model("kvgate:tiny-llama")
+    assert not hub_cache.is_hub_model("/nonexistent/kvgate-model")  # a local folder: vLLM loads it, or says why not
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "model").mkdir()
+    assert not hub_cache.is_hub_model(str(tmp_path / "org" / "model"))
+
+
 def test_a_weightless_snapshot_is_not_a_model(tmp_path):
     write_fake_hf_cache(tmp_path, models=(LLAMA,))
     snapshot = next((tmp_path / "hub").glob("models--*/snapshots/*"))

@@ -14,6 +14,7 @@ model or dataset missing from the cache is reported before any engine starts, wi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,11 @@ HUB_TASK_DATASETS = {"gsm8k": HubDataset(path="openai/gsm8k", name="main")}
 PREFETCH_HINT = ("Fill the cache on a machine with network access (a token for gated models there, never on a "
                  "runner): `kvgate prefetch` with the same HF_HOME, then copy it to this runner (README: "
                  "\"Offline operation\")")
+
+
+def is_hub_model(model: str) -> bool:
+    """A hub repository id ("org/name"), not a local folder (which vLLM loads as it is) nor one of kvgate's."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model) is not None and not Path(model).exists()
 
 
 def hf_home(env: Mapping[str, str]) -> Path:
@@ -75,7 +81,7 @@ def dataset_cached(dataset: HubDataset, env: Mapping[str, str]) -> bool:
 
 def missing_from_cache(cell: Cell, stages: Sequence[str], env: Mapping[str, str]) -> str | None:
     """Why an offline engine could not start this cell's stages (model, or the accuracy stage's dataset), else None."""
-    if not hub_is_offline(env) or cell.workload.is_local_model:
+    if not hub_is_offline(env) or not is_hub_model(cell.model):
         return None
     problems = []
     if any(stage in ("accuracy", "throughput") for stage in stages) and model_snapshot(cell.model, env) is None:

@@ -23,6 +23,7 @@ from kvgate.runners.hub_cache import (
     HUB_TASK_DATASETS,
     HubDataset,
     dataset_cached,
+    is_hub_model,
     model_snapshot,
 )
 
@@ -36,10 +37,10 @@ class PrefetchPlan:
 
 
 def prefetch_plan(cells: Iterable[Cell]) -> PrefetchPlan:
-    """The hub models (kvgate's own are built, not fetched) and hub datasets the cells need, each once."""
-    cells = list(cells)
-    models = sorted({c.model for c in cells if not c.workload.is_local_model})
-    tasks = {str(c.workload.gsm8k["task"]) for c in cells if not c.workload.is_local_model}
+    """The hub models (not kvgate's own, which it builds, nor local folders) and hub datasets the cells need, each once."""
+    cells = [c for c in cells if is_hub_model(c.model)]
+    models = sorted({c.model for c in cells})
+    tasks = {str(c.workload.gsm8k["task"]) for c in cells}
     datasets = sorted({HUB_TASK_DATASETS[t] for t in tasks if t in HUB_TASK_DATASETS}, key=lambda d: (d.path, d.name or ""))
     return PrefetchPlan(models=tuple(models), datasets=tuple(datasets))
 
