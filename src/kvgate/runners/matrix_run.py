@@ -178,7 +178,8 @@ def cell_record(cell: Cell) -> dict:
 
 def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
              options: RunOptions, side: Side) -> tuple[CellContext, str | None]:
-    """The cell's context, and why its engine stages cannot run (model not buildable, task not writable)."""
+    """The cell's context, and why its engine stages cannot run (model not buildable, task not writable, model or
+    dataset not in the cache an offline engine reads, an engine option the cell's vLLM does not have)."""
     needs_engine = any(stage in ("accuracy", "throughput") for stage in options.stages)
     model_path, include_path, setup_error = cell.model, None, None
     try:
