@@ -68,6 +68,13 @@ def _no_install(session: nox.Session) -> bool:
 def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
     """The shared engine environment's python (vLLM + lm-eval), built once per flavour."""
     flavour = "cpu" if arch == "cpu" else "gpu"
+    if flavour == "gpu" and arch == LOCAL_ARCH:  # before CUDA 13 wheels are installed on a driver that cannot run them
+        try:
+            warning = hardware.check_gpu_driver()
+        except InputError as error:
+            session.error(f"ERROR {error}")
+        if warning:
+            session.warn(f"kvgate: WARNING {warning}")
     if _no_install(session) and engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)).exists():
         return str(engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)))
 

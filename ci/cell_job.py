@@ -14,6 +14,7 @@ the exit status is the first non-zero one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -63,7 +64,12 @@ def kernel_workers(environ: dict[str, str], gpu_count: int) -> str | None:
     return str(gpu_count) if gpu_count > 1 else None
 
 
-def gpu_count() -> int:
+def gpu_count(environ: dict[str, str]) -> int:
+    """The GPUs this job may use: those CUDA_VISIBLE_DEVICES lists when set (CUDA reads it up to the first empty
+    or -1 entry and hides the others), else every GPU nvidia-smi lists."""
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        entries = environ["CUDA_VISIBLE_DEVICES"].split(",")
+        return len(list(itertools.takewhile(lambda d: d.strip() not in ("", "-1"), entries)))
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return 0
@@ -91,7 +97,7 @@ def main() -> int:
     environ = dict(os.environ)
     try:
         cell, sessions, run_dir = read_environment(environ)
-        workers = kernel_workers(environ, gpu_count())
+        workers = kernel_workers(environ, gpu_count(environ))
     except CellJobError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

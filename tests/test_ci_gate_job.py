@@ -37,14 +37,9 @@ def planned_matrix(changed: list[str]) -> str:
 
 
 def seed_cells(tmp_path: Path) -> Path:
-    """The seed case's FLASHINFER_MLA cells (auto, fp8) plus fp8_e4m3 with the fp8 figures."""
+    """The seed case's FLASHINFER_MLA cells (auto, fp8): what a diff of flashinfer_mla.py plans on CUDA."""
     run = tmp_path / "seed"
     synthetic_run.write_seed_run(run)
-    e4m3 = run / "flashinfer_mla-fp8_e4m3-sm100"
-    shutil.copytree(run / "flashinfer_mla-fp8-sm100", e4m3)
-    record = json.loads((e4m3 / "cell.json").read_text())
-    record.update(kv_cache_dtype="fp8_e4m3", cell_id="flashinfer_mla-fp8_e4m3-sm100")
-    (e4m3 / "cell.json").write_text(json.dumps(record, indent=2))
     return run
 
 
@@ -72,7 +67,7 @@ def job_environment(tmp_path: Path, planned: str, **extra: str) -> dict[str, str
 @pytest.mark.slow
 def test_a_missing_cell_fails_the_gate_and_the_summary_says_which(tmp_path, capsys):
     seed = seed_cells(tmp_path)
-    download_layout(seed, tmp_path / "artifacts", ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"])
+    download_layout(seed, tmp_path / "artifacts", ["flashinfer_mla-auto-sm100"])
     env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF))
 
     status = gate_job.run(env)
@@ -80,22 +75,22 @@ def test_a_missing_cell_fails_the_gate_and_the_summary_says_which(tmp_path, caps
     summary = (tmp_path / "summary.md").read_text()
     print(summary)
     assert status == 1
-    assert "flashinfer_mla-fp8_e4m3-sm100" in summary
+    assert "flashinfer_mla-fp8-sm100" in summary
     verdict = json.loads((tmp_path / "run" / "gate" / "verdict.json").read_text())
     failing = {(c["cell"], c["status"]) for c in verdict["checks"] if c["status"] in ("fail", "error", "missing")}
-    assert ("flashinfer_mla-fp8_e4m3-sm100", "error") in failing
-    assert {cell for cell, _ in failing} == {"flashinfer_mla-fp8_e4m3-sm100"}
+    assert ("flashinfer_mla-fp8-sm100", "error") in failing
+    assert {cell for cell, _ in failing} == {"flashinfer_mla-fp8-sm100"}
     assert json.loads((tmp_path / "run" / "gate" / "pull_request.json").read_text()) == {
         "number": 4242, "head_sha": "a" * 40}
     run_info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert sorted(run_info["jobs"]) == ["kvgate-cell-flashinfer_mla-auto-sm100", "kvgate-cell-flashinfer_mla-fp8-sm100"]
-    assert "::error::cell flashinfer_mla-fp8_e4m3-sm100: no artifact from its job" in capsys.readouterr().out
+    assert sorted(run_info["jobs"]) == ["kvgate-cell-flashinfer_mla-auto-sm100"]
+    assert "::error::cell flashinfer_mla-fp8-sm100: no artifact from its job" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_every_planned_cell_present_passes_with_the_report_in_the_summary(tmp_path):
     seed = seed_cells(tmp_path)
-    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100", "flashinfer_mla-fp8_e4m3-sm100"]
+    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
     download_layout(seed, tmp_path / "artifacts", cells)
     env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success")
 
@@ -111,7 +106,7 @@ def test_every_planned_cell_present_passes_with_the_report_in_the_summary(tmp_pa
 @pytest.mark.slow
 def test_a_cell_killed_mid_run_fails_its_unreported_stages(tmp_path):
     seed = seed_cells(tmp_path)
-    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100", "flashinfer_mla-fp8_e4m3-sm100"]
+    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
     download_layout(seed, tmp_path / "artifacts", cells)
     killed = tmp_path / "artifacts" / "kvgate-cell-flashinfer_mla-fp8-sm100" / "flashinfer_mla-fp8-sm100"
     shutil.rmtree(killed / "throughput")  # the job timed out during the throughput stage
@@ -126,7 +121,7 @@ def test_a_cell_killed_mid_run_fails_its_unreported_stages(tmp_path):
 @pytest.mark.slow
 def test_the_baseline_is_passed_to_the_gate(tmp_path, capsys):
     seed = seed_cells(tmp_path)
-    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100", "flashinfer_mla-fp8_e4m3-sm100"]
+    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
     download_layout(seed, tmp_path / "artifacts", cells)
     env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), BASELINE_DIR=str(seed))
 
@@ -185,11 +180,11 @@ def test_assembly_keeps_two_cell_folders_of_the_same_name_apart(tmp_path):
 
 
 def test_a_missing_cell_gets_its_identity_and_errored_stages(tmp_path):
-    entry = json.loads(planned_matrix(FLASHINFER_MLA_DIFF))["include"][2]
+    entry = json.loads(planned_matrix(FLASHINFER_MLA_DIFF))["include"][1]
     folder = gate_job.write_missing_cell(tmp_path, entry, "no results")
     cell = json.loads((folder / "cell.json").read_text())
     assert {k: cell[k] for k in gate_job.IDENTITY_KEYS} == {
-        "backend": "FLASHINFER_MLA", "kv_cache_dtype": "fp8_e4m3", "arch": "sm100",
+        "backend": "FLASHINFER_MLA", "kv_cache_dtype": "fp8", "arch": "sm100",
         "model": "deepseek-ai/DeepSeek-V2-Lite-Chat"}
     assert json.loads((folder / "status.json").read_text()) == {
         stage: {"status": "error", "reason": "no results"} for stage in ("kernels", "accuracy", "throughput")}

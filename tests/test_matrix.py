@@ -70,6 +70,29 @@ def test_cpu_default_is_the_three_embedded_cells(real_matrix):
     assert ids(real_matrix.select(archs=["cpu"])) == {"cpu_attn-auto-cpu", "cpu_attn-fp8-cpu", "cpu_mla-auto-cpu"}
 
 
+GPU_ARCHS = ("sm80", "sm89", "sm90", "sm100", "sm120")
+
+
+def test_cuda_runs_fp8_once_per_backend_not_its_e4m3_alias(real_matrix):
+    gpu = [c for c in real_matrix.cells if c.arch in GPU_ARCHS]
+    assert not [c.id for c in gpu if c.kv_cache_dtype == "fp8_e4m3"]
+    for backend in real_matrix.backends.values():
+        for arch in backend.archs:
+            if arch in GPU_ARCHS and backend.supports(arch, "fp8_e4m3"):
+                assert kvmatrix.cell_id(backend.name, "fp8", arch) in ids(gpu), (backend.name, arch)
+    (alias,) = [e for e in real_matrix.exclusions if e.match.kv_cache_dtype == ("fp8_e4m3",) and e.match.arch]
+    assert alias.match.arch == GPU_ARCHS and not alias.match.backend
+    assert alias.link == "https://github.com/vllm-project/vllm/blob/v0.26.0/vllm/config/cache.py"
+
+
+def test_the_matrix_counts_59_cells(real_matrix):
+    """README says how many cells there are; 77 before fp8_e4m3 left CUDA (18 cells)."""
+    counts = {arch: len(cells) for arch, cells in real_matrix.cells_by_arch().items()}
+    assert counts == {"sm80": 7, "sm89": 10, "sm90": 14, "sm100": 15, "sm120": 10, "cpu": 3}
+    assert len(real_matrix.cells) == 59
+    assert "(59 today)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
 def test_every_fp8_cell_has_an_auto_partner(real_matrix):
     all_ids = ids(real_matrix.cells)
     for cell in real_matrix.cells:
@@ -194,9 +217,9 @@ def test_exclusion_matching_no_cell(matrix_copy):
     errors = load_errors(matrix_copy)
     assert errors == [
         f"{matrix_copy}/exclusions.toml: exclusion matches no cell (the backend's declared support already leaves it "
-        "out, or the names are stale) in exclude[3]. Delete it or fix its match",
+        "out, or the names are stale) in exclude[4]. Delete it or fix its match",
     ]
-    # exclude[2] matched flash_attn_mla-auto-sm90 and removed it, which is allowed
+    # exclude[3] matched flash_attn_mla-auto-sm90 and removed it, which is allowed
 
 
 def test_unknown_key_with_did_you_mean(matrix_copy):
@@ -266,7 +289,7 @@ def test_cli_changed_files(capsys, tmp_path):
     diff.write_text("vllm/v1/attention/backends/mla/flashinfer_mla.py\n")
     code, out, _ = run_cli(capsys, "matrix", "--format", "ids", "--changed-files", str(diff))
     assert code == 0
-    assert out.split() == ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100", "flashinfer_mla-fp8_e4m3-sm100"]
+    assert out.split() == ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
 
 
 def test_cli_bad_matrix_is_one_line_per_problem_and_exit_2(capsys, matrix_copy):

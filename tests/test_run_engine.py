@@ -141,8 +141,9 @@ def test_silent_backend_fallback_fails_the_cell_naming_the_backend_that_ran(tmp_
     swapped = edited_matrix(tmp_path / "matrix", 'model = "kvgate:tiny-llama"\nmla = false',
                             'model = "kvgate:tiny-llama"\nmla = true')
     text = (swapped / "workloads.toml").read_text()
-    (swapped / "workloads.toml").write_text(
-        text.replace('model = "kvgate:tiny-deepseek-v2"\nmla = true', 'model = "kvgate:tiny-deepseek-v2"\nmla = false'))
+    (swapped / "workloads.toml").write_text(  # the CPU workload's table only (the GPU archs have their own)
+        text.replace('[workloads.tiny-deepseek-v2]\nmodel = "kvgate:tiny-deepseek-v2"\nmla = true',
+                     '[workloads.tiny-deepseek-v2]\nmodel = "kvgate:tiny-deepseek-v2"\nmla = false'))
     run_dir = tmp_path / "results"
     proc = kvgate_run("accuracy", "--matrix-dir", str(swapped), "--run-dir", str(run_dir), "--cell", "cpu_mla-auto-cpu",
                       "--", "--limit", "2")

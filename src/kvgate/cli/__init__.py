@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "gate": "kvgate.cli.gate_command",
     "power": "kvgate.cli.power_command",
     "canaries": "kvgate.cli.canaries_command",
+    "prefetch": "kvgate.cli.prefetch_command",
 }
 
 

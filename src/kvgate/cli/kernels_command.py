@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if args.side is not None and (args.vllm or args.base_vllm):
         raise InputError("kvgate kernels", "--side comes with the environment of that side's vLLM",
                          hint="Pass either --side or --vllm/--base-vllm")
+    warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU test runs
+    if warning:
+        print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)
     failed = False
     runs = [(cell, side) for cell in cells for side in sides]

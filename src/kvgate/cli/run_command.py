@@ -36,7 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="arch whose cells run when no filter is given (default: this machine's)")
     add_filter_arguments(parser)
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="per stage of a cell; the stage's process group is killed after it (default 3600)")
+                        help="per stage of a cell; the stage's process group is killed after it (default: the "
+                             "cell's workload's, matrix/workloads.toml `timeouts`; 3600 where it declares none)")
     parser.add_argument("--stages", default=None,
                         help="for `run cell`: comma-separated, of kernels,accuracy,throughput (default: all)")
     add_vllm_arguments(parser)
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--timeout", f"expected a positive number of seconds, got {args.timeout:g}")
     matrix = load_matrix(args.matrix_dir)
     filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
-    arch_default = args.arch_default or hardware.local_arch()
+    local_arch = hardware.local_arch()
+    arch_default = args.arch_default or local_arch
     archs = list(args.arch) if filtered else [arch_default]
     if not filtered and arch_default not in matrix.archs:
         from kvgate import unknown_name_hint
@@ -97,13 +99,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"kvgate run {args.what}", "no cell matches these filters",
                          hint="List the cells with `kvgate matrix`")
 
+    warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU cell runs
+    if warning:
+        print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)  # every spec checked before a folder is touched
 
-    from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS, RunOptions, run_cells
+    from kvgate.runners.matrix_run import RunOptions, run_cells
 
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
-                         timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_SECONDS,
+                         timeout=args.timeout,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
-                         matrix_dir=args.matrix_dir, local_arch=hardware.local_arch())
+                         matrix_dir=args.matrix_dir, local_arch=local_arch)
     status, _ = run_cells(cells, options)
     return status

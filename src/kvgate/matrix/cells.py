@@ -69,6 +69,8 @@ class Workload:
     model_args: Mapping[str, Any]
     gsm8k: Mapping[str, Any]
     throughput: Mapping[str, Any]
+    timeouts: Mapping[str, int] = field(default_factory=dict)  # stage -> seconds (accuracy, throughput)
+    calculate_kv_scales: bool = False  # FP8 cells: vLLM computes k/v scales from the data (else checkpoint or 1.0)
 
     @property
     def is_local_model(self) -> bool:
@@ -151,6 +153,8 @@ class Cell:
             "task": str(self.workload.gsm8k["task"]),  # the lm-eval task name its results are filed under
             "cell_id": self.id,
             "workload": self.workload.name,
+            # FP8 cells: the engine's calculate_kv_scales, passed explicitly (docs/results-folder.md 1.3)
+            **({"calculate_kv_scales": self.workload.calculate_kv_scales} if self.is_fp8 else {}),
         }
 
 
@@ -444,7 +448,9 @@ def _globs(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
 
 
 GSM8K_KEYS = ("task", "num_fewshot", "limit", "batch_size")
+GSM8K_OPTIONAL_KEYS = ("add_bos_token",)  # lm-eval's vllm model argument; absent: the tokenizer's own default
 THROUGHPUT_KEYS = ("dataset_name", "random_input_len", "random_output_len", "num_prompts", "repeats", "warmups")
+TIMEOUT_KEYS = ("accuracy", "throughput")  # seconds per stage of one cell; the kernels stage is not the model's
 
 
 def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[str, Arch]) -> dict[str, Workload]:
@@ -452,13 +458,16 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     if not reader.keys(doc, "workloads.toml", ["defaults", "workloads"]):
         return workloads
     defaults = doc["defaults"]
-    if not reader.keys(defaults, "defaults", ["gsm8k", "throughput"]):
+    if not reader.keys(defaults, "defaults", ["gsm8k", "throughput"], ["timeouts"]):
         return workloads
-    gsm8k_defaults = _settings(reader, defaults["gsm8k"], "defaults.gsm8k", GSM8K_KEYS, required=True)
+    gsm8k_defaults = _settings(reader, defaults["gsm8k"], "defaults.gsm8k", GSM8K_KEYS, required=True,
+                               optional=GSM8K_OPTIONAL_KEYS)
     throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True)
+    timeout_defaults = _settings(reader, defaults.get("timeouts", {}), "defaults.timeouts", TIMEOUT_KEYS)
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
-        if not reader.keys(spec, where, ["model", "mla", "archs"], ["model_args", "gsm8k", "throughput"]):
+        if not reader.keys(spec, where, ["model", "mla", "archs"],
+                           ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -468,22 +477,35 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             if reserved in model_args:
                 reader.error(f"'{reserved}' is set by kvgate from the cell", f"{where}.model_args.{reserved}",
                              "Delete it")
+        if "calculate_kv_scales" in model_args:
+            reader.error("'calculate_kv_scales' is set by kvgate for the FP8 cells only",
+                         f"{where}.model_args.calculate_kv_scales", f"Write it as {where}.calculate_kv_scales")
         workloads[name] = Workload(
             name=name, model=reader.string(spec, "model", where), mla=reader.boolean(spec, "mla", where),
             archs=reader.names(spec["archs"], f"{where}.archs", archs, "arch"), model_args=dict(model_args),
-            gsm8k={**gsm8k_defaults, **_settings(reader, spec.get("gsm8k", {}), f"{where}.gsm8k", GSM8K_KEYS)},
+            gsm8k={**gsm8k_defaults, **_settings(reader, spec.get("gsm8k", {}), f"{where}.gsm8k",
+                                                 (*GSM8K_KEYS, *GSM8K_OPTIONAL_KEYS))},
             throughput={**throughput_defaults,
                         **_settings(reader, spec.get("throughput", {}), f"{where}.throughput", THROUGHPUT_KEYS)},
+            timeouts={**timeout_defaults,
+                      **_settings(reader, spec.get("timeouts", {}), f"{where}.timeouts", TIMEOUT_KEYS)},
+            calculate_kv_scales=reader.boolean(spec, "calculate_kv_scales", where)
+            if "calculate_kv_scales" in spec else False,
         )
     return workloads
 
 
-def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], required: bool = False) -> dict[str, Any]:
-    if not reader.keys(table, where, keys if required else [], [] if required else keys):
+def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], required: bool = False,
+              optional: Sequence[str] = ()) -> dict[str, Any]:
+    if not reader.keys(table, where, keys if required else [], [*optional] if required else [*keys, *optional]):
         return {}
     out = {}
     for key, value in table.items():
-        if key in ("task", "dataset_name"):
+        if key == "add_bos_token":
+            if not isinstance(value, bool):
+                reader.error(f"expected true or false, got {describe_value(value)}", f"{where}.{key}")
+                continue
+        elif key in ("task", "dataset_name"):
             if not isinstance(value, str) or not value:
                 reader.error(f"expected a name, got {describe_value(value)}", f"{where}.{key}")
                 continue

@@ -37,7 +37,7 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
     try:
         output, probe_dir, report_path = scratch / "accuracy", scratch / "probe", scratch / "worker.json"
         lm_args = lm_eval_arguments(cell, ctx.model_path, output, include_path=ctx.include_path,
-                                    passthrough=ctx.passthrough)
+                                    passthrough=ctx.passthrough, calculate_kv_scales=ctx.calculate_kv_scales)
         argv = [ctx.python, "-m", "kvgate.runners.accuracy_worker", "--report", str(report_path),
                 "--backend", cell.backend, "--arch", cell.arch]
         if with_probe:

@@ -18,11 +18,12 @@ DEFAULT_MAX_MODEL_LEN = 4096
 VLLM_CLI = ("-m", "vllm.entrypoints.cli.main")  # `vllm` without relying on the venv's bin/ being on PATH
 
 
-def engine_model_args(cell: Cell, model_path: str) -> dict[str, Any]:
+def engine_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool | None = None) -> dict[str, Any]:
     """vLLM engine arguments of a cell (lm-eval's vllm model passes them to `vllm.LLM(...)`).
 
     The backend is chosen by the engine argument `attention_backend`, never the environment variable
-    VLLM_ATTENTION_BACKEND, which vLLM >= 0.26 silently ignores.
+    VLLM_ATTENTION_BACKEND, which vLLM >= 0.26 silently ignores. calculate_kv_scales is passed when given
+    (FP8 cells, against a vLLM that has the option: kvgate.runners.engine_options).
     """
     workload_args = dict(cell.workload.model_args)
     args: dict[str, Any] = {
@@ -32,18 +33,30 @@ def engine_model_args(cell: Cell, model_path: str) -> dict[str, Any]:
         "trust_remote_code": bool(workload_args.pop("trust_remote_code", False)),
         "max_model_len": workload_args.pop("max_model_len", DEFAULT_MAX_MODEL_LEN),
     }
+    if calculate_kv_scales is not None:
+        args["calculate_kv_scales"] = calculate_kv_scales
     args.update(workload_args)
     return args
 
 
+def lm_eval_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool | None = None) -> dict[str, Any]:
+    """lm-eval's `vllm` model arguments: the engine's, plus lm-eval's own where the workload sets them
+    (add_bos_token, as vLLM's CI passes it for hub models; it is not an engine argument)."""
+    args = engine_model_args(cell, model_path, calculate_kv_scales=calculate_kv_scales)
+    if "add_bos_token" in cell.workload.gsm8k:
+        args["add_bos_token"] = bool(cell.workload.gsm8k["add_bos_token"])
+    return args
+
+
 def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include_path: Path | None = None,
-                      passthrough: Sequence[str] = ()) -> list[str]:
+                      passthrough: Sequence[str] = (), calculate_kv_scales: bool | None = None) -> list[str]:
     """Arguments of `lm_eval run` for a cell's gsm8k: vllm model, n-shot, greedy, samples logged."""
     gsm8k = cell.workload.gsm8k
     argv = [
         "run",
         "--model", "vllm",
-        "--model_args", json.dumps(engine_model_args(cell, model_path), sort_keys=False),
+        "--model_args", json.dumps(lm_eval_model_args(cell, model_path, calculate_kv_scales=calculate_kv_scales),
+                                   sort_keys=False),
         "--tasks", str(gsm8k["task"]),
         "--num_fewshot", str(gsm8k["num_fewshot"]),
         "--batch_size", str(gsm8k["batch_size"]),
@@ -58,10 +71,10 @@ def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include
 
 
 def bench_throughput_argv(python: str, cell: Cell, model_path: str, output_json: Path | None,
-                          passthrough: Sequence[str] = ()) -> list[str]:
+                          passthrough: Sequence[str] = (), *, calculate_kv_scales: bool | None = None) -> list[str]:
     """`vllm bench throughput` for one repeat of a cell (output_json None: a warm-up run)."""
     settings = cell.workload.throughput
-    engine = engine_model_args(cell, model_path)
+    engine = engine_model_args(cell, model_path, calculate_kv_scales=calculate_kv_scales)
     argv = [python, *VLLM_CLI, "bench", "throughput",
             "--model", engine.pop("pretrained"),
             "--dataset-name", str(settings["dataset_name"])]

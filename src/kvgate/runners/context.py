@@ -25,6 +25,7 @@ class CellContext:
     echo: bool = True  # stream the tools' output to the terminal too
     side: str | None = None  # the side of an A/B run (base | head); None: a run of one side
     vllm: VllmUnderTest | None = None  # what this side runs, when kvgate was told (--vllm / --base-vllm)
+    calculate_kv_scales: bool | None = None  # passed to the engine when not None (FP8 cells, kvgate.runners.engine_options)
 
     @property
     def label(self) -> str:

@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 IGNORED_BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
+# kvgate reads which attention backend ran from the engine's INFO lines ("Using ... backend."): the throughput
+# stage has no other evidence (`vllm bench throughput` is a separate process), so the engine logs at INFO.
+LOGGING_LEVEL_VARIABLE = "VLLM_LOGGING_LEVEL"
+CONFIGURE_LOGGING_VARIABLE = "VLLM_CONFIGURE_LOGGING"
+LEVELS_THAT_KEEP_INFO = ("DEBUG", "INFO")  # vLLM upper-cases the value; DEBUG writes the INFO lines too
 MODEL_DIR_VARIABLE = "KVGATE_MODEL_DIR"
+TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's (the second is its old name)
 CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: the tiny models need little; the machine is shared
 
 
@@ -25,6 +31,7 @@ def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
             f"{IGNORED_BACKEND_VARIABLE}={value} is set, but vLLM >= 0.26 ignores it silently (vllm issue "
             f"50292): kvgate unsets it for the run and selects each cell's backend with the engine "
             f"argument attention_backend")
+    warnings += _log_at_info(env)
     # vLLM writes a second, PyTorch-benchmark-format *.json beside --output-json when this is set; the
     # results contract wants exactly one *.json per throughput repeat.
     env.pop("SAVE_TO_PYTORCH_BENCHMARK_FORMAT", None)
@@ -34,6 +41,37 @@ def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
     if local_model:  # kvgate's own models and data: nothing to fetch, so never wait on the hub
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
+    else:  # hub models and lm-eval's datasets come from the cache `kvgate prefetch` filled, never the network
+        env.setdefault("HF_HUB_OFFLINE", "1")  # an explicit HF_HUB_OFFLINE=0 (a developer's box) is kept
+        env.setdefault("HF_DATASETS_OFFLINE", env["HF_HUB_OFFLINE"])
+    if env["HF_HUB_OFFLINE"].strip() == "1":
+        tokens = [name for name in TOKEN_VARIABLES if env.pop(name, None) is not None]
+        if tokens:
+            warnings.append(
+                f"{' and '.join(tokens)} {'is' if len(tokens) == 1 else 'are'} set, but the engines run with the hub "
+                f"offline and need no token: kvgate keeps {'it' if len(tokens) == 1 else 'them'} from the engine "
+                f"processes, which run the vLLM under test (a token belongs where the cache is filled: README, "
+                f"\"Offline operation\")")
     env["PYTHONUNBUFFERED"] = "1"  # the engine's output reaches the terminal and the log as it happens
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env, warnings
+
+
+def _log_at_info(env: dict[str, str]) -> list[str]:
+    """Make the engine write its INFO lines; a warning for each user setting overridden."""
+    warnings = []
+    level = env.get(LOGGING_LEVEL_VARIABLE)
+    if level is not None and level.strip().upper() not in LEVELS_THAT_KEEP_INFO:
+        warnings.append(
+            f"{LOGGING_LEVEL_VARIABLE}={level} is set, but kvgate reads the attention backend from the engine's "
+            f"INFO lines (\"Using ... backend.\"): kvgate sets {LOGGING_LEVEL_VARIABLE}=INFO for the engine "
+            f"processes")
+        level = None
+    env[LOGGING_LEVEL_VARIABLE] = level if level is not None else "INFO"
+    configure = env.get(CONFIGURE_LOGGING_VARIABLE)
+    if configure is not None and configure.strip() != "1":
+        warnings.append(
+            f"{CONFIGURE_LOGGING_VARIABLE}={configure} is set, which turns vLLM's log lines off, but kvgate reads "
+            f"the attention backend from them: kvgate sets {CONFIGURE_LOGGING_VARIABLE}=1 for the engine processes")
+        env[CONFIGURE_LOGGING_VARIABLE] = "1"
+    return warnings

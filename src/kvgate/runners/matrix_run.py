@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK
@@ -24,6 +24,8 @@ from kvgate.runners.accuracy import run_accuracy
 from kvgate.runners.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_environment import engine_environment
+from kvgate.runners.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
+from kvgate.runners.hub_cache import missing_from_cache
 from kvgate.runners.kernels import run_kernels
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
@@ -31,7 +33,7 @@ from kvgate.runners.sides import Side, sides_record
 from kvgate.runners.throughput import run_throughput, run_throughput_interleaved
 
 STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them
-DEFAULT_TIMEOUT_SECONDS = 3600.0
+DEFAULT_TIMEOUT_SECONDS = 3600.0  # a stage whose workload declares no timeout, and the kernels stage
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -39,7 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 class RunOptions:
     run_dir: Path
     stages: Sequence[str]
-    timeout: float | None = DEFAULT_TIMEOUT_SECONDS
+    timeout: float | None = None  # seconds, every stage (`--timeout`); None: each stage's own (stage_timeout)
     passthrough: Sequence[str] = ()
     command: Sequence[str] = field(default_factory=lambda: list(sys.argv))
     arch: str | None = None
@@ -86,7 +88,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     for part in parts:
                         index += 1
                         options.say(progress.start_line(index, total, part.ctx.label, stage))
-                    stage_outcomes = _guarded(parts, stage, run_throughput_interleaved, [p.ctx for p in parts])
+                    stage_outcomes = _guarded(parts, stage, run_throughput_interleaved,
+                                              [_for_stage(p.ctx, stage, options) for p in parts])
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
                         options.say(progress.end_line(index, total, outcome))
@@ -98,7 +101,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     if part.ctx is None:
                         stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
                     else:
-                        stage_outcomes = _guarded([part], stage, _run_stage, stage, part.ctx, part.setup_error, cell,
+                        stage_outcomes = _guarded([part], stage, _run_stage, stage,
+                                                  _for_stage(part.ctx, stage, options), part.setup_error, cell,
                                                   part.cell_dir)
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
@@ -132,6 +136,18 @@ def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warne
     return _CellSide(side=side, cell_dir=cell_dir, ctx=ctx, setup_error=setup_error, wrong_machine=None)
 
 
+def stage_timeout(cell: Cell, stage: str, override: float | None) -> float:
+    """Seconds a stage of a cell may run: `--timeout` when given, else its workload's (matrix/workloads.toml
+    `timeouts`, sized from the engine start-up budgets of vLLM's CI), else DEFAULT_TIMEOUT_SECONDS."""
+    if override is not None:
+        return override
+    return float(cell.workload.timeouts.get(stage, DEFAULT_TIMEOUT_SECONDS))
+
+
+def _for_stage(ctx: CellContext, stage: str, options: RunOptions) -> CellContext:
+    return replace(ctx, timeout=stage_timeout(ctx.cell, stage, options.timeout))
+
+
 def _guarded(parts: list[_CellSide], stage: str, run: Callable[..., list[StageOutcome]], *args) -> list[StageOutcome]:
     """run(*args) for a stage; on Ctrl-C or SIGTERM mark it failed in every side it was running for, then stop."""
     try:
@@ -162,7 +178,8 @@ def cell_record(cell: Cell) -> dict:
 
 def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
              options: RunOptions, side: Side) -> tuple[CellContext, str | None]:
-    """The cell's context, and why its engine stages cannot run (model not buildable, task not writable)."""
+    """The cell's context, and why its engine stages cannot run (model not buildable, task not writable, model or
+    dataset not in the cache an offline engine reads, an engine option the cell's vLLM does not have)."""
     needs_engine = any(stage in ("accuracy", "throughput") for stage in options.stages)
     model_path, include_path, setup_error = cell.model, None, None
     try:
@@ -177,11 +194,16 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
             include_path = _local_task_folder(run_dir)
     except Exception as error:  # reported as the cell's stage error; the other cells still run
         setup_error = f"setup failed: {type(error).__name__}: {error}"
+    if needs_engine and setup_error is None:  # a model or dataset the offline engine cannot find: say so now
+        setup_error = missing_from_cache(cell, options.stages, env)
+    package_dir = vllm_package_dir(env) if cell.is_fp8 and needs_engine else None
+    kv_scales, kv_scales_error = kv_scales_argument(cell, has_calculate_kv_scales(package_dir), package_dir)
+    setup_error = setup_error or kv_scales_error
     ctx = CellContext(cell=cell, cell_dir=cell_dir, run_dir=run_dir, model_path=str(model_path),
                       python=sys.executable, env=env, timeout=options.timeout,
                       passthrough=tuple(options.passthrough), include_path=include_path,
                       matrix_dir=options.matrix_dir, echo=options.echo,
-                      side=side.name if side.ab else None, vllm=side.vllm)
+                      side=side.name if side.ab else None, vllm=side.vllm, calculate_kv_scales=kv_scales)
     return ctx, setup_error
 
 

@@ -123,7 +123,8 @@ def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, lo
         raise _StageFailed("timeout", f"no time left for {label} (stage timeout {ctx.timeout:.0f} s)")
     output_json = scratch / f"repeat-{repeat}.json" if repeat is not None else None
     run_log = scratch / f"repeat-{repeat}.log" if repeat is not None else scratch / "warmup.log"
-    argv = bench_throughput_argv(ctx.python, cell, ctx.model_path, output_json, ctx.passthrough)
+    argv = bench_throughput_argv(ctx.python, cell, ctx.model_path, output_json, ctx.passthrough,
+                                 calculate_kv_scales=ctx.calculate_kv_scales)
     header = f"kvgate: {ctx.label} throughput {label}: vllm {' '.join(argv[3:])}\n"
     with open(log, "ab") as handle:
         handle.write(header.encode())
