@@ -247,7 +247,7 @@ def test_the_plan_step_runs_in_the_workflow_as_tested():
 def test_plan_for_a_flashinfer_mla_diff(tmp_path):
     diff = tmp_path / "changed.txt"
     diff.write_text("vllm/v1/attention/backends/mla/flashinfer_mla.py\n", encoding="utf-8")
-    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff))
+    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff), "--change-of", "vllm")
     assert [(e["cell"], e["runner"], e["sessions"]) for e in matrix["include"]] == [
         ("flashinfer_mla-auto-sm100", "gpu-sm100", ["cell(flashinfer_mla-auto-sm100)"]),
         ("flashinfer_mla-fp8-sm100", "gpu-sm100", ["cell(flashinfer_mla-fp8-sm100)"]),
