@@ -74,7 +74,10 @@ def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
     def run(argv, env=None):
         session.run(*argv, external=True, env=env, silent=False)
 
-    return str(engine_env.ensure(ROOT, flavour, run=run, log=session.log))
+    try:
+        return str(engine_env.ensure(ROOT, flavour, run=run, log=session.log))
+    except engine_env.EngineEnvError as error:
+        session.error(str(error))
 
 
 def _kvgate(session: nox.Session, python: str, *args: str) -> None:
