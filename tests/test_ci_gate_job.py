@@ -59,9 +59,6 @@ def download_layout(seed: Path, artifacts: Path, cells: list[str]) -> Path:
 
 def job_environment(tmp_path: Path, planned: str, **extra: str) -> dict[str, str]:
     event = tmp_path / "event.json"
-
-def job_environment(tmp_path: Path, planned: str, **extra: str) -> dict[str, str]:
-    event = tmp_path / "event.json"
     event.write_text(json.dumps({"pull_request": {"number": 4242, "head": {"sha": "a" * 40}}}))
     return {**os.environ, "ARTIFACTS_DIR": str(tmp_path / "artifacts"), "KVGATE_RUN_DIR": str(tmp_path / "run"),
             "PLANNED_MATRIX": planned, "PLAN_RESULT": "success", "CELLS_RESULT": "failure",

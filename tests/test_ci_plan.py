@@ -103,7 +103,7 @@ def test_a_pull_request_without_a_diff_is_an_error():
 def test_a_path_that_cannot_travel_one_a_line_plans_every_cell(path):
     selection, reason = plan.decide("pull_request", ["docs/a.md", path], "vllm")
     assert selection is None
-    assert reason == (f"A changed path cannot be matched safely ({ascii(path)}: a control character or not UTF-8): "
+    assert reason == (f"A changed path cannot be matched safely ({path!a}: a control character or not UTF-8): "
                       "every cell.")
 
 
