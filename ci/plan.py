@@ -20,7 +20,11 @@ What a path selects depends on whose change it is (--change-of):
           cells whose backend sources were touched (all of them when vLLM's shared attention code was).
 On a push, a schedule or a manual run every cell is planned.
 
-Writes to $GITHUB_OUTPUT: matrix (`{"include": [...]}`, one line), has-cells (true/false), cell-count;
+Each matrix entry gains `runs-on`: its runner label plus the pool label (kvgate-main for main's own runs, kvgate-pr
+otherwise) on self-hosted runners, so main's baseline never runs where a pull request's code ran.
+
+Writes to $GITHUB_OUTPUT: matrix (`{"include": [...]}`, one line), has-cells (true/false), cell-count, merge-base
+(with --base/--head: the commit the change is counted from);
 a short plan to $GITHUB_STEP_SUMMARY; the matrix JSON to stdout. Exit 2 with one `ERROR` line on bad input.
 """
 
@@ -34,7 +38,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +257,7 @@ def decide(event: str, changed: list[str] | None, change_of: str = "kvgate",
     if change_of not in CHANGE_OWNERS:
         raise PlanError(f"--change-of {change_of!r}: expected one of {', '.join(CHANGE_OWNERS)}")
     if all_cells:
-        return None, "Every cell was asked for (--all-cells)."
+        return None, "Every cell was asked for (--cells all)."
     if changed is None:
         if event in ALL_CELLS_EVENTS:
             return None, f"Event `{event}`: every cell."
@@ -309,6 +313,14 @@ def read_changed_list(path: Path) -> list[str]:
     return [p.decode("utf-8", "surrogateescape").strip() for p in parts if p.strip()]
 
 
+def default_pool_label(environ: Mapping[str, str]) -> str:
+    """The runner pool of self-hosted cells: kvgate-main for main's own runs (push or manual run on main), else
+    kvgate-pr. GitHub enforces it where the main pool's runner group admits only workflows on refs/heads/main."""
+    if environ.get("GITHUB_EVENT_NAME") != "pull_request" and environ.get("GITHUB_REF") == "refs/heads/main":
+        return "kvgate-main"
+    return "kvgate-pr"
+
+
 def changed_paths(args: argparse.Namespace) -> list[str] | None:
     """The change to plan for; None (every cell) on a push, schedule or manual run unless a list is given."""
     if args.changed_files is not None:
@@ -326,7 +338,8 @@ def changed_paths(args: argparse.Namespace) -> list[str] | None:
     if args.base is None:
         return pull_request_changed_files(args.repo)
     base, head = check_rev("--base", args.base), check_rev("--head", args.head)
-    return git_changed_paths(args.repo, merge_base(args.repo, base, head), head)
+    args.merge_base = merge_base(args.repo, base, head)
+    return git_changed_paths(args.repo, args.merge_base, head)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -342,17 +355,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--head", metavar="REV", help="with --repo: the head commit")
     parser.add_argument("--change-of", choices=CHANGE_OWNERS, default="kvgate",
                         help="whose paths these are: kvgate's own (harness or not) or vLLM's (backend sources)")
-    parser.add_argument("--all-cells", action="store_true", help="plan every cell whatever changed")
-    parser.add_argument("--pool-label", default=os.environ.get("KVGATE_POOL_LABEL", ""),
-                        help="extra runner label for self-hosted cells (e.g. kvgate-main, kvgate-pr)")
+    parser.add_argument("--cells", choices=("changed", "all"), default=os.environ.get("KVGATE_PLAN_CELLS") or "changed",
+                        help="changed: the cells the change can affect (default); all: every cell whatever changed")
+    parser.add_argument("--pool-label", default=os.environ.get("KVGATE_POOL_LABEL") or default_pool_label(os.environ),
+                        help="extra runner label of self-hosted cells (default: kvgate-main on main's own runs, "
+                             "else kvgate-pr); empty for none")
     parser.add_argument("--nox", default=os.environ.get("KVGATE_NOX", "nox"),
                         help="the nox command (default: $KVGATE_NOX or nox)")
     args = parser.parse_args(argv)
+    args.merge_base = ""
     try:
-        changed = None if args.all_cells else changed_paths(args)
-        matrix, reason = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, args.all_cells)
+        if args.cells not in ("changed", "all"):
+            raise PlanError(f"--cells {args.cells!r}: expected changed or all")
+        all_cells = args.cells == "all"
+        changed = None if all_cells else changed_paths(args)
+        matrix, reason = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, all_cells)
         matrix = with_runner_pool(matrix, args.pool_label)
-        _append(os.environ.get("GITHUB_OUTPUT"), output_lines(outputs(matrix)))
+        _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix), "merge-base": args.merge_base}))
     except PlanError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -337,3 +337,55 @@ def test_a_session_that_writes_no_cell_folder_fails_the_job(tmp_path):
     assert result.returncode == 1
     assert f"::error::cell {ENTRY['cell']}: no cell folder (cell.json)" in result.stdout
     assert json.loads((tmp_path / "run" / "run.json").read_text())["commit"] == "c" * 40
+
+
+def test_an_ab_cell_job_runs_head_against_base_from_one_revision():
+    env = {"KVGATE_VLLM_HEAD": "/w/vllm-head", "KVGATE_VLLM_BASE": "/w/vllm-base", "KVGATE_VLLM_OVERLAY_BASE": "a" * 40}
+    posargs = cell_job.vllm_arguments(env)
+    assert posargs == ["--vllm", f"source:/w/vllm-head@{'a' * 40}", "--base-vllm", f"source:/w/vllm-base@{'a' * 40}"]
+    assert cell_job.session_commands(["nox"], ENTRY["sessions"], posargs) == [
+        ["nox", "-s", "cell(flashinfer_mla-fp8-sm100)", "--", *posargs]]
+    assert cell_job.vllm_arguments({}) == []
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"KVGATE_VLLM_HEAD": "/w/h"}, "$KVGATE_VLLM_HEAD and $KVGATE_VLLM_BASE: set both (the vLLM checkouts of head "
+                                   "and base), or neither"),
+    ({"KVGATE_VLLM_HEAD": "/w/h", "KVGATE_VLLM_BASE": "/w/b", "KVGATE_VLLM_OVERLAY_BASE": "--output=x"},
+     "$KVGATE_VLLM_OVERLAY_BASE: '--output=x' is not a git revision (a commit SHA or a tag)"),
+    ({"KVGATE_VLLM_HEAD": "w/h", "KVGATE_VLLM_BASE": "/w/b", "KVGATE_VLLM_OVERLAY_BASE": "v0.26.0"},
+     "$KVGATE_VLLM_HEAD: 'w/h' must be an absolute path without '@'"),
+    ({"KVGATE_VLLM_HEAD": "/w/h", "KVGATE_VLLM_BASE": "/w/b@x", "KVGATE_VLLM_OVERLAY_BASE": "v0.26.0"},
+     "$KVGATE_VLLM_BASE: '/w/b@x' must be an absolute path without '@'"),
+])
+def test_a_bad_ab_setting_is_one_error(environ, message):
+    with pytest.raises(cell_job.CellJobError) as error:
+        cell_job.vllm_arguments(environ)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("environ", "label"), [
+    ({"GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
+    ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
+    ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/try-this"}, "kvgate-pr"),
+    ({"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),  # never main's pool
+    ({}, "kvgate-pr"),
+])
+def test_only_mains_own_runs_use_the_main_runner_pool(environ, label):
+    assert plan.default_pool_label(environ) == label
+
+
+def test_the_plan_writes_the_merge_base_it_counted_from(vllm_repo, tmp_path, monkeypatch):
+    base = git(vllm_repo, "rev-parse", "HEAD")
+    git(vllm_repo, "checkout", "-qb", "pr")
+    write(vllm_repo, "docs/usage.md", "docs\n")
+    head = commit_all(vllm_repo, "the PR")
+    output = tmp_path / "out"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_EVENT_NAME", "pull_request")
+    args = ["--repo", str(vllm_repo), "--base", base, "--head", head]
+
+    assert plan.main([*args, "--change-of", "vllm", "--nox", "false"]) == 2  # no matrix printed: nothing written
+    assert not output.exists()
+    assert plan.main([*args, "--change-of", "kvgate"]) == 0  # docs only: no cell, no nox needed
+    assert output.read_text() == f'matrix={{"include":[]}}\nhas-cells=false\ncell-count=0\nmerge-base={base}\n'
