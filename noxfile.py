@@ -80,6 +80,13 @@ def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
         session.error(str(error))
 
 
+def _install_kvgate(session: nox.Session) -> None:
+    """kvgate into the session's venv: its core dependencies exactly as ci/requirements-core.txt pins them (hashes
+    checked), then kvgate itself, editable, with nothing else fetched (the locked setuptools builds it)."""
+    session.install("--require-hashes", "-r", "ci/requirements-core.txt")
+    session.install("--no-deps", "--no-build-isolation", "-e", ".")
+
+
 def _kvgate(session: nox.Session, python: str, *args: str) -> None:
     session.run(python, "-m", "kvgate", *args, *session.posargs, external=True)
 
@@ -105,7 +112,7 @@ def matrix(session: nox.Session) -> None:
     if "--check-vllm" in session.posargs:
         _kvgate(session, _engine(session), "matrix")
         return
-    session.install("-e", ".")
+    _install_kvgate(session)
     session.run("kvgate", "matrix", *session.posargs)
 
 
@@ -150,7 +157,7 @@ def canaries(session: nox.Session) -> None:
 @nox.session
 def gate(session: nox.Session) -> None:
     """Judge a results folder: `nox -s gate -- [<run dir>] [--baseline <run dir>]` (default: this run, else latest)."""
-    session.install("-e", ".")
+    _install_kvgate(session)
     args = list(session.posargs)
     if not args or args[0].startswith("-"):
         latest = ROOT / "reports" / "runs" / "latest"

@@ -108,6 +108,22 @@ def test_the_nox_requirements_ci_installs_are_hashed():
     assert [name for name, (_, hashes) in entries.items() if not hashes] == []
 
 
+def test_the_core_lock_pins_every_dependency_of_kvgate_with_hashes():
+    """The `matrix` and `gate` sessions (the trusted plan and gate jobs) install kvgate from it, hash-checked."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {re.split(r"[<>=;\[ ]", requirement, maxsplit=1)[0].lower() for requirement in project["dependencies"]}
+    entries = lock_entries(ROOT / "ci" / "requirements-core.txt")
+    assert names | {"setuptools"} <= set(entries)
+    assert [name for name, (_, hashes) in entries.items() if not hashes] == []
+    noxfile = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert noxfile.count("_install_kvgate(session)") == 2  # matrix and gate
+    assert 'session.install("-e", ".")' not in noxfile
+
+
 def recording_run(venv: Path, calls: list[list[str]]):
     def run(argv, env=None):
         calls.append([str(a) for a in argv])
