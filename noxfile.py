@@ -81,7 +81,17 @@ def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
     def run(argv, env=None):
         session.run(*argv, external=True, env=env, silent=False)
 
-    return str(engine_env.ensure(ROOT, flavour, run=run, log=session.log))
+    try:
+        return str(engine_env.ensure(ROOT, flavour, run=run, log=session.log))
+    except engine_env.EngineEnvError as error:
+        session.error(str(error))
+
+
+def _install_kvgate(session: nox.Session) -> None:
+    """kvgate into the session's venv: its core dependencies exactly as ci/requirements-core.txt pins them (hashes
+    checked), then kvgate itself, editable, with nothing else fetched (the locked setuptools builds it)."""
+    session.install("--require-hashes", "-r", "ci/requirements-core.txt")
+    session.install("--no-deps", "--no-build-isolation", "-e", ".")
 
 
 def _kvgate(session: nox.Session, python: str, *args: str) -> None:
@@ -109,7 +119,7 @@ def matrix(session: nox.Session) -> None:
     if "--check-vllm" in session.posargs:
         _kvgate(session, _engine(session), "matrix")
         return
-    session.install("-e", ".")
+    _install_kvgate(session)
     session.run("kvgate", "matrix", *session.posargs)
 
 
@@ -154,7 +164,7 @@ def canaries(session: nox.Session) -> None:
 @nox.session
 def gate(session: nox.Session) -> None:
     """Judge a results folder: `nox -s gate -- [<run dir>] [--baseline <run dir>]` (default: this run, else latest)."""
-    session.install("-e", ".")
+    _install_kvgate(session)
     args = list(session.posargs)
     if not args or args[0].startswith("-"):
         latest = ROOT / "reports" / "runs" / "latest"

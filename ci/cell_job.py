@@ -7,6 +7,11 @@ Kernel tests on a runner with several GPUs: $KVGATE_KERNEL_WORKERS (read by `kvg
 worker per GPU) is, in order: the repository variable (passed as $KVGATE_KERNEL_WORKERS_OVERRIDE), the
 runner's own environment (its .env file), else the number of GPUs nvidia-smi lists when there are several.
 
+A/B against a vLLM change (kvgate-vllm.yml): with $KVGATE_VLLM_HEAD and $KVGATE_VLLM_BASE (the two git checkouts of
+the vLLM pull request) every session runs `-- --vllm source:HEAD@REV --base-vllm source:BASE@REV`, REV being
+$KVGATE_VLLM_OVERLAY_BASE (the commit both sides' Python changes are counted from, over the matching release's
+compiled parts). Both sides of the cell then run on this machine into one results folder.
+
 A `cell(<id>)` session skips (exit 0) on a machine of another arch; here that is a failure: the runner's
 label promised the cell's GPU. Every session runs even when one fails, so the artifact holds what there is;
 the exit status is the first non-zero one.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,8 +52,30 @@ def read_environment(environ: dict[str, str]) -> tuple[str, list[str], Path]:
     return cell, sessions, Path(run_dir)
 
 
-def session_commands(nox: Sequence[str], sessions: Sequence[str]) -> list[list[str]]:
-    return [[*nox, "-s", session] for session in sessions]
+def session_commands(nox: Sequence[str], sessions: Sequence[str], posargs: Sequence[str] = ()) -> list[list[str]]:
+    return [[*nox, "-s", session, *(["--", *posargs] if posargs else [])] for session in sessions]
+
+
+_REV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
+def vllm_arguments(environ: dict[str, str]) -> list[str]:
+    """`--vllm source:HEAD@REV --base-vllm source:BASE@REV` for an A/B run of a vLLM change; [] otherwise."""
+    head, base = environ.get("KVGATE_VLLM_HEAD", ""), environ.get("KVGATE_VLLM_BASE", "")
+    if not head and not base:
+        return []
+    if not head or not base:
+        raise CellJobError("$KVGATE_VLLM_HEAD and $KVGATE_VLLM_BASE: set both (the vLLM checkouts of head and base), "
+                           "or neither")
+    rev = environ.get("KVGATE_VLLM_OVERLAY_BASE", "")
+    if not _REV.fullmatch(rev) or ".." in rev:
+        raise CellJobError(f"$KVGATE_VLLM_OVERLAY_BASE: {rev[:60]!r} is not a git revision (a commit SHA or a tag)")
+    specs = []
+    for name, value in (("KVGATE_VLLM_HEAD", head), ("KVGATE_VLLM_BASE", base)):
+        if "@" in value or not Path(value).is_absolute():
+            raise CellJobError(f"${name}: {value[:80]!r} must be an absolute path without '@'")
+        specs.append(f"source:{value}@{rev}")
+    return ["--vllm", specs[0], "--base-vllm", specs[1]]
 
 
 WORKERS_ENV = "KVGATE_KERNEL_WORKERS"  # kvgate.kernels.gpus.WORKERS_ENV
@@ -97,6 +125,7 @@ def main() -> int:
     environ = dict(os.environ)
     try:
         cell, sessions, run_dir = read_environment(environ)
+        posargs = vllm_arguments(environ)
         workers = kernel_workers(environ, gpu_count(environ))
     except CellJobError as error:
         print(f"ERROR {error}", file=sys.stderr)
@@ -108,7 +137,7 @@ def main() -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     nox = environ.get("KVGATE_NOX", "nox").split()
     status = 0
-    for argv in session_commands(nox, sessions):
+    for argv in session_commands(nox, sessions, posargs):
         print(f"kvgate cell job: {' '.join(argv)}", flush=True)
         returncode = subprocess.run(argv, cwd=ROOT, env=environ, check=False).returncode
         if returncode != 0:

@@ -1,28 +1,41 @@
 """The gate job: assemble the cells' artifacts into one run folder, run the gate, report, pass its verdict on.
 
-    ARTIFACTS_DIR=... KVGATE_RUN_DIR=... [BASELINE_DIR=...] [PLANNED_MATRIX='{"include": [...]}'] \
-    [PLAN_RESULT=success] python ci/gate_job.py
+    ARTIFACTS_DIR=... KVGATE_RUN_DIR=... PLAN_RESULT=success PLANNED_MATRIX='{"include": [...]}' \
+    [CELLS_RESULT=success] [BASELINE_DIR=...] [KVGATE_SIDES=base,head] [KVGATE_BOOTSTRAP_BASELINE=true] \
+    python ci/gate_job.py
+
+This script, the noxfile, the matrix, the policy and the waivers it uses are those of its own checkout: the
+workflow runs it from the trusted copy (the base commit, or a pinned kvgate), never from the pull request.
 
 actions/download-artifact lays out one folder per artifact (`kvgate-cell-<id>/`), each holding that job's run
-folder: `run.json` and `<cell folder>/cell.json ...`. Every cell folder is copied into $KVGATE_RUN_DIR.
-A planned cell with no folder (its job crashed, timed out or was cancelled before uploading) gets a folder
-with its cell.json and a status.json marking its stages `error`, so the gate fails it (fail closed), and the
-report says which job to look at. No planned cell: nothing to check, a pass with that note.
+folder: `run.json` and `<cell folder>/cell.json ...`. The artifact of cell <id> may bring only that cell's
+folders (`<id>/`, and `<id>--base/` in an A/B run) whose cell.json names that cell and side; anything else in
+it is left out with a warning, so one job cannot stand in for another whose results were lost.
 
-A planned cell whose folder lacks a stage that nothing reported (the job was killed mid-cell) gets that
-stage marked `error` too. Then `nox -s gate -- $KVGATE_RUN_DIR [--baseline $BASELINE_DIR]`; `gate/report.md` goes to
-$GITHUB_STEP_SUMMARY; `gate/pull_request.json` tells kvgate-comment.yml which pull request it is for.
-The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
+Planned means required: the plan's matrix goes to the gate as `--expect-cells`, so a planned cell with no
+folder (its job crashed, timed out, was cancelled or skipped, or its artifact was lost) fails the gate, named.
+A planned cell whose folder lacks a stage that nothing reported (the job was killed mid-cell) gets that stage
+marked `error`. No planned cell: nothing to check, a pass with that note.
+
+The baseline fails closed: the gate runs with `--require-baseline`, so a run compared with nothing (no base side
+in an A/B run, no usable $BASELINE_DIR) fails. Only a push or manual run with KVGATE_BOOTSTRAP_BASELINE=true
+(the first reference run on main) may go without one; its report then says NEUTRAL. Never a pull request.
+
+Then `nox -s gate -- $KVGATE_RUN_DIR --expect-cells PLAN --require-baseline [--baseline $BASELINE_DIR]`;
+`gate/report.md` goes to $GITHUB_STEP_SUMMARY; `gate/pull_request.json` tells kvgate-comment.yml which pull
+request it is for. The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,12 +43,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 IDENTITY_KEYS = ("backend", "kv_cache_dtype", "arch", "model")
-# The stages a `cell(<id>)` session runs; a planned cell with no results fails each of them.
+# The stages a `cell(<id>)` session runs; a planned cell's stage that never reported fails.
 CELL_STAGES = ("kernels", "accuracy", "throughput")
 GATE_FOLDER = "gate"
 # $GITHUB_STEP_SUMMARY takes at most 1 MiB per step.
 SUMMARY_LIMIT = 1024 * 1024 - 4096
 PULL_REQUEST_FILE = "pull_request.json"
+EXPECTED_CELLS_FILE = "expected-cells.json"
+ARTIFACT_PREFIX = "kvgate-cell-"
+BASE_SUFFIX = "--base"  # the base side's folder of an A/B run (docs/results-folder.md)
+SIDES = ("base", "head")
+CELL_ID = re.compile(r"[a-z0-9_]+-[a-z0-9_]+-[a-z0-9]+")
+# Events whose runs may go without a baseline when a maintainer asks (the first reference run); never a PR.
+BOOTSTRAP_EVENTS = ("push", "workflow_dispatch")
 
 
 class GateJobError(Exception):
@@ -44,7 +64,7 @@ class GateJobError(Exception):
 
 @dataclass
 class Assembly:
-    """What the artifacts held: cell folder name -> identity; each artifact's run.json."""
+    """What the artifacts held: cell folder name -> identity; each artifact's run.json; what was left out."""
 
     cells: dict[str, tuple[str, ...]] = field(default_factory=dict)
     run_infos: dict[str, Any] = field(default_factory=dict)
@@ -52,16 +72,20 @@ class Assembly:
 
 
 def planned_cells(matrix_json: str) -> list[dict[str, Any]]:
-    """The plan job's `{"include": [...]}`; empty when it planned nothing."""
+    """The plan job's `{"include": [...]}` ($PLANNED_MATRIX). It must be there: an empty plan says so itself."""
     if not matrix_json.strip():
-        return []
+        raise GateJobError("$PLANNED_MATRIX: empty, though the plan job succeeded. Pass the plan job's `matrix` "
+                           "output (`{\"include\": []}` when it planned nothing)")
     try:
         matrix = json.loads(matrix_json)
     except json.JSONDecodeError as error:
         raise GateJobError(f"$PLANNED_MATRIX: not JSON ({error.msg})") from None
+    except RecursionError:
+        raise GateJobError("$PLANNED_MATRIX: not JSON (nested too deep)") from None
     include = matrix.get("include") if isinstance(matrix, dict) else None
-    if not isinstance(include, list) or not all(isinstance(e, dict) and "cell" in e for e in include):
-        raise GateJobError("$PLANNED_MATRIX: expected {\"include\": [{\"cell\": ...}, ...]} from ci/plan.py")
+    if not isinstance(include, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("cell"), str) and CELL_ID.fullmatch(e["cell"]) for e in include):
+        raise GateJobError("$PLANNED_MATRIX: expected {\"include\": [{\"cell\": \"<id>\", ...}, ...]} from ci/plan.py")
     return include
 
 
@@ -69,50 +93,55 @@ def identity(record: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(record.get(key, "")) for key in IDENTITY_KEYS)
 
 
-def _cell_identity(cell_json: Path) -> tuple[str, ...] | None:
+def _cell_record(cell_json: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(cell_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None  # the gate reads it again and says what is wrong with it
-    return identity(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None  # the gate reads it again and says what is wrong with it (exit 2)
+    return data if isinstance(data, dict) else None
 
 
-def assemble(artifacts_dir: Path, run_dir: Path) -> Assembly:
-    """Copy every cell folder of every downloaded artifact into run_dir (names made unique)."""
+def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> str | None:
+    """Why a folder in cell <id>'s artifact is not one of that cell's own; None when it is."""
+    cell_id = str(entry["cell"])
+    if name not in (cell_id, cell_id + BASE_SUFFIX):
+        return f"is not a folder of cell {cell_id} ({cell_id}/ or {cell_id}{BASE_SUFFIX}/)"
+    if record is None:
+        return None
+    if identity(record) != identity(entry):
+        return f"holds the cell.json of another cell ({', '.join(identity(record))})"
+    side = record.get("side", "head")
+    if side != ("base" if name.endswith(BASE_SUFFIX) else "head"):
+        return f"holds a cell.json of the {str(side)[:20]!r} side"
+    return None
+
+
+def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, Any]]) -> Assembly:
+    """Copy each planned cell's own folders from its own artifact into run_dir; leave anything else out, said."""
     found = Assembly()
     if not artifacts_dir.is_dir():
         return found
+    by_id = {str(entry["cell"]): entry for entry in planned}
     for artifact in sorted(p for p in artifacts_dir.iterdir() if p.is_dir()):
+        cell_id = artifact.name[len(ARTIFACT_PREFIX):] if artifact.name.startswith(ARTIFACT_PREFIX) else ""
+        entry = by_id.get(cell_id)
+        if entry is None:
+            found.problems.append(f"artifact {artifact.name}: not the artifact of a planned cell; left out")
+            continue
         if (artifact / "run.json").is_file():
             try:
                 found.run_infos[artifact.name] = json.loads((artifact / "run.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError, UnicodeDecodeError):
+            except (OSError, ValueError, UnicodeDecodeError, RecursionError):
                 found.problems.append(f"{artifact.name}/run.json is unreadable; left out of run.json")
         for cell_json in sorted(artifact.glob("*/cell.json")):
             source = cell_json.parent
-            name = source.name if not (run_dir / source.name).exists() else f"{artifact.name}--{source.name}"
-            shutil.copytree(source, run_dir / name, symlinks=True)
-            found.cells[name] = _cell_identity(cell_json) or ()
+            problem = foreign_folder(source.name, _cell_record(cell_json), entry)
+            if problem:
+                found.problems.append(f"artifact {artifact.name}: {source.name}/ {problem}; left out")
+                continue
+            shutil.copytree(source, run_dir / source.name, symlinks=True)
+            found.cells[source.name] = identity(entry)
     return found
-
-
-def missing_cells(planned: Iterable[Mapping[str, Any]], present: Iterable[tuple[str, ...]]) -> list[Mapping[str, Any]]:
-    have = set(present)
-    return [entry for entry in planned if identity(entry) not in have]
-
-
-def write_missing_cell(run_dir: Path, entry: Mapping[str, Any], reason: str) -> Path:
-    """A folder for a planned cell that uploaded nothing: its identity, and every stage marked error."""
-    folder = run_dir / str(entry["cell"])
-    if folder.exists():
-        folder = run_dir / f"{entry['cell']}--missing"
-    folder.mkdir(parents=True)
-    cell = {"contract_version": 1, **{key: entry[key] for key in IDENTITY_KEYS},
-            "cell_id": entry["cell"], "written_by": "ci/gate_job.py (no artifact from the cell's job)"}
-    status = {stage: {"status": "error", "reason": reason} for stage in CELL_STAGES}
-    (folder / "cell.json").write_text(json.dumps(cell, indent=2) + "\n", encoding="utf-8")
-    (folder / "status.json").write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
-    return folder
 
 
 def mark_unreported_stages(cell_dir: Path, stages: Sequence[str], reason: str) -> list[str]:
@@ -126,7 +155,7 @@ def mark_unreported_stages(cell_dir: Path, stages: Sequence[str], reason: str) -
     if status_path.exists():
         try:
             status = json.loads(status_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             return []  # the gate reports the unreadable file (exit 2)
         if not isinstance(status, dict):
             return []
@@ -142,26 +171,48 @@ def unreported_reason(cells_result: str) -> str:
             "see the job's log")
 
 
-def missing_reason(entry: Mapping[str, Any], cells_result: str) -> str:
-    return (f"no results from the job `{entry['cell']}` (cells job result: {cells_result or 'unknown'}): "
-            f"it failed, timed out or was cancelled before uploading kvgate-cell-{entry['cell']}; see its log")
+def read_sides(value: str) -> list[str]:
+    """$KVGATE_SIDES: the sides the workflow ran (`base,head` for an A/B run); empty: the gate infers them."""
+    sides = [side.strip() for side in value.split(",") if side.strip()]
+    unknown = [side for side in sides if side not in SIDES]
+    if unknown:
+        raise GateJobError(f"$KVGATE_SIDES: unknown side {unknown[0][:40]!r}. Write base,head or head")
+    return sides
 
 
-def merged_run_info(assembly: Assembly, environ: Mapping[str, str]) -> dict[str, Any]:
+def require_baseline(environ: Mapping[str, str]) -> bool:
+    """--require-baseline, except on the first reference run a maintainer asks for (push or manual). Never off on a PR."""
+    bootstrap = environ.get("KVGATE_BOOTSTRAP_BASELINE", "").strip().lower()
+    if bootstrap not in ("", "false", "true"):
+        raise GateJobError(f"$KVGATE_BOOTSTRAP_BASELINE: {bootstrap[:40]!r}, expected true or false")
+    return not (bootstrap == "true" and environ.get("GITHUB_EVENT_NAME") in BOOTSTRAP_EVENTS)
+
+
+def merged_run_info(assembly: Assembly, environ: Mapping[str, str], sides: Sequence[str]) -> dict[str, Any]:
+    """run.json of the assembled run: this workflow's facts; each job's own run.json under `jobs`, as data."""
     info: dict[str, Any] = {"contract_version": 1, "source": "github-actions"}
     for key, var in (("commit", "GITHUB_SHA"), ("repository", "GITHUB_REPOSITORY"),
                      ("workflow_run_id", "GITHUB_RUN_ID"), ("event", "GITHUB_EVENT_NAME")):
         if environ.get(var):
             info[key] = environ[var]
+    if sides:
+        info["sides"] = list(sides)
     if assembly.run_infos:
         info["jobs"] = assembly.run_infos
+        shown = [job.get("vllm_under_test") for job in assembly.run_infos.values() if isinstance(job, dict)]
+        shown = [value for value in shown if isinstance(value, dict)]
+        if shown:
+            info["vllm_under_test"] = shown[0]  # the report's context line shows it; no check reads it
     return info
 
 
-def gate_command(nox: Sequence[str], run_dir: Path, baseline: Path | None, root: Path = ROOT) -> list[str]:
+def gate_command(nox: Sequence[str], run_dir: Path, baseline: Path | None, *, expect_cells: Path,
+                 require_baseline: bool = True, root: Path = ROOT) -> list[str]:
     # --matrix-dir / --policy: the gate session installs kvgate into its own venv, away from the checkout's matrix/.
     argv = [*nox, "-s", "gate", "--", str(run_dir), "--matrix-dir", str(root / "matrix"),
-            "--policy", str(root / "matrix" / "policy.toml")]
+            "--policy", str(root / "matrix" / "policy.toml"), "--expect-cells", str(expect_cells)]
+    if require_baseline:
+        argv.append("--require-baseline")
     if baseline is not None:
         argv += ["--baseline", str(baseline)]
     return argv
@@ -180,7 +231,7 @@ def pull_request_info(event_path: str | None) -> dict[str, Any] | None:
         return None
     try:
         event = json.loads(Path(event_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     pr = event.get("pull_request") if isinstance(event, dict) else None
     if not isinstance(pr, dict) or not isinstance(pr.get("number"), int):
@@ -222,7 +273,9 @@ def run(environ: Mapping[str, str]) -> int:
     nox = environ.get("KVGATE_NOX", "nox").split()
     gate_dir = run_dir / GATE_FOLDER
     summary = environ.get("GITHUB_STEP_SUMMARY")
-    plan_result = environ.get("PLAN_RESULT", "success")
+    plan_result = environ.get("PLAN_RESULT", "")
+    sides = read_sides(environ.get("KVGATE_SIDES", ""))
+    required = require_baseline(environ)
 
     if run_dir.exists() and any(run_dir.iterdir()):
         raise GateJobError(f"{run_dir}: the run folder must start empty; it holds files already")
@@ -230,50 +283,54 @@ def run(environ: Mapping[str, str]) -> int:
     _write_pull_request(gate_dir, environ)
 
     if plan_result != "success":
-        report = note_report("plan failed", [f"The plan job ended `{plan_result}`: no cell was chosen, "
+        report = note_report("plan failed", [f"The plan job ended `{plan_result or 'unknown'}`: no cell was chosen, "
                                              "so nothing can be checked. See the plan job's log."])
         return _finish(gate_dir, summary, report, 1)
 
     planned = planned_cells(environ.get("PLANNED_MATRIX", ""))
-    assembly = assemble(artifacts_dir, run_dir)
+    if not planned:
+        report = note_report("nothing to check", [
+            "This change touches nothing the matrix's cells run or read, so no cell was planned and no GPU job "
+            "ran. Pass."])
+        return _finish(gate_dir, summary, report, 0)
+
+    assembly = assemble(artifacts_dir, run_dir, planned)
     cells_result = environ.get("CELLS_RESULT", "")
-    planned_ids = {identity(entry) for entry in planned}
-    for name, found in assembly.cells.items():
-        if found in planned_ids:
-            for stage in mark_unreported_stages(run_dir / name, CELL_STAGES, unreported_reason(cells_result)):
-                print(f"::error::cell {name}: its {stage} stage never reported; the gate fails it", flush=True)
-    for entry in missing_cells(planned, assembly.cells.values()):
-        folder = write_missing_cell(run_dir, entry, missing_reason(entry, cells_result))
-        assembly.cells[folder.name] = identity(entry)
-        print(f"::error::cell {entry['cell']}: no artifact from its job; the gate fails it", flush=True)
+    for name in assembly.cells:
+        for stage in mark_unreported_stages(run_dir / name, CELL_STAGES, unreported_reason(cells_result)):
+            print(f"::error::cell {name}: its {stage} stage never reported; the gate fails it", flush=True)
+    present = {name.removesuffix(BASE_SUFFIX) for name in assembly.cells}
+    for entry in planned:
+        if entry["cell"] not in present:
+            print(f"::error::cell {entry['cell']}: no results from its job (cells job result: "
+                  f"{cells_result or 'unknown'}); the gate fails it as missing", flush=True)
     for problem in assembly.problems:
         print(f"::warning::{problem}", flush=True)
 
-    if not assembly.cells:
-        report = note_report("nothing to check", [
-            "This change touches no attention backend source that the matrix covers, so no cell was planned "
-            "and no GPU job ran. Pass."])
-        return _finish(gate_dir, summary, report, 0)
-
-    (run_dir / "run.json").write_text(json.dumps(merged_run_info(assembly, environ), indent=2) + "\n",
+    (run_dir / "run.json").write_text(json.dumps(merged_run_info(assembly, environ, sides), indent=2) + "\n",
                                       encoding="utf-8")
     baseline = usable_baseline(baseline_dir)
-    argv = gate_command(nox, run_dir, baseline)
-    print(f"kvgate gate job: {len(assembly.cells)} cells; baseline: {baseline or 'none'}", flush=True)
-    print(f"kvgate gate job: {' '.join(argv)}", flush=True)
-    try:
-        # The gate appends report.md to $GITHUB_STEP_SUMMARY itself; this job does it once, clipped, with notes.
-        gate_env = {key: value for key, value in environ.items() if key != "GITHUB_STEP_SUMMARY"}
-        result = subprocess.run(argv, cwd=ROOT, env=gate_env, check=False, capture_output=True, text=True)
-    except OSError as error:
-        raise GateJobError(f"{argv[0]}: {error.strerror}. Install nox (`pip install nox`)") from None
+    with tempfile.TemporaryDirectory(prefix="kvgate-gate-job-") as tmp:
+        expected = Path(tmp) / EXPECTED_CELLS_FILE
+        expected.write_text(json.dumps({"include": [{"cell": e["cell"]} for e in planned]}) + "\n", encoding="utf-8")
+        argv = gate_command(nox, run_dir, baseline, expect_cells=expected, require_baseline=required)
+        print(f"kvgate gate job: {len(planned)} planned cells, {len(assembly.cells)} cell folders; "
+              f"baseline: {baseline or 'none'}{'' if required else ' (bootstrap: none required)'}", flush=True)
+        print(f"kvgate gate job: {' '.join(argv)}", flush=True)
+        try:
+            # The gate appends report.md to $GITHUB_STEP_SUMMARY itself; this job does it once, clipped, with notes.
+            gate_env = {key: value for key, value in environ.items() if key != "GITHUB_STEP_SUMMARY"}
+            result = subprocess.run(argv, cwd=ROOT, env=gate_env, check=False, capture_output=True, text=True)
+        except OSError as error:
+            raise GateJobError(f"{argv[0]}: {error.strerror}. Install nox (`pip install nox`)") from None
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)
     status = result.returncode
     if (gate_dir / "report.md").is_file():
         report = (gate_dir / "report.md").read_text(encoding="utf-8", errors="replace")
-        if baseline is None:
-            report += "\n_No baseline: no successful run on main with a kvgate-run artifact was found._\n"
+        if baseline is None and not sides:
+            report += ("\n_No baseline: no usable kvgate-run artifact of an earlier run on main was found"
+                       + (" (a bootstrap run: this one becomes the first reference)._\n" if not required else "._\n"))
         _append(summary, clip(report, SUMMARY_LIMIT, "_(report cut to fit the step summary; the full report "
                                                      "is in the kvgate-gate artifact)_"))
         return status

@@ -1,15 +1,30 @@
 """The plan job: which cells a change needs, as a GitHub Actions matrix.
 
-    python ci/plan.py                           # in the workflow: event from $GITHUB_EVENT_NAME
-    python ci/plan.py --changed-files diff.txt  # locally: one changed path a line
+    python ci/plan.py --repo pr                         # kvgate.yml on a pull request: the merge commit's diff
+    python ci/plan.py --repo vllm --base B --head H --change-of vllm   # kvgate-vllm.yml: a vLLM pull request
+    python ci/plan.py --changed-files diff.txt          # locally: one changed path a line
 
-On a pull request the changed paths are `git diff --name-only HEAD^1 HEAD` of the merge commit that
-actions/checkout checks out (first parent = the base branch tip). On a push, a schedule or a manual run
-every cell is planned, and so is every cell when kvgate's own harness changed (HARNESS_PATHS): a change
-to how cells run can break any of them. Otherwise `nox -s matrix -- --format gha --changed-files FILE`
-keeps the cells whose backend sources were touched (all of them when vLLM's shared attention code was).
+This script, the matrix and the nox session it calls are taken from the checkout this file lives in (the
+trusted copy: the base commit or a pinned kvgate), never from the change being planned; --repo only names the
+git checkout whose diff is read.
 
-Writes to $GITHUB_OUTPUT: matrix (`{"include": [...]}`, one line), has-cells (true/false), cell-count;
+The changed paths are read with `git diff -z --name-status -M -C`: both sides of a rename or a copy count
+(moving mla/flashmla.py away must still plan FLASHMLA), and -z keeps non-ASCII names unquoted. A path git
+cannot give as UTF-8 or that holds a control character plans every cell: it could not be matched safely.
+
+What a path selects depends on whose change it is (--change-of):
+  kvgate  kvgate's own repository (kvgate.yml). kvgate holds no vLLM source, so a change either plans every
+          cell (its harness changed: HARNESS_PATHS, or any path not known to be inert) or none (INERT_PATHS
+          only: docs, kvgate's own unit tests, ...). Unknown paths count as harness: fail safe.
+  vllm    a vLLM checkout (kvgate-vllm.yml): `nox -s matrix -- --format gha --changed-files FILE` keeps the
+          cells whose backend sources were touched (all of them when vLLM's shared attention code was).
+On a push, a schedule or a manual run every cell is planned.
+
+Each matrix entry gains `runs-on`: its runner label plus the pool label (kvgate-main for main's own runs, kvgate-pr
+otherwise) on self-hosted runners, so main's baseline never runs where a pull request's code ran.
+
+Writes to $GITHUB_OUTPUT: matrix (`{"include": [...]}`, one line), has-cells (true/false), cell-count, merge-base
+(with --base/--head: the commit the change is counted from);
 a short plan to $GITHUB_STEP_SUMMARY; the matrix JSON to stdout. Exit 2 with one `ERROR` line on bad input.
 """
 
@@ -19,10 +34,11 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,26 +47,73 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_JOBS = 256
 # Keys every matrix entry carries (kvgate.matrix.views.gha_matrix); the workflow reads them.
 ENTRY_KEYS = ("cell", "backend", "kv_cache_dtype", "arch", "model", "runner", "sessions")
-# kvgate's own files whose change re-runs every cell (fnmatch patterns, `*` crosses folders).
+# kvgate's own files whose change re-runs every cell (fnmatch patterns, `*` crosses folders): everything a
+# `cell(<id>)` job runs or reads. pytest loads every conftest.py above tests/kernels and its configuration from
+# pytest.ini, tox.ini or setup.cfg before pyproject.toml, so those count even where kvgate has none today.
 HARNESS_PATHS = (
-    "src/kvgate/*",
+    "src/*",
     "matrix/*",
     "noxfile.py",
     "pyproject.toml",
-    "ci/*.py",
-    ".github/workflows/kvgate.yml",
+    "setup.py",
+    "setup.cfg",
+    "pytest.ini",
+    "tox.ini",
+    "conftest.py",
+    "tests/conftest.py",
+    "tests/kernels/*",
+    "ci/*",
+    ".github/workflows/*",
+    "*.pth",
+    "*sitecustomize.py",
 )
+# kvgate's files no cell reads: a change made of these alone plans no cell. Anything else counts as harness.
+INERT_PATHS = (
+    "*.md",
+    "docs/*",
+    "benchmarks/*",
+    "canaries/*",
+    "reports/README.md",
+    ".github/CODEOWNERS",
+    ".gitignore",
+    "LICENSE",
+    ".ci/*",
+    "tests/*",  # kvgate's own unit tests; tests/kernels and tests/conftest.py are harness (checked first)
+)
+CHANGE_OWNERS = ("kvgate", "vllm")
 # Events whose runs plan every cell (push to main refreshes the baseline).
 ALL_CELLS_EVENTS = ("push", "schedule", "workflow_dispatch")
+# A rename (R) or copy (C) entry of `git diff -z --name-status` carries two paths, the others one.
+_TWO_PATHS = ("R", "C")
+# Characters that end a line somewhere (str.splitlines splits on C1 controls and U+2028/2029 too) or hide in one.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class PlanError(Exception):
     """Bad input or a failed planning command; printed as one `ERROR` line."""
 
 
+def _matches(path: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+
+
 def harness_changed(changed: Sequence[str]) -> list[str]:
-    """The changed paths that are kvgate's own harness."""
-    return [path for path in changed if any(fnmatch.fnmatchcase(path, pattern) for pattern in HARNESS_PATHS)]
+    """The changed paths that are kvgate's own harness: listed in HARNESS_PATHS, or not known to be inert."""
+    return [path for path in changed if _matches(path, HARNESS_PATHS) or not _matches(path, INERT_PATHS)]
+
+
+def unsafe_paths(changed: Sequence[str]) -> list[str]:
+    """Paths that cannot travel one a line as UTF-8 (a control character, bytes that are not UTF-8)."""
+    unsafe = []
+    for path in changed:
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            unsafe.append(path)
+            continue
+        if _UNSAFE.search(path):
+            unsafe.append(path)
+    return unsafe
 
 
 def matrix_command(nox: Sequence[str], changed_files: Path | None) -> list[str]:
@@ -90,6 +153,20 @@ def parse_matrix(stdout: str, source: str = "nox -s matrix") -> dict[str, list[d
     return matrix
 
 
+def with_runner_pool(matrix: dict[str, list[dict[str, object]]], pool_label: str) -> dict[str, list[dict[str, object]]]:
+    """Each entry gains `runs-on`: its runner label, plus the pool label on self-hosted (GPU) runners.
+
+    GitHub-hosted runners (`ubuntu-latest`, the CPU cells) are fresh VMs and take no pool label.
+    """
+    include = []
+    for entry in matrix["include"]:
+        runner = str(entry["runner"])
+        hosted = runner.startswith(("ubuntu-", "windows-", "macos-"))
+        labels = [runner] if hosted or not pool_label else [runner, pool_label]
+        include.append({**entry, "runs-on": labels})
+    return {"include": include}
+
+
 def outputs(matrix: dict[str, list[dict[str, object]]]) -> dict[str, str]:
     """The plan job's outputs. An empty matrix cannot fan out: has-cells=false skips the cells job."""
     count = len(matrix["include"])
@@ -119,31 +196,91 @@ def summary(matrix: dict[str, list[dict[str, object]]], reason: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_name_status(raw: bytes) -> list[str]:
+    """`git diff -z --name-status` output -> every path it names, both sides of renames and copies, in order."""
+    fields = raw.split(b"\0")
+    if fields and fields[-1] == b"":
+        fields.pop()
+    paths: list[str] = []
+    index = 0
+    while index < len(fields):
+        status = fields[index].decode("ascii", "replace")
+        count = 2 if status[:1] in _TWO_PATHS else 1
+        names = fields[index + 1:index + 1 + count]
+        if not status or len(names) != count:
+            raise PlanError(f"git diff -z --name-status: a truncated entry at field {index} ({status!r})")
+        paths += [name.decode("utf-8", "surrogateescape") for name in names]
+        index += 1 + count
+    return list(dict.fromkeys(paths))
+
+
+def check_rev(flag: str, rev: str) -> str:
+    """A revision git reads as a revision: never an option (`--output=...`), never empty."""
+    if not rev or rev.startswith("-") or _UNSAFE.search(rev):
+        raise PlanError(f"{flag} {ascii(rev)[:80]}: not a git revision (a commit SHA, a branch or a tag)")
+    return rev
+
+
+def git_changed_paths(repo: Path, base: str, head: str) -> list[str]:
+    """Every path that differs between base and head (both sides of renames and copies), as git stores it."""
+    argv = ["git", "-c", "core.quotePath=false", "diff", "-z", "--name-status", "-M", "-C", "--no-ext-diff",
+            "--no-textconv", base, head, "--"]
+    try:
+        result = subprocess.run(argv, cwd=repo, capture_output=True, check=False)
+    except OSError as error:
+        raise PlanError(f"git: {error.strerror}. Install git") from None
+    if result.returncode != 0:
+        stderr = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise PlanError(f"git diff {base} {head} in {repo}: {stderr[-1] if stderr else 'failed'}. "
+                        "Check out both commits (fetch-depth: 0, or 2 for a merge commit)")
+    return parse_name_status(result.stdout)
+
+
+def merge_base(repo: Path, base: str, head: str) -> str:
+    """The commit a pull request branched from: its changes are those since then, not base's newer commits."""
+    result = subprocess.run(["git", "merge-base", base, head], cwd=repo, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0 or not result.stdout.strip():
+        raise PlanError(f"git merge-base {base} {head} in {repo}: {result.stderr.strip() or 'no common ancestor'}. "
+                        "Check out the full history (fetch-depth: 0)")
+    return result.stdout.strip()
+
+
 def pull_request_changed_files(cwd: Path) -> list[str]:
     """Paths the pull request changes: the merge commit against its first parent (the base tip)."""
-    argv = ["git", "diff", "--name-only", "HEAD^1", "HEAD"]
-    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise PlanError(f"{' '.join(argv)}: {result.stderr.strip() or 'failed'}. "
-                        "Check out the pull request's merge commit with fetch-depth: 2")
-    return [line for line in result.stdout.splitlines() if line.strip()]
+    return git_changed_paths(cwd, "HEAD^1", "HEAD")
 
 
-def decide(event: str, changed: list[str] | None) -> tuple[list[str] | None, str]:
-    """(changed paths to filter by, or None for every cell; the reason, in words)."""
+def decide(event: str, changed: list[str] | None, change_of: str = "kvgate",
+           all_cells: bool = False) -> tuple[list[str] | None, str]:
+    """(changed paths to filter by, None for every cell, [] for none; the reason, in words)."""
+    if change_of not in CHANGE_OWNERS:
+        raise PlanError(f"--change-of {change_of!r}: expected one of {', '.join(CHANGE_OWNERS)}")
+    if all_cells:
+        return None, "Every cell was asked for (--cells all)."
     if changed is None:
         if event in ALL_CELLS_EVENTS:
             return None, f"Event `{event}`: every cell."
-        raise PlanError(f"event {event!r}: no changed-files list. Pass --changed-files FILE, "
+        raise PlanError(f"event {event!r}: no changed-files list. Pass --changed-files FILE or --repo DIR, "
                         f"or run on one of {', '.join(ALL_CELLS_EVENTS)} to plan every cell")
-    harness = harness_changed(changed)
-    if harness:
-        return None, f"kvgate's harness changed (`{harness[0]}`{' and more' if len(harness) > 1 else ''}): every cell."
-    return changed, f"{len(changed)} changed paths: the cells whose backend sources they touch."
+    unsafe = unsafe_paths(changed)
+    if unsafe:
+        shown = ascii(unsafe[0])[:120]
+        return None, f"A changed path cannot be matched safely ({shown}: a control character or not UTF-8): every cell."
+    if change_of == "kvgate":
+        harness = harness_changed(changed)
+        if harness:
+            more = " and more" if len(harness) > 1 else ""
+            return None, f"kvgate's harness changed (`{harness[0]}`{more}): every cell."
+        return [], f"{len(changed)} changed paths, none of which a cell runs or reads: no cell."
+    return changed, f"{len(changed)} changed vLLM paths: the cells whose backend sources they touch."
 
 
-def plan(event: str, changed: list[str] | None, nox: Sequence[str], cwd: Path) -> tuple[dict, str]:
-    selection, reason = decide(event, changed)
+def plan(event: str, changed: list[str] | None, nox: Sequence[str], cwd: Path,
+         change_of: str = "kvgate", all_cells: bool = False) -> tuple[dict, str]:
+    selection, reason = decide(event, changed, change_of, all_cells)
+    if selection == []:
+        return {"include": []}, reason
     with tempfile.TemporaryDirectory() as tmp:
         listing = None
         if selection is not None:
@@ -166,27 +303,75 @@ def _append(path: str | None, text: str) -> None:
             handle.write(text)
 
 
+def read_changed_list(path: Path) -> list[str]:
+    """--changed-files: one path a line, or NUL-separated (`git diff -z --name-only`) when it holds a NUL."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise PlanError(f"{path}: cannot read the changed-files list ({error.strerror})") from None
+    parts = data.split(b"\0") if b"\0" in data else data.splitlines()
+    return [p.decode("utf-8", "surrogateescape").strip() for p in parts if p.strip()]
+
+
+def default_pool_label(environ: Mapping[str, str]) -> str:
+    """The runner pool of self-hosted cells: kvgate-main for main's own runs (push or manual run on main), else
+    kvgate-pr. GitHub enforces it where the main pool's runner group admits only workflows on refs/heads/main."""
+    if environ.get("GITHUB_EVENT_NAME") != "pull_request" and environ.get("GITHUB_REF") == "refs/heads/main":
+        return "kvgate-main"
+    return "kvgate-pr"
+
+
+def changed_paths(args: argparse.Namespace) -> list[str] | None:
+    """The change to plan for; None (every cell) on a push, schedule or manual run unless a list is given."""
+    if args.changed_files is not None:
+        if args.repo is not None:
+            raise PlanError("--changed-files and --repo: pass one of them")
+        return read_changed_list(args.changed_files)
+    if (args.base is None) != (args.head is None):
+        raise PlanError("--base and --head: pass both, or neither (the merge commit's own diff)")
+    if args.event in ALL_CELLS_EVENTS:
+        return None
+    if args.repo is None:
+        raise PlanError(f"event {args.event!r}: pass --repo DIR (the change's git checkout) or --changed-files FILE")
+    if not (args.repo / ".git").exists():
+        raise PlanError(f"--repo {args.repo}: not a git checkout")
+    if args.base is None:
+        return pull_request_changed_files(args.repo)
+    base, head = check_rev("--base", args.base), check_rev("--head", args.head)
+    args.merge_base = merge_base(args.repo, base, head)
+    return git_changed_paths(args.repo, args.merge_base, head)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ci/plan.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--event", default=os.environ.get("GITHUB_EVENT_NAME", "workflow_dispatch"),
-                        help="GitHub event name (default: $GITHUB_EVENT_NAME)")
+    parser.add_argument("--event", default=os.environ.get("GITHUB_EVENT_NAME", "pull_request"),
+                        help="GitHub event name (default: $GITHUB_EVENT_NAME, else pull_request)")
     parser.add_argument("--changed-files", type=Path, metavar="FILE",
-                        help="changed paths, one a line (default on pull_request: the merge commit's diff)")
+                        help="changed paths, one a line or NUL-separated")
+    parser.add_argument("--repo", type=Path, metavar="DIR",
+                        help="the git checkout whose change is planned: its HEAD^1..HEAD (a merge commit), or "
+                             "--base..--head")
+    parser.add_argument("--base", metavar="REV", help="with --repo: the base commit (its merge base with HEAD is used)")
+    parser.add_argument("--head", metavar="REV", help="with --repo: the head commit")
+    parser.add_argument("--change-of", choices=CHANGE_OWNERS, default="kvgate",
+                        help="whose paths these are: kvgate's own (harness or not) or vLLM's (backend sources)")
+    parser.add_argument("--cells", choices=("changed", "all"), default=os.environ.get("KVGATE_PLAN_CELLS") or "changed",
+                        help="changed: the cells the change can affect (default); all: every cell whatever changed")
+    parser.add_argument("--pool-label", default=os.environ.get("KVGATE_POOL_LABEL") or default_pool_label(os.environ),
+                        help="extra runner label of self-hosted cells (default: kvgate-main on main's own runs, "
+                             "else kvgate-pr); empty for none")
     parser.add_argument("--nox", default=os.environ.get("KVGATE_NOX", "nox"),
                         help="the nox command (default: $KVGATE_NOX or nox)")
     args = parser.parse_args(argv)
+    args.merge_base = ""
     try:
-        if args.changed_files is not None:
-            try:
-                changed = [p.strip() for p in args.changed_files.read_text(encoding="utf-8").splitlines() if p.strip()]
-            except OSError as error:
-                raise PlanError(f"{args.changed_files}: cannot read the changed-files list ({error.strerror})") from None
-        elif args.event == "pull_request":
-            changed = pull_request_changed_files(ROOT)
-        else:
-            changed = None
-        matrix, reason = plan(args.event, changed, args.nox.split(), ROOT)
-        _append(os.environ.get("GITHUB_OUTPUT"), output_lines(outputs(matrix)))
+        if args.cells not in ("changed", "all"):
+            raise PlanError(f"--cells {args.cells!r}: expected changed or all")
+        all_cells = args.cells == "all"
+        changed = None if all_cells else changed_paths(args)
+        matrix, reason = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, all_cells)
+        matrix = with_runner_pool(matrix, args.pool_label)
+        _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix), "merge-base": args.merge_base}))
     except PlanError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2

@@ -1,14 +1,20 @@
 """kvgate-comment.yml's renderer: the gate artifact (untrusted data) -> the body of one PR comment.
 
     GATE_DIR=<downloaded kvgate-gate> COMMENT_FILE=comment.json HEAD_SHA=<run head sha> \
-    RUN_URL=<run url> RUN_CONCLUSION=<success|failure|...> python3 ci/pr_comment.py
+    RUN_URL=<run url> RUN_CONCLUSION=<success|failure|...> GITHUB_REPOSITORY=<owner/repo> python3 ci/pr_comment.py
 
 The artifact was written by a workflow that ran the pull request's code, so anything in it may be hostile.
-It is read, never executed: files are read with a size cap, the pull request number must be a positive
-integer and the artifact's head commit must be this run's, control characters are dropped, HTML is escaped
-except a few inert tags, @mentions are broken so nobody is pinged, and the body is cut to fit a comment.
-Writes COMMENT_FILE = {"pull_request": N, "marker": ..., "body": ...}, or nothing (exit 0, a notice)
-when there is no usable artifact. Stdlib only.
+It is read, never executed: files are read with a size cap and decoded leniently (invalid UTF-8 becomes U+FFFD),
+JSON nested too deep is refused, the pull request number must be a positive integer and the artifact's head
+commit must be this run's. The report is made inert: control and bidi characters dropped; HTML and character
+references escaped except a few inert tags; every `@` before a name character broken (code spans, unclosed
+backticks and `é@user` included), so nobody is pinged; issue references (`#12`, `owner/repo#12`, `GH-12`) and
+links to other repositories on github.com defanged, so no other issue or pull request gets a backlink; the body
+cut to fit a comment. The heading says "passed" only when the run concluded success AND the artifact's
+verdict.json says the gate passed; otherwise it says what each of them said.
+
+Writes COMMENT_FILE = {"pull_request": N, "marker": ..., "body": ...}, or nothing (exit 0, a notice) when there
+is no usable artifact. Never raises on any input: an unexpected error is a warning and no comment. Stdlib only.
 """
 
 from __future__ import annotations
@@ -19,20 +25,33 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 MARKER = "<!-- kvgate-gate-report -->"
 # GitHub refuses comment bodies over 65,536 characters.
 BODY_LIMIT = 60_000
-# Never read more than this from one artifact file.
+# Never read more than this from one artifact file (verdict.json of 256 cells is larger than the report).
 READ_LIMIT = 1024 * 1024
+VERDICT_READ_LIMIT = 16 * 1024 * 1024
 CONCLUSIONS = {"success": "passed", "failure": "failed", "cancelled": "was cancelled", "timed_out": "timed out",
                "skipped": "was skipped", "neutral": "is neutral", "action_required": "needs approval",
                "stale": "is stale", "startup_failure": "failed to start"}
 ALLOWED_TAGS = re.compile(r"</?(?:details|summary|sub|sup|b|i|code|br)\s*/?>", re.IGNORECASE)
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-MENTION = re.compile(r"(?<![\w`])@(?=[A-Za-z0-9])")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+# A character reference (`&#64;`, `&#x40;`, `&commat;`) becomes a character after Markdown; escape its `&`.
+CHARACTER_REFERENCE = re.compile(r"&(?=[#A-Za-z])")
+# GitHub links a mention wherever `@` is followed by a name character, whatever stands before it (a letter
+# such as é, a backtick never closed); so every such `@` (and the full-width one) gets a word joiner after it.
+MENTION = re.compile(r"[@\uff20](?=[A-Za-z0-9_-])")
+# `#12`, `owner/repo#12` and `GH-12` are issue references; a word joiner after `#` / `GH-` breaks each.
+ISSUE_REFERENCE = re.compile(r"(#|\b[Gg][Hh]-)(?=[0-9])")
+# A link to github.com names a repository: one other than this run's gets its host defanged (github[.]com).
+GITHUB_URL = re.compile(r"(?<![\w.-])((?:www\.)?github)\.(com)(/([A-Za-z0-9][A-Za-z0-9-]*)/([A-Za-z0-9._-]+))?",
+                        re.IGNORECASE)
+WORD_JOINER = "\u2060"
 SHA = re.compile(r"[0-9a-f]{40}")
 RUN_URL = re.compile(r"https://[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/actions/runs/[0-9]+(?:/attempts/[0-9]+)?")
+REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
 
 
 class ArtifactError(Exception):
@@ -43,17 +62,26 @@ def read_capped(path: Path, limit: int = READ_LIMIT) -> str:
     """At most `limit` bytes of a file, decoded leniently; refuses links and non-files."""
     if path.is_symlink() or not path.is_file():
         raise ArtifactError(f"{path.name}: not a plain file")
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as error:
+        raise ArtifactError(f"{path.name}: cannot read ({error.strerror})") from None
     text = data[:limit].decode("utf-8", errors="replace")
     return text + ("\n\n_(cut: the report is larger than kvgate reads)_\n" if len(data) > limit else "")
 
 
-def pull_request_number(text: str, head_sha: str) -> int:
+def _json(text: str, name: str) -> Any:
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except ValueError:
-        raise ArtifactError("pull_request.json: not JSON") from None
+        raise ArtifactError(f"{name}: not JSON") from None
+    except RecursionError:
+        raise ArtifactError(f"{name}: nested too deep") from None
+
+
+def pull_request_number(text: str, head_sha: str) -> int:
+    data = _json(text, "pull_request.json")
     number = data.get("number") if isinstance(data, dict) else None
     if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
         raise ArtifactError("pull_request.json: 'number' is not a positive integer")
@@ -74,11 +102,23 @@ def _escape_html(text: str) -> str:
     return "".join(out)
 
 
-def sanitise(markdown: str) -> str:
-    """Markdown from the artifact, made inert: no control or bidi characters, no raw HTML, no pings."""
+def _defang_github_url(match: re.Match[str], repository: str) -> str:
+    if match.group(3) and repository and f"{match.group(4)}/{match.group(5)}".lower() == repository.lower():
+        return match.group(0)
+    return f"{match.group(1)}[.]{match.group(2)}{match.group(3) or ''}"
+
+
+def sanitise(markdown: str, repository: str = "") -> str:
+    """Markdown from the artifact, made inert: no control or bidi characters, no raw HTML, no pings, no backlinks.
+
+    `repository` (owner/repo) is this run's: links to it stay links; links to any other repository are defanged.
+    """
     text = CONTROL.sub("", markdown.replace("\r\n", "\n").replace("\r", "\n"))
+    text = CHARACTER_REFERENCE.sub("&amp;", text)
     text = _escape_html(text)
-    return MENTION.sub("@\u2060", text)
+    text = MENTION.sub(lambda m: m.group(0) + WORD_JOINER, text)
+    text = ISSUE_REFERENCE.sub(lambda m: m.group(0) + WORD_JOINER, text)
+    return GITHUB_URL.sub(lambda m: _defang_github_url(m, repository), text)
 
 
 def clip(text: str, limit: int, note: str) -> str:
@@ -88,13 +128,49 @@ def clip(text: str, limit: int, note: str) -> str:
     return cut[: cut.rfind("\n") + 1] + "\n" + note
 
 
-def render(report_md: str, conclusion: str, run_url: str) -> str:
-    """The comment body: a marker, a heading with the run's conclusion, the sanitised report."""
+def verdict_outcome(text: str | None) -> str:
+    """What the artifact's verdict.json says: passed, neutral, failed, absent or unreadable.
+
+    It says passed only when it is self-consistent: `passed` true, exit status 0, no failed check counted.
+    """
+    if text is None:
+        return "absent"
+    try:
+        data = _json(text, "verdict.json")
+    except ArtifactError:
+        return "unreadable"
+    if not isinstance(data, dict) or not isinstance(data.get("passed"), bool):
+        return "unreadable"
+    summary = data.get("summary") if isinstance(data.get("summary"), dict) else {}
+    failed = summary.get("failed")
+    consistent = data.get("exit_status") == 0 and isinstance(failed, int) and not isinstance(failed, bool) and failed == 0
+    if not data["passed"] or not consistent:
+        return "failed"
+    return "neutral" if data.get("neutral") is True else "passed"
+
+
+def heading(outcome: str, conclusion: str) -> str:
+    """The comment's heading from the verdict and the run's conclusion; "passed" needs both to say so."""
     said = CONCLUSIONS.get(conclusion, "finished")
+    if outcome == "passed" and conclusion == "success":
+        return "kvgate gate passed"
+    if outcome == "failed":
+        return "kvgate gate failed" + ("" if conclusion == "failure" else f" (though the workflow run {said})")
+    if outcome == "neutral":
+        return f"kvgate gate is neutral: nothing was compared with a baseline (the workflow run {said})"
+    if outcome == "passed":
+        return f"kvgate gate did not pass: the workflow run {said}, though the verdict says it passed"
+    what = "no verdict" if outcome == "absent" else "an unreadable verdict"
+    return f"kvgate gate: {what} (the workflow run {said})"
+
+
+def render(report_md: str, conclusion: str, run_url: str, outcome: str = "absent", repository: str = "") -> str:
+    """The comment body: a marker, a heading from the verdict and the run's conclusion, the sanitised report."""
     link = f"[workflow run]({run_url})" if RUN_URL.fullmatch(run_url or "") else "workflow run"
-    head = f"{MARKER}\n### kvgate gate {said}\n\nFrom the {link}; the full report is its kvgate-gate artifact.\n\n"
+    head = (f"{MARKER}\n### {heading(outcome, conclusion)}\n\nFrom the {link}; the full report is its kvgate-gate "
+            "artifact.\n\n")
     note = f"_(report cut to fit a comment; see the {link})_"
-    return head + clip(sanitise(report_md), BODY_LIMIT - len(head), note) + "\n"
+    return head + clip(sanitise(report_md, repository), BODY_LIMIT - len(head), note) + "\n"
 
 
 def comment(gate_dir: Path, environ: Mapping[str, str]) -> dict[str, object]:
@@ -102,7 +178,16 @@ def comment(gate_dir: Path, environ: Mapping[str, str]) -> dict[str, object]:
         raise ArtifactError(f"{gate_dir}: no gate artifact was downloaded")
     number = pull_request_number(read_capped(gate_dir / "pull_request.json", 4096), environ.get("HEAD_SHA", ""))
     report = read_capped(gate_dir / "report.md")
-    body = render(report, environ.get("RUN_CONCLUSION", ""), environ.get("RUN_URL", ""))
+    verdict_path = gate_dir / "verdict.json"
+    verdict = None
+    if verdict_path.exists() or verdict_path.is_symlink():
+        try:
+            verdict = read_capped(verdict_path, VERDICT_READ_LIMIT)
+        except ArtifactError:
+            verdict = ""  # unreadable
+    repository = environ.get("GITHUB_REPOSITORY", "")
+    body = render(report, environ.get("RUN_CONCLUSION", ""), environ.get("RUN_URL", ""), verdict_outcome(verdict),
+                  repository if REPOSITORY.fullmatch(repository) else "")
     return {"pull_request": number, "marker": MARKER, "body": body}
 
 
@@ -113,6 +198,9 @@ def main() -> int:
         data = comment(gate_dir, os.environ)
     except ArtifactError as error:
         print(f"::notice::kvgate: no comment posted: {error}")
+        return 0
+    except Exception as error:
+        print(f"::warning::kvgate: no comment posted: the artifact could not be rendered ({type(error).__name__})")
         return 0
     out.write_text(json.dumps(data), encoding="utf-8")
     github_output = os.environ.get("GITHUB_OUTPUT")

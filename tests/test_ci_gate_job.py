@@ -3,6 +3,7 @@
 The artifacts are laid out as actions/download-artifact lays them (one folder per artifact name), each
 holding what a cells job uploads: its run folder with run.json and one cell folder, written in the
 contract's format by tests/synthetic_run.py (lm-eval results + samples, vllm bench JSON + logs, JUnit).
+Each attack of issue 13 on the gate job is a test here that plays it and checks it now fails safe.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,9 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOX = f"{sys.executable} -m nox"
 FLASHINFER_MLA_DIFF = ["vllm/v1/attention/backends/mla/flashinfer_mla.py"]
 
-
-
-
 gate_job = load_ci_script("gate_job")
 
 
@@ -37,7 +36,7 @@ def planned_matrix(changed: list[str]) -> str:
 
 
 def seed_cells(tmp_path: Path) -> Path:
-    """The seed case's FLASHINFER_MLA cells (auto, fp8): what a diff of flashinfer_mla.py plans on CUDA."""
+    """The seed case's FLASHINFER_MLA cells (auto, fp8), which is what a FLASHINFER_MLA change plans."""
     run = tmp_path / "seed"
     synthetic_run.write_seed_run(run)
     return run
@@ -62,37 +61,120 @@ def job_environment(tmp_path: Path, planned: str, **extra: str) -> dict[str, str
             "GITHUB_SHA": "b" * 40, "GITHUB_EVENT_NAME": "pull_request", "KVGATE_NOX": NOX, **extra}
 
 
-# ------------------------------------------------------------------------------------------------ end to end
+def verdict_of(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "run" / "gate" / "verdict.json").read_text())
+
+
+def failing_checks(tmp_path: Path) -> set[tuple[str, str, str]]:
+    """(cell id, kind, status) of every failing check; the gate adds ` [model]` where two checks share an id."""
+    return {(c["cell"].split(" [")[0], c["kind"], c["status"]) for c in verdict_of(tmp_path)["checks"]
+            if c["status"] in ("fail", "error", "missing")}
+
+
+SEED_CELLS = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
+AUTO, LOST = SEED_CELLS
+
+
+def ab_layout(seed: Path, artifacts: Path, cells: list[str], base_lost: tuple[str, ...] = ()) -> None:
+    """Each cell's artifact holds its head folder and its base folder (`<id>--base`), as an A/B job writes."""
+    download_layout(seed, artifacts, cells)
+    for cell in cells:
+        if cell not in base_lost:
+            base = artifacts / f"kvgate-cell-{cell}" / f"{cell}--base"
+            shutil.copytree(seed / cell, base)
+            record = json.loads((base / "cell.json").read_text())
+            (base / "cell.json").write_text(json.dumps({**record, "side": "base"}, indent=2))
+
+
+# ------------------------------------------------------------------------------------------------ planned = required
 
 @pytest.mark.slow
-def test_a_missing_cell_fails_the_gate_and_the_summary_says_which(tmp_path, capsys):
+def test_attack_an_artifact_lost_between_cells_and_gate_fails_named(tmp_path, capsys):
     seed = seed_cells(tmp_path)
-    download_layout(seed, tmp_path / "artifacts", ["flashinfer_mla-auto-sm100"])
-    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF))
+    download_layout(seed, tmp_path / "artifacts", [AUTO])  # the fp8 cell's artifact never arrives
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), BASELINE_DIR=str(seed))
 
     status = gate_job.run(env)
 
     summary = (tmp_path / "summary.md").read_text()
     print(summary)
+    out = capsys.readouterr().out
     assert status == 1
-    assert "flashinfer_mla-fp8-sm100" in summary
-    verdict = json.loads((tmp_path / "run" / "gate" / "verdict.json").read_text())
-    failing = {(c["cell"], c["status"]) for c in verdict["checks"] if c["status"] in ("fail", "error", "missing")}
-    assert ("flashinfer_mla-fp8-sm100", "error") in failing
-    assert {cell for cell, _ in failing} == {"flashinfer_mla-fp8-sm100"}
+    assert failing_checks(tmp_path) == {(LOST, "cell", "missing")}
+    assert LOST in summary
+    assert "--expect-cells" in out and "--require-baseline" in out
+    assert (f"::error::cell {LOST}: no results from its job (cells job result: failure); "
+            "the gate fails it as missing") in out
     assert json.loads((tmp_path / "run" / "gate" / "pull_request.json").read_text()) == {
         "number": 4242, "head_sha": "a" * 40}
     run_info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert sorted(run_info["jobs"]) == ["kvgate-cell-flashinfer_mla-auto-sm100"]
-    assert "::error::cell flashinfer_mla-fp8-sm100: no artifact from its job" in capsys.readouterr().out
+    assert sorted(run_info["jobs"]) == [f"kvgate-cell-{AUTO}"]
 
 
 @pytest.mark.slow
-def test_every_planned_cell_present_passes_with_the_report_in_the_summary(tmp_path):
+def test_attack_one_cells_artifact_cannot_stand_in_for_a_lost_one(tmp_path, capsys):
+    """The auto job's artifact also carries a (passing) fp8 folder; the fp8 cell's own artifact is lost."""
     seed = seed_cells(tmp_path)
-    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
-    download_layout(seed, tmp_path / "artifacts", cells)
-    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success")
+    download_layout(seed, tmp_path / "artifacts", [AUTO])
+    shutil.copytree(seed / LOST, tmp_path / "artifacts" / f"kvgate-cell-{AUTO}" / LOST)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), BASELINE_DIR=str(seed))
+
+    assert gate_job.run(env) == 1
+    assert failing_checks(tmp_path) == {(LOST, "cell", "missing")}
+    assert (f"::warning::artifact kvgate-cell-{AUTO}: {LOST}/ is not a folder of cell "
+            f"{AUTO} ({AUTO}/ or {AUTO}--base/); left out") in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_attack_a_folder_named_for_its_cell_but_holding_another_is_left_out(tmp_path, capsys):
+    seed = seed_cells(tmp_path)
+    download_layout(seed, tmp_path / "artifacts", [AUTO])
+    impostor = tmp_path / "artifacts" / f"kvgate-cell-{LOST}" / LOST
+    shutil.copytree(seed / AUTO, impostor)  # the auto cell's results under the fp8 name
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), BASELINE_DIR=str(seed))
+
+    assert gate_job.run(env) == 1
+    assert failing_checks(tmp_path) == {(LOST, "cell", "missing")}
+    assert (f"::warning::artifact kvgate-cell-{LOST}: {LOST}/ holds the cell.json of another cell "
+            "(FLASHINFER_MLA, auto, sm100, deepseek-ai/DeepSeek-V2-Lite-Chat); left out") in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_attack_an_artifact_cannot_plant_the_gate_report(tmp_path):
+    seed = seed_cells(tmp_path)
+    download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    planted = tmp_path / "artifacts" / f"kvgate-cell-{SEED_CELLS[0]}" / "gate"
+    shutil.copytree(seed / SEED_CELLS[0], planted)
+    (planted / "report.md").write_text("## kvgate gate: PASS (planted)\n")
+    (planted / "pull_request.json").write_text(json.dumps({"number": 1, "head_sha": "a" * 40}))
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), BASELINE_DIR=str(seed),
+                          CELLS_RESULT="success")
+
+    assert gate_job.run(env) == 0
+    assert "planted" not in (tmp_path / "run" / "gate" / "report.md").read_text()
+    assert json.loads((tmp_path / "run" / "gate" / "pull_request.json").read_text())["number"] == 4242
+
+
+@pytest.mark.slow
+def test_a_cell_killed_mid_run_fails_its_unreported_stages(tmp_path):
+    seed = seed_cells(tmp_path)
+    download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    killed = tmp_path / "artifacts" / "kvgate-cell-flashinfer_mla-fp8-sm100" / "flashinfer_mla-fp8-sm100"
+    shutil.rmtree(killed / "throughput")  # the job timed out during the throughput stage
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="failure",
+                          BASELINE_DIR=str(seed))
+
+    assert gate_job.run(env) == 1
+    errors = {(c["cell"], c["kind"]) for c in verdict_of(tmp_path)["checks"] if c["status"] == "error"}
+    assert errors and {cell for cell, _ in errors} == {"flashinfer_mla-fp8-sm100"}
+
+
+@pytest.mark.slow
+def test_every_planned_cell_present_passes_with_the_report_in_the_summary(tmp_path, capsys):
+    seed = seed_cells(tmp_path)
+    download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success",
+                          BASELINE_DIR=str(seed))
 
     status = gate_job.run(env)
 
@@ -100,36 +182,81 @@ def test_every_planned_cell_present_passes_with_the_report_in_the_summary(tmp_pa
     print(summary)
     assert status == 0
     assert summary.count((tmp_path / "run" / "gate" / "report.md").read_text()) == 1  # once, not twice
-    assert "No baseline" in summary
+    assert "No baseline" not in summary
+    assert f"--baseline {seed}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ baseline
+
+@pytest.mark.slow
+def test_attack_no_baseline_fails_a_pull_request(tmp_path):
+    """No baseline (none yet, expired, or the fetch failed) used to be a pass with a note."""
+    seed = seed_cells(tmp_path)
+    download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success",
+                          BASELINE_DIR=str(tmp_path / "absent"), KVGATE_BOOTSTRAP_BASELINE="true")
+
+    assert gate_job.run(env) == 1  # a pull request cannot ask for a bootstrap
+    assert failing_checks(tmp_path) == {("(run)", "baseline", "missing")}
 
 
 @pytest.mark.slow
-def test_a_cell_killed_mid_run_fails_its_unreported_stages(tmp_path):
+def test_a_push_run_without_a_baseline_fails(tmp_path):
+    """Push runs compare with the previous main run; one that cannot does not silently become the reference."""
     seed = seed_cells(tmp_path)
-    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
-    download_layout(seed, tmp_path / "artifacts", cells)
-    killed = tmp_path / "artifacts" / "kvgate-cell-flashinfer_mla-fp8-sm100" / "flashinfer_mla-fp8-sm100"
-    shutil.rmtree(killed / "throughput")  # the job timed out during the throughput stage
-    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="failure")
+    download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success",
+                          GITHUB_EVENT_NAME="push")
 
     assert gate_job.run(env) == 1
-    verdict = json.loads((tmp_path / "run" / "gate" / "verdict.json").read_text())
-    errors = {(c["cell"], c["kind"]) for c in verdict["checks"] if c["status"] == "error"}
-    assert errors and {cell for cell, _ in errors} == {"flashinfer_mla-fp8-sm100"}
+    assert failing_checks(tmp_path) == {("(run)", "baseline", "missing")}
 
 
 @pytest.mark.slow
-def test_the_baseline_is_passed_to_the_gate(tmp_path, capsys):
+def test_only_a_bootstrap_run_on_main_goes_without_a_baseline(tmp_path):
     seed = seed_cells(tmp_path)
-    cells = ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
-    download_layout(seed, tmp_path / "artifacts", cells)
-    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), BASELINE_DIR=str(seed))
+    download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success",
+                          GITHUB_EVENT_NAME="workflow_dispatch", KVGATE_BOOTSTRAP_BASELINE="true")
 
     assert gate_job.run(env) == 0
-    out = capsys.readouterr().out
-    assert f"--baseline {seed}" in out
-    assert "No baseline" not in (tmp_path / "summary.md").read_text()
+    assert verdict_of(tmp_path)["neutral"] is True
+    assert ("_No baseline: no usable kvgate-run artifact of an earlier run on main was found (a bootstrap run: this "
+            "one becomes the first reference)._") in (tmp_path / "summary.md").read_text()
 
+
+@pytest.mark.parametrize(("event", "bootstrap", "required"), [
+    ("pull_request", "", True), ("pull_request", "true", True), ("push", "", True), ("push", "false", True),
+    ("push", "true", False), ("workflow_dispatch", "true", False), ("schedule", "true", True),
+])
+def test_the_baseline_is_required_except_on_a_bootstrap_run_on_main(event, bootstrap, required):
+    assert gate_job.require_baseline({"GITHUB_EVENT_NAME": event, "KVGATE_BOOTSTRAP_BASELINE": bootstrap}) is required
+
+
+@pytest.mark.slow
+def test_an_ab_run_passes_against_its_own_base_side(tmp_path):
+    seed = seed_cells(tmp_path)
+    ab_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success",
+                          KVGATE_SIDES="base,head")
+
+    assert gate_job.run(env) == 0
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["sides"] == ["base", "head"]
+
+
+@pytest.mark.slow
+def test_attack_an_ab_run_whose_base_sides_were_all_lost_fails(tmp_path):
+    """Without its base folders an A/B run looks like a run of one side, compared with nothing."""
+    seed = seed_cells(tmp_path)
+    ab_layout(seed, tmp_path / "artifacts", SEED_CELLS, base_lost=tuple(SEED_CELLS))
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success",
+                          KVGATE_SIDES="base,head")
+
+    assert gate_job.run(env) == 1
+    assert failing_checks(tmp_path) == {("(run)", "baseline", "missing")} | {(c, "cell", "missing") for c in SEED_CELLS}
+
+
+# ------------------------------------------------------------------------------------------------ no plan, bad input
 
 def test_nothing_planned_passes_with_a_note_and_runs_no_gate(tmp_path):
     env = job_environment(tmp_path, json.dumps({"include": []}), KVGATE_NOX="/bin/false", CELLS_RESULT="skipped")
@@ -140,17 +267,27 @@ def test_nothing_planned_passes_with_a_note_and_runs_no_gate(tmp_path):
     assert (tmp_path / "run" / "gate" / "report.md").read_text() == summary
 
 
-def test_a_failed_plan_fails_the_gate_job(tmp_path):
-    env = job_environment(tmp_path, "", PLAN_RESULT="failure", KVGATE_NOX="/bin/false")
+def test_a_lost_plan_output_is_not_an_empty_plan(tmp_path):
+    env = job_environment(tmp_path, "", KVGATE_NOX="/bin/false")
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(env)
+    assert str(error.value) == ("$PLANNED_MATRIX: empty, though the plan job succeeded. Pass the plan job's `matrix` "
+                                "output (`{\"include\": []}` when it planned nothing)")
+
+
+@pytest.mark.parametrize("plan_result", ["failure", "cancelled", "skipped", ""])
+def test_a_plan_that_did_not_succeed_fails_the_gate_job(tmp_path, plan_result):
+    env = job_environment(tmp_path, "", PLAN_RESULT=plan_result, KVGATE_NOX="/bin/false")
 
     assert gate_job.run(env) == 1
-    assert "The plan job ended `failure`" in (tmp_path / "summary.md").read_text()
+    assert (f"The plan job ended `{plan_result or 'unknown'}`: no cell was chosen, so nothing can be checked."
+            in (tmp_path / "summary.md").read_text())
 
 
 def test_a_gate_that_writes_no_report_fails_with_its_output_in_the_summary(tmp_path):
     seed = seed_cells(tmp_path)
     download_layout(seed, tmp_path / "artifacts", ["flashinfer_mla-auto-sm100"])
-    env = job_environment(tmp_path, planned_matrix([]), KVGATE_NOX="/bin/false")
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), KVGATE_NOX="/bin/false")
 
     assert gate_job.run(env) == 1
     assert "exited 1 without writing gate/report.md" in (tmp_path / "summary.md").read_text()
@@ -159,35 +296,62 @@ def test_a_gate_that_writes_no_report_fails_with_its_output_in_the_summary(tmp_p
 def test_the_run_folder_must_start_empty(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "stale.txt").write_text("x")
-    with pytest.raises(gate_job.GateJobError, match="must start empty"):
-        gate_job.run(job_environment(tmp_path, ""))
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF)))
+    assert str(error.value) == f"{tmp_path / 'run'}: the run folder must start empty; it holds files already"
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"KVGATE_SIDES": "base,left"}, "$KVGATE_SIDES: unknown side 'left'. Write base,head or head"),
+    ({"KVGATE_BOOTSTRAP_BASELINE": "yes"}, "$KVGATE_BOOTSTRAP_BASELINE: 'yes', expected true or false"),
+])
+def test_bad_job_settings_are_one_error(tmp_path, environ, message):
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), **environ))
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("{", "$PLANNED_MATRIX: not JSON (Expecting property name enclosed in double quotes)"),
+    ("[" * 5000, "$PLANNED_MATRIX: not JSON (nested too deep)"),
+    ('{"include": [{"cell": "../../etc"}]}',
+     '$PLANNED_MATRIX: expected {"include": [{"cell": "<id>", ...}, ...]} from ci/plan.py'),
+])
+def test_bad_planned_matrix_is_an_error(value, message):
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.planned_cells(value)
+    assert str(error.value) == message
+
+
+def test_the_script_says_bad_input_in_one_line(tmp_path):
+    env = {**job_environment(tmp_path, "{"), "KVGATE_NOX": "/bin/false"}
+    result = subprocess.run([sys.executable, "ci/gate_job.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            check=False)
+    assert (result.returncode, result.stderr) == (2, "ERROR $PLANNED_MATRIX: not JSON (Expecting property name "
+                                                     "enclosed in double quotes)\n")
 
 
 # ------------------------------------------------------------------------------------------------ parts
 
-def test_assembly_keeps_two_cell_folders_of_the_same_name_apart(tmp_path):
+def test_a_cells_artifact_brings_its_own_folders_only(tmp_path):
     seed = seed_cells(tmp_path)
     artifacts = tmp_path / "artifacts"
-    for name in ("kvgate-cell-a", "kvgate-cell-b"):
-        shutil.copytree(seed / "flashinfer_mla-auto-sm100", artifacts / name / "flashinfer_mla-auto-sm100")
-    (artifacts / "kvgate-cell-b" / "run.json").write_text("{not json")
+    own = artifacts / f"kvgate-cell-{SEED_CELLS[0]}"
+    shutil.copytree(seed / SEED_CELLS[0], own / SEED_CELLS[0])
+    shutil.copytree(seed / SEED_CELLS[0], own / f"{SEED_CELLS[0]}--base")  # head's cell.json in the base folder
+    shutil.copytree(seed / SEED_CELLS[1], artifacts / "kvgate-cell-not_planned-fp8-sm100" / SEED_CELLS[1])
+    (own / "run.json").write_text("[" * 5000)
     (tmp_path / "run").mkdir()
+    planned = json.loads(planned_matrix(FLASHINFER_MLA_DIFF))["include"]
 
-    found = gate_job.assemble(artifacts, tmp_path / "run")
+    found = gate_job.assemble(artifacts, tmp_path / "run", planned)
 
-    assert sorted(found.cells) == ["flashinfer_mla-auto-sm100", "kvgate-cell-b--flashinfer_mla-auto-sm100"]
-    assert found.problems == ["kvgate-cell-b/run.json is unreadable; left out of run.json"]
-
-
-def test_a_missing_cell_gets_its_identity_and_errored_stages(tmp_path):
-    entry = json.loads(planned_matrix(FLASHINFER_MLA_DIFF))["include"][1]
-    folder = gate_job.write_missing_cell(tmp_path, entry, "no results")
-    cell = json.loads((folder / "cell.json").read_text())
-    assert {k: cell[k] for k in gate_job.IDENTITY_KEYS} == {
-        "backend": "FLASHINFER_MLA", "kv_cache_dtype": "fp8", "arch": "sm100",
-        "model": "deepseek-ai/DeepSeek-V2-Lite-Chat"}
-    assert json.loads((folder / "status.json").read_text()) == {
-        stage: {"status": "error", "reason": "no results"} for stage in ("kernels", "accuracy", "throughput")}
+    assert sorted(found.cells) == [SEED_CELLS[0]]
+    assert found.problems == [
+        f"kvgate-cell-{SEED_CELLS[0]}/run.json is unreadable; left out of run.json",
+        f"artifact kvgate-cell-{SEED_CELLS[0]}: {SEED_CELLS[0]}--base/ holds a cell.json of the 'head' side; left out",
+        "artifact kvgate-cell-not_planned-fp8-sm100: not the artifact of a planned cell; left out",
+    ]
 
 
 def test_reported_stages_are_left_as_the_runner_wrote_them(tmp_path):
@@ -210,8 +374,3 @@ def test_summary_is_clipped_at_a_line_under_the_limit():
     assert len(clipped.encode()) <= 200
     assert clipped.endswith("|\n\n_(cut)_\n")
     assert gate_job.clip("short\n", 200, "_(cut)_") == "short\n"
-
-
-def test_bad_planned_matrix_is_an_error():
-    with pytest.raises(gate_job.GateJobError, match=r"\$PLANNED_MATRIX: not JSON"):
-        gate_job.planned_cells("{")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,37 +66,215 @@ def test_an_output_value_with_a_newline_is_refused():
         plan.output_lines({"matrix": "a\nhas-cells=true"})
 
 
-@pytest.mark.parametrize(("event", "changed", "expected"), [
-    ("push", None, None),
-    ("workflow_dispatch", None, None),
-    ("pull_request", ["vllm/v1/attention/backends/mla/flashinfer_mla.py"],
+@pytest.mark.parametrize(("event", "changed", "change_of", "expected"), [
+    ("push", None, "kvgate", None),
+    ("workflow_dispatch", None, "kvgate", None),
+    ("pull_request", ["vllm/v1/attention/backends/mla/flashinfer_mla.py"], "vllm",
      ["vllm/v1/attention/backends/mla/flashinfer_mla.py"]),
-    ("pull_request", ["README.md", "src/kvgate/gate/checks.py"], None),
-    ("pull_request", ["matrix/backends.toml"], None),
-    ("pull_request", ["tests/test_gate.py", "ci/README.md"], ["tests/test_gate.py", "ci/README.md"]),
+    ("pull_request", ["README.md", "src/kvgate/gate/checks.py"], "kvgate", None),
+    ("pull_request", ["matrix/backends.toml"], "kvgate", None),
+    ("pull_request", ["tests/test_gate.py", "ci/README.md"], "kvgate", None),  # ci/ is harness, README or not
+    ("pull_request", ["tests/test_gate.py", "docs/results-folder.md", "README.md"], "kvgate", []),
+    ("pull_request", ["tests/kernels/test_flashmla.py"], "kvgate", None),  # loosening a kernel test
+    ("pull_request", ["tests/conftest.py"], "kvgate", None),  # pytest loads it for tests/kernels
+    ("pull_request", ["pytest.ini"], "kvgate", None),  # would override pyproject's pytest settings
+    ("pull_request", ["conftest.py"], "kvgate", None),
+    ("pull_request", ["ci/locks/gpu-py312-x86_64.txt"], "kvgate", None),
+    ("pull_request", [".github/workflows/kvgate.yml"], "kvgate", None),
+    ("pull_request", ["something/new.py"], "kvgate", None),  # unknown: counts as harness
 ])
-def test_which_changes_plan_every_cell(event, changed, expected):
-    assert plan.decide(event, changed)[0] == expected
+def test_which_changes_plan_every_cell(event, changed, change_of, expected):
+    assert plan.decide(event, changed, change_of)[0] == expected
 
 
 def test_a_pull_request_without_a_diff_is_an_error():
-    with pytest.raises(plan.PlanError, match="event 'pull_request': no changed-files list"):
+    with pytest.raises(plan.PlanError) as error:
         plan.decide("pull_request", None)
+    assert str(error.value) == ("event 'pull_request': no changed-files list. Pass --changed-files FILE or --repo DIR, "
+                                "or run on one of push, schedule, workflow_dispatch to plan every cell")
 
 
-def test_the_pull_request_diff_is_the_merge_commits(tmp_path):
-    def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
-    git("init", "-q")
-    (tmp_path / "a.txt").write_text("a")
-    git("add", "a.txt")
-    git("commit", "-qm", "base")
-    (tmp_path / "vllm").mkdir()
-    (tmp_path / "vllm" / "b.py").write_text("b")
-    git("add", "vllm/b.py")
-    git("commit", "-qm", "change")
-    assert plan.pull_request_changed_files(tmp_path) == ["vllm/b.py"]
+@pytest.mark.parametrize("path", [
+    "vllm/v1/attention/backends/mla/x\nvllm/docs/a.md",
+    "vllm/v1/attention/backends/mla/x\u2028.py",  # str.splitlines() ends a line there
+    "vllm/v1/attention/backends/mla/x\x85.py",
+    "vllm/v1/attention/backends/mla/x\udcff.py",  # a byte that is not UTF-8, as git -z gives it
+])
+def test_a_path_that_cannot_travel_one_a_line_plans_every_cell(path):
+    selection, reason = plan.decide("pull_request", ["docs/a.md", path], "vllm")
+    assert selection is None
+    assert reason == (f"A changed path cannot be matched safely ({path!a}: a control character or not UTF-8): "
+                      "every cell.")
+
+
+# ------------------------------------------------------------------------------------------------ real git
+
+def git(repo: Path, *args: str) -> str:
+    result = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main",
+                             *args], cwd=repo, check=True, capture_output=True)
+    return result.stdout.decode().strip()
+
+
+def write(repo: Path, path: str | bytes, text: str = "x = 1\n") -> None:
+    target = os.path.join(os.fsencode(repo), path if isinstance(path, bytes) else os.fsencode(path))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+FLASHMLA = "vllm/v1/attention/backends/mla/flashmla.py"
+FLASHMLA_BODY = "".join(f"line {i} of the FlashMLA backend\n" for i in range(40))
+
+
+@pytest.fixture
+def vllm_repo(tmp_path: Path) -> Path:
+    """A vLLM-like repository: one commit holding the FlashMLA backend and a README."""
+    repo = tmp_path / "vllm"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo, FLASHMLA, FLASHMLA_BODY)
+    write(repo, "README.md", "vLLM\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    return repo
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def flashmla_selected(paths: list[str]) -> bool:
+    from kvgate.matrix import cells as kvmatrix
+
+    return "FLASHMLA" in kvmatrix.load(ROOT / "matrix").backends_touched_by(paths)
+
+
+def test_attack_moving_the_backend_away_still_plans_it(vllm_repo):
+    """`git diff --name-only` lists only the new path of a rename, which matches no backend's sources."""
+    git(vllm_repo, "mv", FLASHMLA, "vllm/v1/attention/backends/mla/renamed.py")
+    commit_all(vllm_repo, "move FlashMLA")
+    name_only = git(vllm_repo, "diff", "--name-only", "HEAD^1", "HEAD").splitlines()
+    assert name_only == ["vllm/v1/attention/backends/mla/renamed.py"] and not flashmla_selected(name_only)
+
+    paths = plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD")
+
+    assert paths == [FLASHMLA, "vllm/v1/attention/backends/mla/renamed.py"]
+    assert flashmla_selected(paths)
+
+
+def test_both_sides_of_a_copy_are_listed(vllm_repo):
+    write(vllm_repo, "vllm/v1/attention/backends/mla/copied.py", FLASHMLA_BODY)
+    write(vllm_repo, FLASHMLA, FLASHMLA_BODY + "one more line\n")  # -C finds copies of files the change touches
+    commit_all(vllm_repo, "copy FlashMLA")
+    raw = git(vllm_repo, "diff", "--name-status", "-M", "-C", "HEAD^1", "HEAD")
+    assert raw.splitlines()[0].startswith("C")
+
+    assert plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD") == [
+        FLASHMLA, "vllm/v1/attention/backends/mla/copied.py"]
+
+
+def test_attack_a_non_ascii_name_is_not_quoted_out_of_the_match(vllm_repo):
+    """Without -z git writes "vllm/.../flashmla_\\303\\251.py" in quotes, which no glob matches."""
+    new = "vllm/v1/attention/backends/mla/flashmla_é.py"
+    write(vllm_repo, new)
+    commit_all(vllm_repo, "non-ASCII")
+    quoted = git(vllm_repo, "-c", "core.quotePath=true", "diff", "--name-only", "HEAD^1", "HEAD").splitlines()
+    assert quoted == ['"vllm/v1/attention/backends/mla/flashmla_\\303\\251.py"'] and not flashmla_selected(quoted)
+
+    paths = plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD")
+
+    assert paths == [new]
+    assert flashmla_selected(paths)
+
+
+def test_attack_a_name_that_is_not_utf8_plans_every_cell(vllm_repo):
+    write(vllm_repo, b"vllm/v1/attention/backends/mla/flashmla\xff.py")
+    commit_all(vllm_repo, "not UTF-8")
+
+    paths = plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD")
+
+    assert paths == ["vllm/v1/attention/backends/mla/flashmla\udcff.py"]
+    assert plan.decide("pull_request", paths, "vllm")[0] is None
+
+
+def test_attack_a_newline_in_a_name_plans_every_cell(vllm_repo):
+    write(vllm_repo, "docs/a\nvllm/v1/attention/backends/mla/flashmla.py")
+    commit_all(vllm_repo, "newline")
+
+    paths = plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD")
+
+    assert paths == ["docs/a\nvllm/v1/attention/backends/mla/flashmla.py"]
+    assert plan.decide("pull_request", paths, "vllm")[0] is None
+
+
+def test_attack_loosening_a_kernel_test_plans_every_cell(tmp_path):
+    repo = tmp_path / "kvgate"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    write(repo, "tests/kernels/test_decode.py", "TOLERANCE = 1e-2\n")
+    commit_all(repo, "base")
+    write(repo, "tests/kernels/test_decode.py", "TOLERANCE = 1.0\n")
+    commit_all(repo, "loosen")
+
+    paths = plan.git_changed_paths(repo, "HEAD^1", "HEAD")
+
+    assert paths == ["tests/kernels/test_decode.py"]
+    assert plan.decide("pull_request", paths, "kvgate") == (
+        None, "kvgate's harness changed (`tests/kernels/test_decode.py`): every cell.")
+
+
+def test_a_pull_requests_changes_are_counted_from_where_it_branched(vllm_repo):
+    """--base B --head H diffs merge-base(B, H)..H: what main did since the branch is not the PR's change."""
+    git(vllm_repo, "checkout", "-qb", "pr")
+    write(vllm_repo, "docs/usage.md", "docs\n")
+    head = commit_all(vllm_repo, "the PR")
+    git(vllm_repo, "checkout", "-q", "main")
+    write(vllm_repo, FLASHMLA, FLASHMLA_BODY + "main moved on\n")
+    base = commit_all(vllm_repo, "main")
+
+    assert plan.git_changed_paths(vllm_repo, plan.merge_base(vllm_repo, base, head), head) == ["docs/usage.md"]
+
+
+def test_the_merge_commits_diff_names_both_parents_difference(vllm_repo):
+    git(vllm_repo, "checkout", "-qb", "pr")
+    git(vllm_repo, "mv", FLASHMLA, "vllm/elsewhere.py")
+    commit_all(vllm_repo, "move")
+    git(vllm_repo, "checkout", "-q", "main")
+    git(vllm_repo, "merge", "-q", "--no-ff", "-m", "merge", "pr")
+
+    assert plan.pull_request_changed_files(vllm_repo) == [FLASHMLA, "vllm/elsewhere.py"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--repo", "{repo}", "--base=--output=/tmp/x", "--head", "HEAD"],
+     "--base '--output=/tmp/x': not a git revision (a commit SHA, a branch or a tag)"),
+    (["--repo", "{repo}", "--base", "HEAD"], "--base and --head: pass both, or neither (the merge commit's own diff)"),
+    (["--repo", "{tmp}"], "--repo {tmp}: not a git checkout"),
+    ([], "event 'pull_request': pass --repo DIR (the change's git checkout) or --changed-files FILE"),
+    (["--repo", "{repo}", "--changed-files", "x"], "--changed-files and --repo: pass one of them"),
+    (["--repo", "{repo}", "--base", "nope", "--head", "HEAD"],
+     "git merge-base nope HEAD in {repo}: fatal: Not a valid object name nope. Check out the full history "
+     "(fetch-depth: 0)"),
+])
+def test_bad_planning_input_is_one_error_line(vllm_repo, tmp_path, capsys, args, message):
+    fill = {"repo": str(vllm_repo), "tmp": str(tmp_path)}
+    status = plan.main(["--event", "pull_request", *(a.format(**fill) for a in args)])
+    assert (status, capsys.readouterr().err) == (2, f"ERROR {message.format(**fill)}\n")
+
+
+def test_a_nul_separated_list_is_read_as_such(tmp_path):
+    listing = tmp_path / "changed"
+    listing.write_bytes(b"vllm/a b.py\0vllm/\xc3\xa9.py\0")
+    assert plan.read_changed_list(listing) == ["vllm/a b.py", "vllm/é.py"]
+
+
+def test_self_hosted_cells_get_the_pool_label_and_hosted_ones_do_not():
+    cpu = {**ENTRY, "cell": "cpu_attn-fp8-cpu", "runner": "ubuntu-latest"}
+    matrix = plan.with_runner_pool({"include": [ENTRY, cpu]}, "kvgate-pr")
+    assert [e["runs-on"] for e in matrix["include"]] == [["gpu-sm100", "kvgate-pr"], ["ubuntu-latest"]]
+    assert plan.with_runner_pool({"include": [ENTRY]}, "")["include"][0]["runs-on"] == ["gpu-sm100"]
 
 
 def test_summary_lists_the_cells_or_says_none():
@@ -158,3 +337,55 @@ def test_a_session_that_writes_no_cell_folder_fails_the_job(tmp_path):
     assert result.returncode == 1
     assert f"::error::cell {ENTRY['cell']}: no cell folder (cell.json)" in result.stdout
     assert json.loads((tmp_path / "run" / "run.json").read_text())["commit"] == "c" * 40
+
+
+def test_an_ab_cell_job_runs_head_against_base_from_one_revision():
+    env = {"KVGATE_VLLM_HEAD": "/w/vllm-head", "KVGATE_VLLM_BASE": "/w/vllm-base", "KVGATE_VLLM_OVERLAY_BASE": "a" * 40}
+    posargs = cell_job.vllm_arguments(env)
+    assert posargs == ["--vllm", f"source:/w/vllm-head@{'a' * 40}", "--base-vllm", f"source:/w/vllm-base@{'a' * 40}"]
+    assert cell_job.session_commands(["nox"], ENTRY["sessions"], posargs) == [
+        ["nox", "-s", "cell(flashinfer_mla-fp8-sm100)", "--", *posargs]]
+    assert cell_job.vllm_arguments({}) == []
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"KVGATE_VLLM_HEAD": "/w/h"}, "$KVGATE_VLLM_HEAD and $KVGATE_VLLM_BASE: set both (the vLLM checkouts of head "
+                                   "and base), or neither"),
+    ({"KVGATE_VLLM_HEAD": "/w/h", "KVGATE_VLLM_BASE": "/w/b", "KVGATE_VLLM_OVERLAY_BASE": "--output=x"},
+     "$KVGATE_VLLM_OVERLAY_BASE: '--output=x' is not a git revision (a commit SHA or a tag)"),
+    ({"KVGATE_VLLM_HEAD": "w/h", "KVGATE_VLLM_BASE": "/w/b", "KVGATE_VLLM_OVERLAY_BASE": "v0.26.0"},
+     "$KVGATE_VLLM_HEAD: 'w/h' must be an absolute path without '@'"),
+    ({"KVGATE_VLLM_HEAD": "/w/h", "KVGATE_VLLM_BASE": "/w/b@x", "KVGATE_VLLM_OVERLAY_BASE": "v0.26.0"},
+     "$KVGATE_VLLM_BASE: '/w/b@x' must be an absolute path without '@'"),
+])
+def test_a_bad_ab_setting_is_one_error(environ, message):
+    with pytest.raises(cell_job.CellJobError) as error:
+        cell_job.vllm_arguments(environ)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(("environ", "label"), [
+    ({"GITHUB_EVENT_NAME": "push", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
+    ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
+    ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/try-this"}, "kvgate-pr"),
+    ({"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),  # never main's pool
+    ({}, "kvgate-pr"),
+])
+def test_only_mains_own_runs_use_the_main_runner_pool(environ, label):
+    assert plan.default_pool_label(environ) == label
+
+
+def test_the_plan_writes_the_merge_base_it_counted_from(vllm_repo, tmp_path, monkeypatch):
+    base = git(vllm_repo, "rev-parse", "HEAD")
+    git(vllm_repo, "checkout", "-qb", "pr")
+    write(vllm_repo, "docs/usage.md", "docs\n")
+    head = commit_all(vllm_repo, "the PR")
+    output = tmp_path / "out"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(output))
+    monkeypatch.setenv("GITHUB_EVENT_NAME", "pull_request")
+    args = ["--repo", str(vllm_repo), "--base", base, "--head", head]
+
+    assert plan.main([*args, "--change-of", "vllm", "--nox", "false"]) == 2  # no matrix printed: nothing written
+    assert not output.exists()
+    assert plan.main([*args, "--change-of", "kvgate"]) == 0  # docs only: no cell, no nox needed
+    assert output.read_text() == f'matrix={{"include":[]}}\nhas-cells=false\ncell-count=0\nmerge-base={base}\n'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,23 +17,32 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 RUN_URL = "https://github.com/acme/kvgate/actions/runs/123456"
 
-
-
-
 pr_comment = load_ci_script("pr_comment")
+WJ = "\u2060"  # the word joiner the sanitiser puts after a broken `@`, `#` or `GH-`
 
 
-def gate_artifact(tmp_path: Path, report: str, pr: object = None) -> Path:
+def verdict(passed: bool, failed: int = 0, neutral: bool = False, exit_status: int | None = None) -> str:
+    return json.dumps({"verdict_version": "1.1", "passed": passed, "neutral": neutral,
+                       "exit_status": (0 if passed else 1) if exit_status is None else exit_status,
+                       "summary": {"checks": 4, "failed": failed}, "checks": []})
+
+
+def gate_artifact(tmp_path: Path, report: str | bytes, pr: object = None, verdict_json: str | bytes | None = None) -> Path:
     folder = tmp_path / "kvgate-gate"
     folder.mkdir()
-    (folder / "report.md").write_text(report, encoding="utf-8")
+    write = (folder / "report.md").write_bytes if isinstance(report, bytes) else (folder / "report.md").write_text
+    write(report)
     pr = {"number": 17, "head_sha": HEAD} if pr is None else pr
-    (folder / "pull_request.json").write_text(json.dumps(pr), encoding="utf-8")
+    (folder / "pull_request.json").write_text(pr if isinstance(pr, str) else json.dumps(pr), encoding="utf-8")
+    if verdict_json is not None:
+        target = folder / "verdict.json"
+        (target.write_bytes if isinstance(verdict_json, bytes) else target.write_text)(verdict_json)
     return folder
 
 
 def test_a_report_becomes_a_comment_with_marker_and_conclusion(tmp_path):
-    folder = gate_artifact(tmp_path, "## kvgate gate: FAIL\n\n| cell | check |\n|---|---|\n| `a` | b |\n")
+    folder = gate_artifact(tmp_path, "## kvgate gate: FAIL\n\n| cell | check |\n|---|---|\n| `a` | b |\n",
+                           verdict_json=verdict(False, failed=1))
     data = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "failure"})
     assert data["pull_request"] == 17
     assert data["body"] == (f"{pr_comment.MARKER}\n### kvgate gate failed\n\nFrom the [workflow run]({RUN_URL}); the "
@@ -47,8 +57,40 @@ def test_html_is_escaped_except_inert_tags():
 
 
 def test_mentions_do_not_ping_and_hidden_characters_are_dropped():
-    text = "cc @octocat and @org/team, mail a@b.c\u202e\x07 `@code`"
-    assert pr_comment.sanitise(text) == "cc @\u2060octocat and @\u2060org/team, mail a@b.c `@code`"
+    text = "cc @octocat and @org/team, mail a@b.c\u202e\x07\x85\ufeff `@code`"
+    assert pr_comment.sanitise(text) == f"cc @{WJ}octocat and @{WJ}org/team, mail a@{WJ}b.c `@{WJ}code`"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("see `@octocat for details", f"see `@{WJ}octocat for details"),  # a backtick never closed: not code
+    ("café@octocat", f"café@{WJ}octocat"),  # after a non-ASCII letter
+    ("x@octocat_ @-dash @_under", f"x@{WJ}octocat_ @{WJ}-dash @{WJ}_under"),
+    ("\uff20octocat", f"\uff20{WJ}octocat"),  # the full-width at sign
+    ("@\u200boctocat", f"@{WJ}octocat"),  # a zero-width space removed must not leave a mention behind
+    ("&#64;octocat &#x40;octocat &commat;octocat", f"&amp;#{WJ}64;octocat &amp;#x40;octocat &amp;commat;octocat"),
+    ("a @ b, 100@%, email@", "a @ b, 100@%, email@"),  # an @ before no name character pings nobody
+])
+def test_attack_every_at_before_a_name_character_is_broken(text, expected):
+    assert pr_comment.sanitise(text) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("fixes vllm-project/vllm#123", f"fixes vllm-project/vllm#{WJ}123"),
+    ("see #7 and GH-9", f"see #{WJ}7 and GH-{WJ}9"),
+    ("at vllm-project/vllm@0123abcd", f"at vllm-project/vllm@{WJ}0123abcd"),
+    ("https://github.com/vllm-project/vllm/issues/1", "https://github[.]com/vllm-project/vllm/issues/1"),
+    ("[x](HTTPS://WWW.GitHub.com/o/r/pull/2#issuecomment-3)", "[x](HTTPS://WWW.GitHub[.]com/o/r/pull/2#issuecomment-3)"),
+    ("https://github.com/acme/kvgate/actions/runs/5 (this repository)", "https://github.com/acme/kvgate/actions/runs/5 "
+     "(this repository)"),
+    ("https://github.com/acme/kvgate-fork/issues/5", "https://github[.]com/acme/kvgate-fork/issues/5"),
+    ("api.github.com/repos/o/r and notgithub.com/o/r", "api.github.com/repos/o/r and notgithub.com/o/r"),
+])
+def test_attack_cross_repository_references_are_escaped(text, expected):
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected
+
+
+def test_without_a_repository_every_github_link_is_defanged():
+    assert pr_comment.sanitise("https://github.com/acme/kvgate/issues/5") == "https://github[.]com/acme/kvgate/issues/5"
 
 
 def test_a_huge_report_is_cut_under_the_comment_limit(tmp_path):
@@ -103,7 +145,7 @@ def test_no_artifact_posts_nothing_and_does_not_fail(tmp_path):
 
 
 def test_the_script_writes_the_comment_and_the_post_flag(tmp_path):
-    folder = gate_artifact(tmp_path, "## kvgate gate: PASS\n")
+    folder = gate_artifact(tmp_path, "## kvgate gate: PASS\n", verdict_json=verdict(True))
     env = {**os.environ, "GATE_DIR": str(folder), "COMMENT_FILE": str(tmp_path / "c.json"),
            "GITHUB_OUTPUT": str(tmp_path / "out"), "HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "success"}
     result = subprocess.run([sys.executable, "ci/pr_comment.py"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -113,3 +155,86 @@ def test_the_script_writes_the_comment_and_the_post_flag(tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert (data["pull_request"], data["marker"]) == (17, pr_comment.MARKER)
     assert data["body"].startswith(pr_comment.MARKER + "\n### kvgate gate passed\n")
+
+
+# ------------------------------------------------------------------------------------------------ the heading
+
+@pytest.mark.parametrize(("verdict_json", "conclusion", "title"), [
+    (verdict(True), "success", "kvgate gate passed"),
+    (verdict(False, failed=2), "failure", "kvgate gate failed"),
+    (verdict(False, failed=2), "success", "kvgate gate failed (though the workflow run passed)"),
+    (verdict(True), "failure", "kvgate gate did not pass: the workflow run failed, though the verdict says it passed"),
+    (verdict(True), "cancelled",
+     "kvgate gate did not pass: the workflow run was cancelled, though the verdict says it passed"),
+    (verdict(True, neutral=True), "success",
+     "kvgate gate is neutral: nothing was compared with a baseline (the workflow run passed)"),
+    # a verdict that contradicts itself is a failed one
+    (verdict(True, failed=1), "success", "kvgate gate failed (though the workflow run passed)"),
+    (verdict(True, exit_status=1), "success", "kvgate gate failed (though the workflow run passed)"),
+    (None, "success", "kvgate gate: no verdict (the workflow run passed)"),
+    ("[" * 4096, "success", "kvgate gate: an unreadable verdict (the workflow run passed)"),
+    (b"\xff\xfe{", "success", "kvgate gate: an unreadable verdict (the workflow run passed)"),
+    ('{"passed": "yes"}', "success", "kvgate gate: an unreadable verdict (the workflow run passed)"),
+])
+def test_attack_the_heading_does_not_trust_the_run_conclusion_alone(tmp_path, verdict_json, conclusion, title):
+    folder = gate_artifact(tmp_path, "report\n", verdict_json=verdict_json)
+    body = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": conclusion})["body"]
+    assert body.splitlines()[1] == f"### {title}"
+
+
+def test_a_verdict_that_is_a_link_is_unreadable(tmp_path):
+    folder = gate_artifact(tmp_path, "report\n")
+    (folder / "verdict.json").symlink_to(tmp_path / "elsewhere.json")
+    body = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_CONCLUSION": "success"})["body"]
+    assert body.splitlines()[1] == "### kvgate gate: an unreadable verdict (the workflow run passed)"
+
+
+# ------------------------------------------------------------------------------------------------ hostile files
+
+HOSTILE_REPORTS = {
+    "4 KiB of [": "[" * 4096,
+    "deep emphasis and links": "*_" * 50_000 + "[a](" * 20_000,
+    "invalid UTF-8": b"## kvgate\n\xff\xfe\xc3(\xed\xa0\x80 @octocat\n",
+    "2 MiB of mentions": "@octocat " * 240_000,
+    "NUL bytes": "a\x00b\x00@c\n",
+    "unclosed everything": "<details><summary>`@x ```\n<!-- " + "<" * 10_000,
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_REPORTS)
+def test_attack_hostile_report_files_never_raise(tmp_path, name):
+    folder = gate_artifact(tmp_path, HOSTILE_REPORTS[name], verdict_json="[" * 4096)
+    data = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "success"})
+    body = data["body"]
+    assert len(body) <= pr_comment.BODY_LIMIT + 1
+    assert body.startswith(pr_comment.MARKER + "\n### kvgate gate: an unreadable verdict (the workflow run passed)\n")
+    assert re.search(r"[@\uff20][A-Za-z0-9_-]", body) is None  # no mention survives
+    assert "\x00" not in body and "<!--" not in body.removeprefix(pr_comment.MARKER)
+
+
+@pytest.mark.parametrize(("pr", "notice"), [
+    ("[" * 4096, "::notice::kvgate: no comment posted: pull_request.json: nested too deep"),
+    ("{\"number\": 17, \"head_sha\": \"" + "a" * 5000 + "\"}", "::notice::kvgate: no comment posted: "
+     "pull_request.json: not JSON"),  # cut at 4 KiB: no longer JSON
+    ("\xff", "::notice::kvgate: no comment posted: pull_request.json: not JSON"),
+])
+def test_attack_a_hostile_pull_request_file_posts_nothing_and_does_not_fail(tmp_path, pr, notice):
+    folder = gate_artifact(tmp_path, "report", pr)
+    env = {**os.environ, "GATE_DIR": str(folder), "COMMENT_FILE": str(tmp_path / "c.json"),
+           "GITHUB_OUTPUT": str(tmp_path / "out"), "HEAD_SHA": HEAD}
+    result = subprocess.run([sys.executable, "ci/pr_comment.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            check=False)
+    assert (result.returncode, result.stdout.strip(), result.stderr) == (0, notice, "")
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "out").exists()
+
+
+def test_an_unexpected_error_is_a_warning_not_a_traceback(tmp_path, monkeypatch, capsys):
+    def broken(gate_dir, environ):
+        raise MemoryError
+    monkeypatch.setattr(pr_comment, "comment", broken)
+    monkeypatch.setenv("COMMENT_FILE", str(tmp_path / "c.json"))
+
+    assert pr_comment.main() == 0
+    assert capsys.readouterr().out == ("::warning::kvgate: no comment posted: the artifact could not be rendered "
+                                       "(MemoryError)\n")
+    assert not (tmp_path / "c.json").exists()

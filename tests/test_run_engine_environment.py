@@ -104,3 +104,165 @@ def test_vllm_logging_switched_off_is_switched_back_on_with_a_warning():
     assert warnings[1] == (
         "VLLM_CONFIGURE_LOGGING=0 is set, which turns vLLM's log lines off, but kvgate reads the attention backend "
         "from them: kvgate sets VLLM_CONFIGURE_LOGGING=1 for the engine processes")
+
+
+# ------------------------------------------------------------------------------------------------ engine_env: GPU lock
+
+import re  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+
+from kvgate.runners import engine_env  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_LOCK = ROOT / engine_env.GPU_LOCK
+REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ ;\\]+)(?: ;[^\\]*)? \\$")
+
+
+def lock_entries(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a `uv pip compile --generate-hashes` lock; fails on any other line."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = REQUIREMENT.match(line)
+        if match:
+            current = match.group(1).lower()
+            entries[current] = (match.group(2), [])
+            continue
+        hashed = re.fullmatch(r"    --hash=sha256:([0-9a-f]{64})(?: \\)?", line)
+        assert hashed and current, f"{path.name}: unexpected line {line!r}"
+        entries[current][1].append(hashed.group(1))
+    return entries
+
+
+def test_the_gpu_lock_pins_the_h200_engine_exactly_with_hashes():
+    entries = lock_entries(GPU_LOCK)
+    assert {name: entries[name][0] for name in ("vllm", "torch", "lm-eval", "flashinfer-python")} == {
+        "vllm": "0.26.0", "torch": "2.11.0", "lm-eval": "0.4.13", "flashinfer-python": "0.6.14"}
+    assert "setuptools" in entries  # the build backend of the lock's sdists, installed first
+    assert [name for name, (_, hashes) in entries.items() if not hashes] == []
+    assert len(entries) > 100  # the whole closure, not only the roots
+
+
+def test_pyprojects_gpu_extra_is_the_locks_roots():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]["gpu"]
+    entries = lock_entries(GPU_LOCK)
+    pins = dict(requirement.split("==") for requirement in extra)
+    assert pins == {name: entries[name][0] for name in pins} == {
+        "vllm": "0.26.0", "lm-eval": "0.4.13", "flashinfer-python": "0.6.14"}
+
+
+def test_the_nox_requirements_ci_installs_are_hashed():
+    entries = lock_entries(ROOT / "ci" / "requirements-nox.txt")
+    assert entries["nox"][0] == "2026.10.20"
+    assert [name for name, (_, hashes) in entries.items() if not hashes] == []
+
+
+def test_the_core_lock_pins_every_dependency_of_kvgate_with_hashes():
+    """The `matrix` and `gate` sessions (the trusted plan and gate jobs) install kvgate from it, hash-checked."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {re.split(r"[<>=;\[ ]", requirement, maxsplit=1)[0].lower() for requirement in project["dependencies"]}
+    entries = lock_entries(ROOT / "ci" / "requirements-core.txt")
+    assert names | {"setuptools"} <= set(entries)
+    assert [name for name, (_, hashes) in entries.items() if not hashes] == []
+    noxfile = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert noxfile.count("_install_kvgate(session)") == 2  # matrix and gate
+    assert 'session.install("-e", ".")' not in noxfile
+
+
+def recording_run(venv: Path, calls: list[list[str]]):
+    def run(argv, env=None):
+        calls.append([str(a) for a in argv])
+        if "venv" in argv:  # `python -m venv [--clear] DIR`: what venv would leave behind
+            engine_env.venv_python(venv).parent.mkdir(parents=True, exist_ok=True)
+            engine_env.venv_python(venv).touch()
+            (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3.final.0\n")
+        if "-r" in argv:  # read the requirements file while it exists
+            calls[-1].append((Path(argv[argv.index("-r") + 1])).read_text())
+    return run
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    (tmp_path / "ci" / "locks").mkdir(parents=True)
+    shutil.copy(GPU_LOCK, tmp_path / engine_env.GPU_LOCK)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_gpu_environment_installs_the_lock_with_hashes_and_nothing_unpinned(checkout):
+    venv = engine_env.venv_dir(checkout, "gpu")
+    python = str(engine_env.venv_python(venv))
+    calls: list[list[str]] = []
+
+    assert engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None,
+                             base_python="/opt/python3.12") == engine_env.venv_python(venv)
+
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    lock = str(checkout / engine_env.GPU_LOCK)
+    setuptools = engine_env.lock_block(GPU_LOCK.read_text(), "setuptools")
+    assert calls[0] == ["/opt/python3.12", "-m", "venv", "--clear", str(venv)]
+    assert calls[1][:-1] == [*pip, "--require-hashes", "--no-deps", "-r", calls[1][-2]]
+    assert calls[1][-1] == setuptools and setuptools.startswith("setuptools==") and "--hash=sha256:" in setuptools
+    assert calls[2][:-1] == [*pip, "--require-hashes", "--no-build-isolation", "-r", lock]
+    assert calls[3] == [*pip, "--no-deps", "--no-build-isolation", "-e", str(checkout)]
+    assert len(calls) == 4  # no `pip install --upgrade pip`, nothing from an index without a hash
+
+    calls.clear()
+    engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/x")
+    assert calls == []  # current: nothing to do
+    with open(checkout / engine_env.GPU_LOCK, "a") as handle:
+        handle.write("# changed\n")
+    engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/x")
+    assert len(calls) == 3 and calls[0][:4] == [python, "-m", "pip", "install"]  # a new lock: reinstall, same venv
+
+
+def test_a_gpu_venv_of_another_python_is_made_anew(checkout):
+    venv = engine_env.venv_dir(checkout, "gpu")
+    engine_env.venv_python(venv).parent.mkdir(parents=True)
+    engine_env.venv_python(venv).touch()
+    (venv / "pyvenv.cfg").write_text("version_info = 3.11.7.final.0\n")
+    calls: list[list[str]] = []
+    engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/py312")
+    assert calls[0] == ["/py312", "-m", "venv", "--clear", str(venv)]
+
+
+@pytest.mark.parametrize(("environ", "versions", "system", "message"), [
+    ({}, {}, ("linux", "x86_64"),
+     "ci/locks/gpu-py312-x86_64.txt is resolved for CPython 3.12 on Linux x86-64; neither this Python ({here}) nor a "
+     "python3.12 on PATH is one. Install Python 3.12, or set KVGATE_GPU_PYTHON to it"),
+    ({"KVGATE_GPU_PYTHON": "/opt/py311"}, {"/opt/py311": (3, 11)}, ("linux", "x86_64"),
+     "ci/locks/gpu-py312-x86_64.txt is resolved for CPython 3.12 on Linux x86-64; KVGATE_GPU_PYTHON=/opt/py311 is not "
+     "a Python 3.12. Point it at one"),
+    ({}, {}, ("linux", "aarch64"),
+     "ci/locks/gpu-py312-x86_64.txt is resolved for CPython 3.12 on Linux x86-64; this machine is linux aarch64. Run "
+     "the GPU cells on a Linux x86-64 runner"),
+])
+def test_no_python_for_the_gpu_lock_is_one_clear_error(environ, versions, system, message):
+    with pytest.raises(engine_env.EngineEnvError) as error:
+        engine_env.gpu_base_python(environ, which=lambda _: None, version_of=lambda p: versions.get(p, (3, 11)),
+                                   system=system)
+    assert str(error.value) == message.format(here=sys.version.split()[0])
+
+
+def test_the_gpu_python_is_found_on_path():
+    assert engine_env.gpu_base_python({}, which=lambda name: f"/usr/bin/{name}",
+                                      version_of=lambda p: (3, 12) if p == "/usr/bin/python3.12" else (3, 11),
+                                      system=("linux", "x86_64")) == "/usr/bin/python3.12"
+
+
+def test_a_package_missing_from_the_lock_is_one_clear_error():
+    with pytest.raises(engine_env.EngineEnvError) as error:
+        engine_env.lock_block("vllm==0.26.0 \\\n    --hash=sha256:00\n", "setuptools")
+    assert str(error.value) == ("ci/locks/gpu-py312-x86_64.txt: no setuptools in the lock. Recompile it with "
+                                "`bash ci/compile_locks.sh`")

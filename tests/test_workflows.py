@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ci_scripts import load_ci_script
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -62,9 +64,9 @@ def run_actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
                            *map(str, paths)], cwd=ROOT, capture_output=True, text=True, env=linter_env(), check=False)
 
 
-def run_zizmor(*paths: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([linter("zizmor"), "--offline", "--no-progress", "--format", "json", *map(str, paths)],
-                          cwd=ROOT, capture_output=True, text=True, env=linter_env(), check=False)
+def run_zizmor(*paths: Path, persona: str = "regular") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([linter("zizmor"), "--offline", "--no-progress", "--format", "json", f"--persona={persona}",
+                           *map(str, paths)], cwd=ROOT, capture_output=True, text=True, env=linter_env(), check=False)
 
 
 def all_steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -74,7 +76,7 @@ def all_steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 # ------------------------------------------------------------------------------------------------ linters
 
 def test_workflows_exist():
-    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate.yml"]
+    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-vllm.yml", "kvgate.yml"]
 
 
 def test_actionlint_reports_nothing():
@@ -97,8 +99,10 @@ def test_actionlint_catches_an_injection_and_a_shell_bug(tmp_path):
     assert "gpu-sm90" not in result.stdout  # the config file's self-hosted labels are read
 
 
-def test_zizmor_reports_nothing():
-    result = run_zizmor(WORKFLOWS)
+@pytest.mark.parametrize("persona", ["regular", "pedantic", "auditor"])
+def test_zizmor_reports_nothing(persona):
+    """Pedantic (code smells) and auditor (false positives allowed) too: every finding fixed, none justified away."""
+    result = run_zizmor(WORKFLOWS, persona=persona)
     print(result.stdout, result.stderr)
     assert result.returncode == 0, "zizmor found something (exit 14 means findings); see the output above"
     assert json.loads(result.stdout) == []
@@ -174,12 +178,16 @@ def test_the_comment_workflow_never_checks_out_pull_request_code():
 
 # ------------------------------------------------------------------------------------------------ shape
 
-def test_the_cells_job_fans_out_the_plan():
-    jobs = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]
+GATED = ("kvgate.yml", "kvgate-vllm.yml")  # the workflows that report the required check
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_the_cells_job_fans_out_the_plan(name):
+    jobs = load_workflow(WORKFLOWS / name)["jobs"]
     cells = jobs["cells"]
     assert cells["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert cells["strategy"]["fail-fast"] is False
-    assert cells["runs-on"] == "${{ matrix.runner }}"
+    assert cells["runs-on"] == "${{ matrix.runs-on }}"  # the cell's label plus the runner pool (ci/plan.py)
     assert cells["if"] == "needs.plan.outputs.has-cells == 'true'"
     assert isinstance(cells["timeout-minutes"], int)
     upload = [s for s in cells["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
@@ -187,8 +195,9 @@ def test_the_cells_job_fans_out_the_plan():
     assert jobs["plan"]["outputs"]["has-cells"] == "${{ steps.plan.outputs.has-cells }}"
 
 
-def test_the_gate_job_always_reports_under_the_required_check_name():
-    gate = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["gate"]
+@pytest.mark.parametrize("name", GATED)
+def test_the_gate_job_always_reports_under_the_required_check_name(name):
+    gate = load_workflow(WORKFLOWS / name)["jobs"]["gate"]
     assert (gate["name"], gate["if"], gate["needs"]) == (REQUIRED_CHECK, "always()", ["plan", "cells"])
     readme = (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
     assert f"`{REQUIRED_CHECK}`" in readme
@@ -240,14 +249,14 @@ def run_plan(tmp_path: Path, *args: str, event: str = "pull_request") -> tuple[d
 
 def test_the_plan_step_runs_in_the_workflow_as_tested():
     plan = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["plan"]
-    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python ci/plan.py"]
+    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python trusted/ci/plan.py --repo change"]
 
 
 @pytest.mark.slow
 def test_plan_for_a_flashinfer_mla_diff(tmp_path):
     diff = tmp_path / "changed.txt"
     diff.write_text("vllm/v1/attention/backends/mla/flashinfer_mla.py\n", encoding="utf-8")
-    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff))
+    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff), "--change-of", "vllm")
     assert [(e["cell"], e["runner"], e["sessions"]) for e in matrix["include"]] == [
         ("flashinfer_mla-auto-sm100", "gpu-sm100", ["cell(flashinfer_mla-auto-sm100)"]),
         ("flashinfer_mla-fp8-sm100", "gpu-sm100", ["cell(flashinfer_mla-fp8-sm100)"]),
@@ -349,3 +358,111 @@ def test_the_poster_posts_nothing_when_the_pr_head_is_not_the_runs(tmp_path):
 def test_the_poster_refuses_a_bad_pull_request_number(tmp_path):
     calls = run_poster(tmp_path, {**COMMENT, "pull_request": "17; drop"}, {"pr": {}, "comments": []})
     assert calls == [["failed", "the gate artifact names no valid pull request number"]]
+
+
+# ------------------------------------------------------------------------------------------------ issue 13: trust
+
+BASE_COMMIT = "${{ github.event.pull_request.base.sha || github.sha }}"
+PINNED_KVGATE = {"repository": "${{ inputs.kvgate-repository }}", "ref": "${{ inputs.kvgate-ref }}"}
+
+
+def checkouts(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return [step.get("with", {}) for step in job["steps"] if step.get("uses", "").startswith("actions/checkout@")]
+
+
+def runs(job: dict[str, Any]) -> list[str]:
+    return [step["run"] for step in job["steps"] if "run" in step]
+
+
+def test_attack_a_pull_request_cannot_choose_its_plan_policy_or_waivers_in_kvgate_yml():
+    """The plan and gate jobs run the base commit's ci/, noxfile, matrix/policy.toml and matrix/waivers.toml.
+
+    A pull request that edits ci/plan.py to plan nothing, loosens policy.toml or adds a waiver changes files that
+    these jobs never run: the plan reads the change only through `git diff`, the gate checks out only the base.
+    """
+    jobs = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]
+    plan, gate = jobs["plan"], jobs["gate"]
+    assert checkouts(plan) == [{"persist-credentials": False, "ref": BASE_COMMIT, "path": "trusted"},
+                               {"persist-credentials": False, "fetch-depth": 2, "path": "change"}]
+    assert [r for r in runs(plan) if "change" in r] == ["python trusted/ci/plan.py --repo change"]
+    assert all(r.startswith("python ") and " trusted/ci/" in f" {r}" for r in runs(plan))
+    assert checkouts(gate) == [{"persist-credentials": False, "ref": BASE_COMMIT}]
+    gate_job = load_ci_script("gate_job")
+    argv = gate_job.gate_command(["nox"], Path("run"), None, expect_cells=Path("plan.json"))
+    assert argv[argv.index("--matrix-dir") + 1] == str(gate_job.ROOT / "matrix")  # the script's own checkout
+    assert argv[argv.index("--policy") + 1] == str(gate_job.ROOT / "matrix" / "policy.toml")
+
+
+def test_the_reusable_workflow_runs_only_the_pinned_kvgate():
+    workflow = load_workflow(WORKFLOWS / "kvgate-vllm.yml")
+    inputs = workflow["on"]["workflow_call"]["inputs"]
+    assert {name for name, spec in inputs.items() if spec.get("required")} == {
+        "kvgate-repository", "kvgate-ref", "base-sha", "head-sha"}
+    jobs = workflow["jobs"]
+    assert jobs["plan"]["steps"][0]["name"] == "Refuse a kvgate ref that is not a commit SHA"
+    for job_id, job in jobs.items():
+        kvgate = [c for c in checkouts(job) if c.get("path") == "kvgate"]
+        assert kvgate == [{"persist-credentials": False, **PINNED_KVGATE, "path": "kvgate"}], job_id
+        assert all(" kvgate/ci/" in f" {r}" for r in runs(job) if r.startswith("python ")), job_id
+    assert checkouts(jobs["gate"]) == [{"persist-credentials": False, **PINNED_KVGATE, "path": "kvgate"}]
+
+
+def test_the_reusable_workflow_gates_head_against_base_with_every_planned_cell_required():
+    jobs = load_workflow(WORKFLOWS / "kvgate-vllm.yml")["jobs"]
+    plan_step = next(s for s in jobs["plan"]["steps"] if s.get("id") == "plan")
+    assert plan_step["run"] == 'python kvgate/ci/plan.py --repo vllm --base "$BASE_SHA" --head "$HEAD_SHA" --change-of vllm'
+    cell_step = next(s for s in jobs["cells"]["steps"] if s.get("run", "").endswith("cell_job.py"))
+    assert {k: v for k, v in cell_step["env"].items() if k.startswith("KVGATE_VLLM")} == {
+        "KVGATE_VLLM_HEAD": "${{ github.workspace }}/vllm-head", "KVGATE_VLLM_BASE": "${{ github.workspace }}/vllm-base",
+        "KVGATE_VLLM_OVERLAY_BASE": "${{ inputs.overlay-base || needs.plan.outputs.merge-base }}"}
+    gate_step = next(s for s in jobs["gate"]["steps"] if s.get("run", "").endswith("gate_job.py"))
+    assert gate_step["env"]["KVGATE_SIDES"] == "base,head"
+    assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.matrix }}"
+    assert "KVGATE_BOOTSTRAP_BASELINE" not in gate_step["env"]  # a pull request is never a bootstrap
+
+
+def test_kvgate_yml_passes_the_plan_to_the_gate_and_bootstraps_only_by_hand():
+    workflow = load_workflow(WORKFLOWS / "kvgate.yml")
+    gate_step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/gate_job.py")
+    assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.matrix }}"
+    assert gate_step["env"]["KVGATE_BOOTSTRAP_BASELINE"] == "${{ inputs.bootstrap-baseline }}"  # dispatch input only
+    assert workflow["on"]["workflow_dispatch"]["inputs"]["bootstrap-baseline"]["default"] is False
+    fetch = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/fetch_baseline.py")
+    assert "if" not in fetch  # push runs compare with the previous main run too
+
+
+# Values of the github context that GitHub assigns; a pull request's author chooses none of them.
+ASSIGNED = {"github.event_name", "github.event.pull_request.number", "github.workflow_ref", "github.run_id"}
+
+
+def test_attack_the_concurrency_group_cannot_be_chosen_by_a_pull_request():
+    """Not github.head_ref (the PR's branch name) nor any title: and main's runs are alone in their group."""
+    concurrency = load_workflow(WORKFLOWS / "kvgate.yml")["concurrency"]
+    used = set(re.findall(r"github(?:\.[\w-]+)+", concurrency["group"]))
+    assert used == ASSIGNED
+    assert "format('kvgate-run-{0}', github.run_id)" in concurrency["group"]
+    assert concurrency["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
+
+
+def test_every_pip_install_in_ci_is_hashed():
+    for path in workflow_files():
+        for job_id, step in all_steps(load_workflow(path)):
+            if "pip install" in step.get("run", ""):
+                assert "--require-hashes" in step["run"] and "requirements-nox.txt" in step["run"], (path.name, job_id)
+
+
+def test_codeowners_cover_everything_that_decides_the_verdict():
+    owners = {}
+    for line in (ROOT / ".github" / "CODEOWNERS").read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            pattern, *who = line.split()
+            owners[pattern] = who
+    assert set(owners) >= {"/.github/", "/ci/", "/matrix/", "/noxfile.py", "/pyproject.toml", "/src/", "/tests/kernels/"}
+    assert all(who and all(w.startswith("@") for w in who) for who in owners.values())
+
+
+def test_ci_readme_documents_the_ruleset_and_the_runner_recipe():
+    readme = (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
+    for needed in ("Require workflows to pass", "a skipped job reports success", "just-in-time", "read-only",
+                   "HF_TOKEN", "kvgate-main", "nothing survives the job"):
+        assert needed in readme, needed

