@@ -27,6 +27,7 @@ from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, sh
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
 MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")
 LOCAL_MODEL_PREFIX = "kvgate:"
+GSM8K_FILTERS = ("strict-match", "flexible-extract")  # lm-eval's gsm8k filters (the gate's policy names them too)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +62,16 @@ class Backend:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ExpectedAccuracy:
+    """A workload's expected auto gsm8k accuracy per filter, with a relative tolerance (vLLM CI's form):
+    the gate's accuracy floor is value x (1 - rtol)."""
+
+    values: Mapping[str, float]  # by gsm8k filter, fractions
+    rtol: float
+    source: str  # where the figures come from (a link, a run)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
     name: str
     model: str
@@ -69,6 +80,7 @@ class Workload:
     model_args: Mapping[str, Any]
     gsm8k: Mapping[str, Any]
     throughput: Mapping[str, Any]
+    expected_accuracy: ExpectedAccuracy | None = None
 
     @property
     def is_local_model(self) -> bool:
@@ -458,7 +470,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True)
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
-        if not reader.keys(spec, where, ["model", "mla", "archs"], ["model_args", "gsm8k", "throughput"]):
+        if not reader.keys(spec, where, ["model", "mla", "archs"],
+                           ["model_args", "gsm8k", "throughput", "expected_accuracy"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -474,8 +487,34 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             gsm8k={**gsm8k_defaults, **_settings(reader, spec.get("gsm8k", {}), f"{where}.gsm8k", GSM8K_KEYS)},
             throughput={**throughput_defaults,
                         **_settings(reader, spec.get("throughput", {}), f"{where}.throughput", THROUGHPUT_KEYS)},
+            expected_accuracy=_expected_accuracy(reader, spec["expected_accuracy"], f"{where}.expected_accuracy")
+            if "expected_accuracy" in spec else None,
         )
     return workloads
+
+
+def _expected_accuracy(reader: TomlReader, table: Any, where: str) -> ExpectedAccuracy | None:
+    """{ <filter> = fraction, ..., rtol = fraction, source = "..." }: at least one filter."""
+    if not reader.keys(table, where, ["rtol", "source"], GSM8K_FILTERS):
+        return None
+    values = {}
+    for name in GSM8K_FILTERS:
+        if name in table:
+            value = table[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                reader.error(f"expected an accuracy as a fraction in (0, 1), got {describe_value(value)}",
+                             f"{where}.{name}")
+                continue
+            values[name] = float(value)
+    if not any(name in table for name in GSM8K_FILTERS):
+        reader.error("no expected accuracy", where, f"Give at least one of {', '.join(GSM8K_FILTERS)}")
+    rtol = table["rtol"]
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 < rtol < 1:
+        reader.error(f"expected a relative tolerance in (0, 1), got {describe_value(rtol)}", f"{where}.rtol",
+                     "vLLM's CI uses 0.08")
+        rtol = 0.0
+    source = reader.string(table, "source", where)
+    return ExpectedAccuracy(values=values, rtol=float(rtol), source=source)
 
 
 def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], required: bool = False) -> dict[str, Any]:
