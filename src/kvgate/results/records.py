@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.2"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.3"  # docs/results-folder.md; readers refuse a newer major, writers write this
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
 SIDES = (BASE, HEAD)
