@@ -64,7 +64,7 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
     attention = text.split("### Needs attention")[1].split("###")[0]
     assert attention.count("❌ FAIL") == 2
     assert "0 kernel tests ran (3 skipped of 3)" in attention
-    assert "no adjustment: each check is a test against its margin at alpha" in text
+    assert "accuracy checks each at alpha 0.01, no adjustment: each is a test against its margin" in text
 
 
 def test_a_waived_run_says_so_in_its_first_line(tmp_path):

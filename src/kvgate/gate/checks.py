@@ -319,7 +319,7 @@ def _throughput_check(cell: CellResults, baseline: RunResults | None, policy: Po
                     "estimate": test.estimate, "n_baseline": test.n_baseline, "n_current": test.n_current,
                     "df": test.df if math.isfinite(test.df) else None, "se_log": test.se_log})
     notes = [f"interleaved A/B: paired by round ({test.n_current} rounds)" if interleaved else
-             f"runs not interleaved: the run-to-run SD {tput.run_to_run_sd:.1%} of the policy is part of the test "
+             f"runs not interleaved: the policy's run-to-run SD ({100 * tput.run_to_run_sd:g} %) is part of the test "
              f"({tput.run_to_run_sd_source})"]
     if interleaved and test.n_current < tput.rounds:
         notes.append(f"{test.n_current} interleaved rounds, fewer than the policy's {tput.rounds}: a 10 % slowdown "

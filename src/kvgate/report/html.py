@@ -102,8 +102,9 @@ def _table(checks: Iterable[Check]) -> str:
             "<th>threshold</th><th>p (adj.)</th></tr>"]
     for c in checks:
         interval = f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else ""
+        adjusted = c.adjusted_p_value
         p = "" if c.p_value is None or c.status == "info" else _p(c.p_value) + (
-            f" ({_p(c.adjusted_p_value)})" if c.adjusted_p_value is not None else "")
+            f" ({_p(adjusted)})" if adjusted is not None and adjusted != c.p_value else "")
         kind = c.kind + (f" <code>{_e(c.subject)}</code>" if c.subject and c.kind.endswith("accuracy") else "")
         rows.append(f"<tr><td>{_badge(c.status, STATUS_LABEL[c.status])}</td>"
                     f"<td><code>{_e(c.cell)}</code></td><td>{kind}</td><td>{_e(c.detail)}</td>"
