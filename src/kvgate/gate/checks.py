@@ -3,16 +3,20 @@
 Checks, one per (cell, kind[, subject]):
     kernels            the cell's kernel tests: any failed or errored test fails it; none run fails it
     accuracy           the accuracy stage ran and parsed (figures per lm-eval filter)
-    throughput         the throughput stage ran; with a baseline, median req/s vs the baseline cell's
+    accuracy_floor     an auto cell against its workload's expected accuracy (workloads.toml), where declared
+    throughput         the throughput stage ran; with a baseline, the margin test of current/baseline req/s
     probe              the probe stage ran; for FP8 cells, logprob agreement with the auto cell's probe
-    fp8_accuracy       FP8 cell vs the auto cell of the same backend, arch, model, task; one per filter
-    baseline_accuracy  cell vs the same cell in the baseline run; one per filter
+    fp8_accuracy       FP8 cell vs the auto cell of the same backend, arch, model, task: the margin test on the
+                       policy's primary filter; the other filters reported (info)
+    baseline_accuracy  cell vs the same cell in the baseline run (or the A/B run's base side); the same
     fp8_throughput     FP8/auto throughput ratio: judged only where the policy declares an expectation
     cell               a cell of the baseline is absent from this run
 
 Stage health fails closed: a requested stage that is missing, marked error or timeout fails; a stage
-never requested is "not run" (missing, so failing, when the caller requires it). All accuracy and
-throughput p-values of the run are adjusted together (policy's multiplicity method) before deciding.
+never requested is "not run" (missing, so failing, when the caller requires it). Comparisons are one-sided
+tests of "within the margin" (kvgate.gate.stats), each at the policy's alpha; the policy's multiplicity method
+(none by default, see matrix/policy.toml) adjusts the p-values of each family before deciding. Sample logs that
+cannot be paired question by question are an error of the comparison, never a fallback.
 A check covered by a live waiver reads WAIVED whatever it measured; an expired waiver does not apply.
 """
 
