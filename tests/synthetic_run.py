@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
+import numpy as np
 from junitparser import Failure, JUnitXml, TestCase, TestSuite
 
 from kvgate.matrix.cells import cell_id
@@ -50,8 +53,13 @@ def write_cell(run_dir: Path, *, backend: str, kv_cache_dtype: str, arch: str, m
 
 def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, task: str = "gsm8k",
                    model: str = SEED_MODEL, samples: bool = True, prompt_chars: int = 400,
-                   prompt_salt: str = "", stamp: str = "2026-11-30T10-00-00.000000") -> Path:
-    """accuracy/<model folder>/results_<stamp>.json (+ samples_<task>_<stamp>.jsonl) from outcomes per filter."""
+                   prompt_salt: str = "", stamp: str = "2026-11-30T10-00-00.000000",
+                   question_ids: Sequence[int] | None = None, without_doc_hash: Collection[int] = ()) -> Path:
+    """accuracy/<model folder>/results_<stamp>.json (+ samples_<task>_<stamp>.jsonl) from outcomes per filter.
+
+    question_ids: which questions the outcomes belong to, in the order asked (default 0 .. n-1): the question
+    decides doc_hash and the prompt, the position doc_id (lm-eval numbers the documents it was given).
+    without_doc_hash: questions whose records carry no doc_hash (readers then key them by doc_id)."""
     folder = Path(cell_dir) / "accuracy" / model.replace("/", "__")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(next(iter(outcomes.values())))
@@ -71,21 +79,27 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
     if samples:
         lines = []
         padding = (_FEWSHOT * (prompt_chars // len(_FEWSHOT) + 1))[:prompt_chars]
-        for doc_id in range(n):
-            question = f"Question {doc_id}: how many apples are left?"
+        ids = list(question_ids) if question_ids is not None else list(range(n))
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} question ids for {n} outcomes")
+        for doc_id, question_id in enumerate(ids):
+            question = f"Question {question_id}: how many apples are left?"
             doc_hash = hashlib.sha256(question.encode()).hexdigest()
             prompt = f"{padding}Question: {question}\nAnswer:"
             prompt_hash = hashlib.sha256((prompt + prompt_salt).encode()).hexdigest()
             for name, values in outcomes.items():
                 correct = bool(values[doc_id])
-                lines.append(json.dumps({
+                record = {
                     "doc_id": doc_id, "doc": {"question": question, "answer": f"... #### {doc_id}"},
                     "target": f"... #### {doc_id}",
                     "arguments": {"gen_args_0": {"arg_0": prompt, "arg_1": {"until": ["Question:"], "do_sample": False}}},
                     "resps": [[f" The answer is {doc_id if correct else -1}.\n#### {doc_id if correct else -1}"]],
                     "filtered_resps": [str(doc_id if correct else -1)], "filter": name, "metrics": ["exact_match"],
                     "doc_hash": doc_hash, "prompt_hash": prompt_hash, "target_hash": doc_hash[::-1],
-                    "exact_match": 1.0 if correct else 0.0}))
+                    "exact_match": 1.0 if correct else 0.0}
+                if question_id in without_doc_hash:
+                    del record["doc_hash"]
+                lines.append(json.dumps(record))
         (folder / f"samples_{task}_{stamp}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return folder
 
@@ -191,3 +205,87 @@ def write_probe(cell_dir: Path, *, shift: float = 0.0, flip_every: int = 0, prom
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "probe.json").write_text(json.dumps(record), encoding="utf-8")
     return folder / "probe.json"
+
+
+# ---------------------------------------------------------------------------------------------- a question model
+
+def _logistic(x: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def _solve_increasing(f: Callable[[float], float], low: float, high: float) -> float:
+    for _ in range(100):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if f(mid) < 0 else (low, mid)
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True)
+class QuestionModel:
+    """Per-question outcomes of compared runs, with difficulty, noise flips and the regression kept apart.
+
+    - difficulty: question i has p_i = logistic(mu + difficulty_sd z_i) (z_i evenly spread normal scores, mu
+      solved so that mean p = accuracy); the configuration's typical answer A_i ~ Bernoulli(p_i) is drawn once
+      per question set (`seed`): questions are reliably right, reliably wrong, or in between;
+    - noise flips: every run flips question i's outcome away from A_i with probability phi_i, independently;
+      phi_i is proportional to p_i (1 - p_i) ("fragile": middling questions flip) or equal for all ("uniform"),
+      scaled so that two runs of unchanged code disagree on a share `flips` of the questions;
+    - regression: the candidate run additionally loses each right answer with probability drop / accuracy after
+      noise (so the expected drop is exactly `drop` points), on any question ("uniform") or on fragile ones.
+    """
+
+    n: int
+    accuracy: float = 0.65
+    difficulty_sd: float = 2.0
+    flips: float = 0.10
+    flip_model: str = "fragile"
+    regression_model: str = "uniform"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.flip_model not in ("fragile", "uniform") or self.regression_model not in ("fragile", "uniform"):
+            raise ValueError("flip_model and regression_model are 'fragile' or 'uniform'")
+
+    def questions(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(typical answers A, flip probabilities phi, regression weights) for the question set."""
+        rng = np.random.default_rng(self.seed)
+        z = np.array([NormalDist().inv_cdf((i + 0.5) / self.n) for i in range(self.n)])
+        rng.shuffle(z)
+        mu = _solve_increasing(lambda m: float(_logistic(m + self.difficulty_sd * z).mean()) - self.accuracy,
+                               -50, 50)
+        p = _logistic(mu + self.difficulty_sd * z)
+        typical = rng.random(self.n) < p
+        weight = p * (1 - p) if self.flip_model == "fragile" else np.ones(self.n)
+        weight = weight / weight.mean()
+
+        def discordance(scale: float) -> float:
+            phi = np.minimum(scale * weight, 0.5)
+            return float((2 * phi * (1 - phi)).mean())
+
+        if self.flips > 0:
+            if discordance(1e6) < self.flips:
+                raise ValueError(f"no flip scale gives {self.flips} discordance with this question set")
+            phi = np.minimum(_solve_increasing(lambda s: discordance(s) - self.flips, 0.0, 1e6) * weight, 0.5)
+        else:
+            phi = np.zeros(self.n)
+        regression = p * (1 - p) if self.regression_model == "fragile" else np.ones(self.n)
+        return typical, phi, regression / regression.mean()
+
+    def runs(self, runs: int, *, drop_points: float = 0.0, rng: np.random.Generator,
+             questions: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(reference, candidate) outcomes, shape (runs, n): independent noise, the regression on the candidate."""
+        typical, phi, regression = questions or self.questions()
+        reference = typical ^ (rng.random((runs, self.n), dtype=np.float32) < phi)
+        candidate = typical ^ (rng.random((runs, self.n), dtype=np.float32) < phi)
+        if drop_points:
+            right = typical * (1 - phi) + ~typical * phi  # P(right) per question after noise
+            rate = drop_points / 100 / float((right * regression).mean())
+            if rate * regression.max() > 1:
+                raise ValueError(f"a {drop_points}-point drop needs more right answers than this question set has")
+            candidate &= ~(rng.random((runs, self.n), dtype=np.float32) < rate * regression)
+        return reference, candidate
+
+
+def flexible_from_strict(strict: np.ndarray, rng: np.random.Generator, share: float = 0.02) -> np.ndarray:
+    """flexible-extract outcomes: strict-match's right answers plus a few right numbers in a lost format."""
+    return strict | (rng.random(strict.shape, dtype=np.float32) < share)

@@ -50,6 +50,17 @@ def test_judge_wants_every_expected_failure_and_pass():
     assert judge(canary, None, 2) == (False, "no verdict (kvgate gate exited 2)")
 
 
+def test_reported_figures_do_not_count_against_a_pass():
+    """A comparison judged on the primary filter reports the other filters as info: only judged checks count."""
+    canary = next(c for c in load_canaries(CANARIES) if c.name == "harmless-refactor")
+    checks = [(cell, kind, status) for cell, kind in (("cpu_attn-auto-cpu", "baseline_accuracy"),
+                                                      ("cpu_attn-fp8-cpu", "baseline_accuracy"),
+                                                      ("cpu_attn-fp8-cpu", "probe"),
+                                                      ("cpu_attn-fp8-cpu", "fp8_accuracy"))
+              for status in ("pass", "info")]
+    assert judge(canary, verdict(*checks), 0) == (True, "failing: none")
+
+
 def test_a_harmless_change_must_pass_everything():
     canary = next(c for c in load_canaries(CANARIES) if c.name == "harmless-refactor")
     assert judge(canary, verdict(("cpu_attn-fp8-cpu", "probe", "fail")), 1)[0] is False

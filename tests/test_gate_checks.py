@@ -11,7 +11,6 @@ import pytest
 from kvgate.gate import checks as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
-from kvgate.gate.stats import UNPAIRED_METHOD
 from kvgate.gate.verdict import Verdict
 from kvgate.matrix import cells as matrix_module
 from kvgate.results.run_loader import KnownNames, load_run
@@ -56,41 +55,74 @@ def test_the_seed_case_passes_with_paired_figures(tmp_path):
     assert strict.figures["candidate"] == pytest.approx(0.6262, abs=5e-5)
     assert strict.figures["n"] == 1319 and strict.figures["discordant"] == 132
     assert strict.figures["drop_points"] == pytest.approx(1.82, abs=0.01)
-    flexible = only(verdict, FP8, "fp8_accuracy", "flexible-extract")
+    assert strict.figures["lower_bound_points"] < 3.0 < strict.figures["upper_bound_points"]
+    assert strict.p_value > 0.5  # H0 "drop <= 3" is nowhere near rejected
+    flexible = only(verdict, FP8, "fp8_accuracy", "flexible-extract")  # reported, not judged
     assert (flexible.status, flexible.figures["reference"], flexible.figures["candidate"]) == (
-        "pass", pytest.approx(0.6520, abs=5e-5), pytest.approx(0.6384, abs=5e-5))
+        "info", pytest.approx(0.6520, abs=5e-5), pytest.approx(0.6384, abs=5e-5))
     ratio = only(verdict, FP8, "fp8_throughput")
     assert ratio.status == "info" and ratio.figures["ratio"] == pytest.approx(3.55 / 3.22)
     assert verdict.exit_status == 0
-    assert verdict.multiplicity["accuracy"]["family_size"] == 2
+    assert verdict.multiplicity["accuracy"] == {"method": "none", "alpha": 0.01, "family_size": 2}  # + the floor
 
 
 def test_a_seven_point_fp8_drop_fails(tmp_path):
     verdict = judge(write_seed_run(tmp_path / "run", fp8_drop_points=7.1))
-    for name in ("strict-match", "flexible-extract"):
-        check = only(verdict, FP8, "fp8_accuracy", name)
-        assert check.status == "fail"
-        assert check.headline == "drop 7.1 pts > 3.0 (p<0.001)"
+    check = only(verdict, FP8, "fp8_accuracy", "strict-match")
+    assert check.status == "fail"
+    assert check.headline == "drop 7.1 pts, lower bound 5.0 > margin 3.0 (p<0.001)"
+    assert only(verdict, FP8, "fp8_accuracy", "flexible-extract").status == "info"
     assert verdict.exit_status == 1
 
 
-@pytest.mark.parametrize(("drop", "status"), [(None, "pass"), (7.1, "fail")])
-def test_without_sample_logs_the_unpaired_fallback_decides_and_says_it_is_weaker(tmp_path, drop, status):
-    verdict = judge(write_seed_run(tmp_path / "run", fp8_drop_points=drop, samples=False))
+@pytest.mark.parametrize(("fp8_only", "where"), [(False, "the auto cell"), (True, "this cell")])
+def test_without_sample_logs_the_comparison_fails_closed(tmp_path, fp8_only, where):
+    run = write_seed_run(tmp_path / "run", samples=fp8_only)
+    if fp8_only:
+        shutil.rmtree(run / FP8 / "accuracy")
+        _, fp8 = paired_outcomes(1319, reference_correct=850, only_reference=78, only_candidate=54)
+        write_accuracy(run / FP8, {"strict-match": fp8, "flexible-extract": fp8}, samples=False)
+    verdict = judge(run)
     check = only(verdict, FP8, "fp8_accuracy", "strict-match")
-    assert (check.status, check.method) == (status, UNPAIRED_METHOD)
-    assert any("weaker" in note for note in check.notes)
+    assert (check.status, check.detail) == ("error", f"no per-question sample log in {where} (lm-eval --log_samples): "
+                                                     "the paired test cannot run, and a test on the two means cannot "
+                                                     "resolve the margin")
+    assert verdict.exit_status == 1
 
 
-def test_different_prompts_fall_back_to_the_unpaired_test(tmp_path):
-    run = write_seed_run(tmp_path / "run")
-    cell = run / FP8
-    shutil.rmtree(cell / "accuracy")
+def _replace_fp8_log(run: Path, **options) -> None:
+    shutil.rmtree(run / FP8 / "accuracy")
     _, fp8 = paired_outcomes(1319, reference_correct=850, only_reference=78, only_candidate=54)
-    write_accuracy(cell, {"strict-match": fp8, "flexible-extract": fp8}, prompt_salt="other few-shot")
-    check = only(judge(run), FP8, "fp8_accuracy", "strict-match")
-    assert check.method == UNPAIRED_METHOD
-    assert check.notes[0].startswith("prompt_hash differs on 1319 of 1319 questions")
+    keep = options.pop("keep", 1319)
+    write_accuracy(run / FP8, {"strict-match": fp8[:keep], "flexible-extract": fp8[:keep]},
+                   question_ids=range(keep), **options)
+
+
+PAIRING_PROBLEMS = {
+    "different prompts": (dict(prompt_salt="other few-shot"),
+                          "prompt_hash differs on 1319 of 1319 questions: the two runs saw different prompts "
+                          "(few-shot examples, chat template or task version)"),
+    "fewer questions": (dict(keep=1000),
+                        "the two sample logs hold different questions: 1000 in common, 319 only in the auto cell's, "
+                        "0 only in this cell's"),
+    "mixed join keys": (dict(without_doc_hash=set(range(10))),
+                        "mixed join keys in this cell's sample log: 10 records keyed by doc_id, 1309 by doc_hash; one "
+                        "log must use one key"),
+    "another join key": (dict(without_doc_hash=set(range(1319))),
+                         "the auto cell's sample log identifies questions by doc_hash, this cell's by doc_id: they "
+                         "cannot be joined"),
+}
+
+
+@pytest.mark.parametrize(("options", "message"), PAIRING_PROBLEMS.values(), ids=PAIRING_PROBLEMS.keys())
+def test_logs_that_cannot_be_paired_are_an_error_of_the_check(tmp_path, options, message):
+    run = write_seed_run(tmp_path / "run")
+    _replace_fp8_log(run, **options)
+    verdict = judge(run)
+    check = only(verdict, FP8, "fp8_accuracy", "strict-match")
+    assert (check.status, check.detail, check.headline) == ("error", message, message)
+    assert only(verdict, FP8, "fp8_accuracy", "flexible-extract").status == "info"
+    assert verdict.exit_status == 1
 
 
 def test_an_fp8_cell_without_its_auto_partner_is_missing(tmp_path):
@@ -219,7 +251,12 @@ def test_a_new_cell_has_no_baseline_to_compare_with(tmp_path):
     assert verdict.exit_status == 0
 
 
-def test_multiplicity_adjusts_every_accuracy_p_value_of_the_run_together(tmp_path):
+def test_multiplicity_when_the_policy_asks_for_one(tmp_path):
+    """The policy's rule is none (margin tests; policy.toml says why); a policy that asks for bh adjusts the
+    run's judged accuracy p-values together: one per cell (the primary filter)."""
+    text = policy_module.default_policy_path().read_text().replace('multiplicity = "none"', 'multiplicity = "bh"', 1)
+    (tmp_path / "policy.toml").write_text(text)
+    policy = policy_module.load(tmp_path / "policy.toml", matrix=MATRIX)
     run = tmp_path / "run"
     for index, backend in enumerate(("FLASHINFER", "TRITON_ATTN", "FLASH_ATTN")):
         auto, fp8 = paired_outcomes(1319, reference_correct=850, only_reference=60 + 5 * index, only_candidate=50)
@@ -228,9 +265,10 @@ def test_multiplicity_adjusts_every_accuracy_p_value_of_the_run_together(tmp_pat
                                       model="meta-llama/Llama-3.1-8B-Instruct"),
                            {"strict-match": outcomes, "flexible-extract": outcomes},
                            model="meta-llama/Llama-3.1-8B-Instruct")
-    verdict = judge(run)
-    tests = [c for c in verdict.checks if c.kind == "fp8_accuracy"]
-    assert verdict.multiplicity["accuracy"] == {"method": "bh", "alpha": 0.01, "family_size": 6}
+    verdict = gate.evaluate(load_run(run, KNOWN), policy=policy, waiver_for=MATRIX.waiver_for, today=TODAY)
+    tests = [c for c in verdict.checks if c.kind == "fp8_accuracy" and c.status != "info"]
+    assert verdict.multiplicity["accuracy"] == {"method": "bh", "alpha": 0.01, "family_size": 3}
+    assert judge(run).multiplicity["accuracy"]["method"] == "none"
     assert all(c.adjusted_p_value >= c.p_value for c in tests)
     assert max(c.adjusted_p_value for c in tests) == pytest.approx(max(c.p_value for c in tests))  # BH keeps the largest
 
@@ -260,7 +298,9 @@ def test_cells_of_one_id_with_several_models_are_named_with_their_model(tmp_path
     assert names == {"triton_attn-fp8-sm90 [Small-Model]", "triton_attn-fp8-sm90 [Large-Model]"}
 
 
-@pytest.mark.parametrize(("min_ratio", "status"), [(0.9, "pass"), (1.0, "pass"), (1.2, "fail")])
+# 1.2 passes now: 3.22 -> 3.55 (1.10) is 8 % short of it, within what the run-to-run SD (3 %, two cells of one run
+# are not interleaved) leaves uncertain at alpha_unpaired 0.01; 1.3 is 15 % short and fails.
+@pytest.mark.parametrize(("min_ratio", "status"), [(0.9, "pass"), (1.0, "pass"), (1.2, "pass"), (1.3, "fail")])
 def test_fp8_throughput_is_judged_where_the_policy_declares_an_expectation(tmp_path, min_ratio, status):
     text = (policy_module.default_policy_path().read_text() + "\n[[throughput.fp8_over_auto]]\n"
             'match = { backend = "FLASHINFER_MLA", arch = "sm100" }\n'
@@ -274,3 +314,39 @@ def test_fp8_throughput_is_judged_where_the_policy_declares_an_expectation(tmp_p
     assert check.status == status
     assert check.threshold["min_ratio"] == min_ratio
     assert check.notes[0] == "expectation throughput.fp8_over_auto[0]: the seed PR measured +10 % on B200"
+
+
+def _ab_throughput(tmp_path: Path, base: list[float], head: list[float]):
+    """Loaded head and base runs with these repeats (throughput/repeat-N.json, N = the round)."""
+    runs = []
+    for name, values in (("base", base), ("head", head)):
+        cell = write_cell(tmp_path / name, backend="FLASHINFER_MLA", kv_cache_dtype="fp8", arch="sm100")
+        write_throughput(cell, values)
+        runs.append(load_run(tmp_path / name, KNOWN))
+    return runs[1].cells[0], runs[0]
+
+
+BASE_ROUNDS = [3.22, 3.10, 3.30, 3.18, 3.25, 3.15, 3.28]  # rounds drift by a few % together
+
+
+def test_interleaved_repeats_are_paired_by_round(tmp_path):
+    """A 9 % slowdown in every round: the paired test sees it through the round-to-round drift; the same
+    figures without the pairing (the run-to-run SD added) cannot tell it from two runs 3 % apart."""
+    head = [round(v * 0.91 * (1 + 0.003 * (-1) ** i), 4) for i, v in enumerate(BASE_ROUNDS)]
+    cell, base = _ab_throughput(tmp_path, BASE_ROUNDS, head)
+    _, pending = gate._throughput_check(cell, base, POLICY, (), ab=True, interleaved=True)
+    paired = gate._decide(pending, None)
+    print(paired.detail)
+    assert paired.status == "fail" and paired.method == "paired t over interleaved rounds, log throughput, " \
+                                                       "against the tolerance"
+    assert paired.interval[1] < 0.95 and paired.notes[0] == "interleaved A/B: paired by round (7 rounds)"
+    _, pending = gate._throughput_check(cell, base, POLICY, (), ab=True, interleaved=False)
+    assert gate._decide(pending, None).status == "pass"
+
+
+def test_interleaved_rounds_that_do_not_match_are_an_error(tmp_path):
+    cell, base = _ab_throughput(tmp_path, BASE_ROUNDS, BASE_ROUNDS[:6])
+    check, pending = gate._throughput_check(cell, base, POLICY, (), ab=True, interleaved=True)
+    assert pending is None
+    assert (check.status, check.detail) == ("error", "cannot test: the interleaved rounds differ: round 7 only on the "
+                                                     "baseline side, none only on the current side")

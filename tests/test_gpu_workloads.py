@@ -108,9 +108,9 @@ def test_workload_timeouts_follow_the_start_up_budgets(real_matrix):
 def test_stage_timeouts_come_from_the_workload_unless_overridden(real_matrix):
     deepseek, llama = real_matrix.cell("flashmla-fp8-sm90"), real_matrix.cell("flash_attn-fp8-sm90")
     assert [stage_timeout(deepseek, stage, None) for stage in ("kernels", "accuracy", "throughput")] == [
-        DEFAULT_TIMEOUT_SECONDS, 4800, 7200]
+        DEFAULT_TIMEOUT_SECONDS, 4800, 9000]
     assert [stage_timeout(llama, stage, None) for stage in ("kernels", "accuracy", "throughput")] == [
-        DEFAULT_TIMEOUT_SECONDS, 3600, 6000]
+        DEFAULT_TIMEOUT_SECONDS, 3600, 7800]
     assert stage_timeout(deepseek, "throughput", 90.0) == 90.0
 
 
@@ -121,9 +121,9 @@ def matrix_copy(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("old", "new", "error"), [
-    ('timeouts = { accuracy = 4800, throughput = 7200 }', 'timeouts = { accuracy = 0, throughput = 7200 }',
+    ('timeouts = { accuracy = 4800, throughput = 9000 }', 'timeouts = { accuracy = 0, throughput = 9000 }',
      "expected an integer >= 1, got the number 0 in workloads.deepseek-v2-lite.timeouts.accuracy"),
-    ('timeouts = { accuracy = 4800, throughput = 7200 }', 'timeouts = { kernels = 60 }',
+    ('timeouts = { accuracy = 4800, throughput = 9000 }', 'timeouts = { kernels = 60 }',
      "unknown key 'kernels' in workloads.deepseek-v2-lite.timeouts. Known: accuracy, throughput"),
     ('gsm8k = { add_bos_token = true }\ntimeouts', 'gsm8k = { add_bos_token = "yes" }\ntimeouts',
      "expected true or false, got the string 'yes' in workloads.deepseek-v2-lite.gsm8k.add_bos_token"),
@@ -143,7 +143,7 @@ def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monke
     """The runners use the workload's timeout: a hanging engine of a cell whose workload allows 2 s is killed."""
     folder = matrix_copy(tmp_path)
     path = folder / "workloads.toml"
-    path.write_text(path.read_text().replace("timeouts = { accuracy = 4800, throughput = 7200 }",
+    path.write_text(path.read_text().replace("timeouts = { accuracy = 4800, throughput = 9000 }",
                                              "timeouts = { accuracy = 4800, throughput = 2 }", 1))
     fake = write_fake_vllm(tmp_path)
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")

@@ -266,6 +266,49 @@ def test_bad_integer_setting(matrix_copy):
     ]
 
 
+SEED_EXPECTED = ('expected_accuracy = { strict-match = 0.671, flexible-extract = 0.664, rtol = 0.08, source = "vLLM CI '
+                 '(.buildkite/lm-eval-harness, DeepSeek-V2-Lite-Chat gsm8k 5-shot, limit 1000, rtol 0.08)" }')
+
+
+def test_a_workload_declares_its_expected_accuracy(real_matrix):
+    expected = real_matrix.workloads["deepseek-v2-lite"].expected_accuracy
+    assert expected is not None
+    assert (dict(expected.values), expected.rtol) == ({"strict-match": 0.671, "flexible-extract": 0.664}, 0.08)
+    assert expected.source.startswith("vLLM CI")
+    assert real_matrix.workloads["tiny-llama"].expected_accuracy is None
+
+
+BAD_EXPECTED_ACCURACY = {
+    "filter with an underscore": (
+        'expected_accuracy = { strict_match = 0.671, rtol = 0.08, source = "vLLM CI" }',
+        ["unknown key 'strict_match' in workloads.deepseek-v2-lite.expected_accuracy. Did you mean strict-match?"]),
+    "accuracy in percent": (
+        'expected_accuracy = { strict-match = 67.1, rtol = 0.08, source = "vLLM CI" }',
+        ["expected an accuracy as a fraction in (0, 1), got the number 67.1 in "
+         "workloads.deepseek-v2-lite.expected_accuracy.strict-match"]),
+    "tolerance in percent": (
+        'expected_accuracy = { strict-match = 0.671, rtol = 8, source = "vLLM CI" }',
+        ["expected a relative tolerance in (0, 1), got the number 8 in "
+         "workloads.deepseek-v2-lite.expected_accuracy.rtol. vLLM's CI uses 0.08"]),
+    "no filter": (
+        'expected_accuracy = { rtol = 0.08, source = "vLLM CI" }',
+        ["no expected accuracy in workloads.deepseek-v2-lite.expected_accuracy. Give at least one of strict-match, "
+         "flexible-extract"]),
+    "no source": (
+        'expected_accuracy = { strict-match = 0.671, rtol = 0.08 }',
+        ["missing key 'source' in workloads.deepseek-v2-lite.expected_accuracy"]),
+    "not a table": (
+        'expected_accuracy = 0.671',
+        ["expected a table, got the number 0.671 in workloads.deepseek-v2-lite.expected_accuracy"]),
+}
+
+
+@pytest.mark.parametrize(("line", "errors"), BAD_EXPECTED_ACCURACY.values(), ids=BAD_EXPECTED_ACCURACY.keys())
+def test_bad_expected_accuracy_is_named(matrix_copy, line, errors):
+    edit(matrix_copy, "workloads.toml", SEED_EXPECTED, line)
+    assert load_errors(matrix_copy) == [f"{matrix_copy}/workloads.toml: {e}" for e in errors]
+
+
 # ---------------------------------------------------------------------------------------- the CLI
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,11 +40,16 @@ def test_the_repository_policy_loads(matrix: matrix_module.Matrix) -> None:
     accuracy = policy.accuracy
     print(policy)
     assert (accuracy.fp8_tax_points, accuracy.baseline_margin_points) == (3.0, 1.0)
-    assert (accuracy.alpha, accuracy.multiplicity) == (0.01, "bh")
-    assert accuracy.filters == ("strict-match", "flexible-extract")
+    assert (accuracy.alpha, accuracy.multiplicity) == (0.01, "none")
+    assert (accuracy.primary_filter, accuracy.filters) == ("strict-match", ("strict-match", "flexible-extract"))
+    assert (accuracy.questions, accuracy.sequential.max_questions) == (3005, 3226)
     assert policy.fp8_tax_points("deepseek-ai/DeepSeek-V2-Lite-Chat") == 3.0
     assert policy.fp8_tax_points("some/other-model") == accuracy.fp8_tax_points
-    assert (policy.throughput.tolerance, policy.throughput.alpha) == (0.05, 0.05)
+    assert (policy.throughput.tolerance, policy.throughput.alpha, policy.throughput.rounds) == (0.05, 0.05, 7)
+    assert policy.throughput.run_to_run_sd == 0.03
+    floor = policy.floor_for("deepseek-ai/DeepSeek-V2-Lite-Chat", "sm100", "gsm8k")
+    assert floor is not None and floor.floor("strict-match") == pytest.approx(0.671 * 0.92)
+    assert policy.floor_for("deepseek-ai/DeepSeek-V2-Lite-Chat", "cpu", "gsm8k") is None
     assert policy.kernels.min_executed_tests == 1
 
 
@@ -183,6 +190,26 @@ BAD_POLICIES = {
              value=[{"cell": "flashinfer_mla-fp8-sm100", "match": {"arch": "sm100"}, "min_ratio": 1.0,
                      "reason": "seed PR"}]),
         ["matrix/policy.toml: give exactly one of 'cell' or 'match' in throughput.fp8_over_auto[0]"]),
+    "primary filter unknown": (
+        _set("accuracy", "primary_filter", value="strict"),
+        ["matrix/policy.toml: unknown gsm8k filter 'strict' in accuracy.primary_filter. Did you mean strict-match?"]),
+    "primary filter not reported": (
+        _set("accuracy", "filters", value=["flexible-extract"]),
+        ["matrix/policy.toml: the primary filter 'strict-match' is not among the reported filters in "
+         "accuracy.filters. Add 'strict-match'"]),
+    "looks that do not end at 1": (
+        _set("accuracy", "sequential", "looks", value=[0.5, 0.9]),
+        ["matrix/policy.toml: expected increasing fractions in (0, 1] ending at 1, got a list in "
+         "accuracy.sequential.looks"]),
+    "flips as a percentage": (
+        _set("accuracy", "design_flips", value=15),
+        ["matrix/policy.toml: expected a number > 0 and < 1, got the number 15 in accuracy.design_flips"]),
+    "run-to-run SD without a source": (
+        lambda doc: doc["throughput"].pop("run_to_run_sd_source"),
+        ["matrix/policy.toml: missing key 'run_to_run_sd_source' in throughput"]),
+    "a single round": (
+        _set("throughput", "rounds", value=1),
+        ["matrix/policy.toml: expected an integer >= 2, got the number 1 in throughput.rounds"]),
     "no kernels table": (
         lambda doc: doc.pop("kernels"),
         ["matrix/policy.toml: missing key 'kernels' in policy.toml"]),
@@ -202,14 +229,14 @@ def test_bad_policy_documents_name_the_file_the_key_and_the_fix(
 def test_a_bad_policy_file_is_one_error_line_per_problem_and_exit_2(tmp_path: Path, capsys) -> None:
     text = (ROOT / "matrix" / "policy.toml").read_text(encoding="utf-8")
     bad = tmp_path / "policy.toml"
-    bad.write_text(text.replace('multiplicity = "bh"', 'multiplicity = "BH"', 1)
+    bad.write_text(text.replace('multiplicity = "none"', 'multiplicity = "None"', 1)
                    .replace("alpha = 0.01", "alpha = 0", 1), encoding="utf-8")
     status = main(["power", "--n", "1319", "--discordance", "0.1", "--policy", str(bad)])
     err = capsys.readouterr().err
     assert status == 2
     assert err.splitlines() == [
         f"ERROR {bad}: expected a number > 0 and <= 0.5, got the number 0 in accuracy.alpha",
-        f"ERROR {bad}: unknown multiplicity method 'BH' in accuracy.multiplicity. Did you mean bh?",
+        f"ERROR {bad}: unknown multiplicity method 'None' in accuracy.multiplicity. Did you mean none?",
     ]
 
 
@@ -231,3 +258,39 @@ def test_a_kv_dtype_without_probe_thresholds_is_an_input_error(document: dict[st
         probe.thresholds("fp8_e5m2", "sm90")
     assert str(caught.value) == ("custom/policy.toml: no probe thresholds for kv_cache_dtype 'fp8_e5m2' in probe. "
                                  "Add a [probe.fp8_e5m2] table")
+
+
+def test_the_policy_states_the_questions_and_repeats_its_goals_need(matrix: matrix_module.Matrix) -> None:
+    """accuracy.questions, sequential.max_questions and throughput.rounds are what kvgate.gate.power computes for
+    the policy's own goals (change a goal and this says which number to update)."""
+    from kvgate.gate import power, sequential
+
+    policy = policy_module.load(matrix=matrix)
+    acc, tput = policy.accuracy, policy.throughput
+    needs = {margin: power.questions_needed(margin_points=margin, target_points=margin + acc.gap_points,
+                                            flips=acc.design_flips, alpha=acc.alpha, power=acc.power)
+             for margin in (acc.fp8_tax_points, acc.baseline_margin_points)}
+    print(needs)
+    assert acc.questions == max(needs.values())
+    bounds = sequential.boundaries(acc.sequential.looks, alpha=acc.alpha, beta=1 - acc.power,
+                                   rho=acc.sequential.beta_spending_rho)
+    assert acc.sequential.max_questions == math.ceil(bounds.inflation * acc.questions)
+    assert tput.rounds == power.rounds_needed(repeat_sd=tput.run_to_run_sd, tolerance=tput.tolerance, slowdown=0.10,
+                                              alpha=tput.alpha, power=0.9)
+
+
+def test_a_workload_floor_must_name_the_primary_filter(document: dict[str, Any], matrix: matrix_module.Matrix) -> None:
+    doc = copy.deepcopy(document)
+    doc["accuracy"]["primary_filter"] = "flexible-extract"
+    doc["accuracy"]["filters"] = ["flexible-extract"]
+    assert policy_module.parse(doc, matrix=matrix).accuracy.primary_filter == "flexible-extract"  # declared: fine
+    workloads = dict(matrix.workloads)
+    seed = workloads["deepseek-v2-lite"]
+    workloads["deepseek-v2-lite"] = dataclasses.replace(seed, expected_accuracy=dataclasses.replace(
+        seed.expected_accuracy, values={"strict-match": 0.671}))
+    with pytest.raises(InputErrors) as caught:
+        policy_module.parse(doc, "matrix/policy.toml", matrix=dataclasses.replace(matrix, workloads=workloads))
+    assert [str(e) for e in caught.value.errors] == [
+        "matrix/policy.toml: workload 'deepseek-v2-lite' declares no expected accuracy for the primary filter "
+        "'flexible-extract' in accuracy.primary_filter. Add flexible-extract to "
+        "workloads.deepseek-v2-lite.expected_accuracy"]

@@ -1,126 +1,131 @@
-"""kvgate.gate.power and `kvgate power`: analytic figures, their inverse, and a Monte Carlo cross-check."""
+"""kvgate.gate.power and `kvgate power`: exact operating figures of the margin test, the questions and rounds
+the policy needs, the noncentral t, and the command's output and errors."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from kvgate.cli import main
-from kvgate.gate.power import (
-    accuracy_power,
-    cell_probabilities,
-    questions_needed,
-    simulate_run,
-    unpaired_se_points,
-)
+from kvgate.gate import power, stats
 
 
-def test_minimum_detectable_drop_matches_the_published_figures() -> None:
-    """../shared/facts/gating.md: at n = 1319, one-sided alpha 0.05, power 0.8 the paired MDD is about 2.2
-    points at d = 10 % and 1.5 at d = 5 %; TensorRT-LLM's unpaired theta (sigma 50) is 4.84 points."""
-    at_10 = accuracy_power(n=1319, discordance=0.10, margin_points=0.0, alpha=0.05, power=0.8)
-    at_5 = accuracy_power(n=1319, discordance=0.05, margin_points=0.0, alpha=0.05, power=0.8)
-    print(f"MDD d=10 %: {at_10.minimum_detectable_drop_points:.3f}, d=5 %: {at_5.minimum_detectable_drop_points:.3f}")
-    assert at_10.minimum_detectable_drop_points == pytest.approx(2.2, abs=0.05)
-    assert at_5.minimum_detectable_drop_points == pytest.approx(1.5, abs=0.05)
-    unpaired_theta = (1.6448536 + 0.8416212) * unpaired_se_points(n=1319, accuracy=0.5)
-    assert unpaired_theta == pytest.approx(4.84, abs=0.01)
+def simulated_rate(n: int, p10: float, p01: float, margin: float, runs: int, seed: int) -> float:
+    counts = np.random.default_rng(seed).multinomial(n, [p10, p01, 1 - p10 - p01], size=runs)
+    return float(stats.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=0.01).mean())
 
 
-def test_figures_of_the_default_policy_at_gsm8k_size() -> None:
-    single = accuracy_power(n=1319, discordance=0.10, margin_points=1.0, alpha=0.01, power=0.9)
-    family = accuracy_power(n=1319, discordance=0.10, margin_points=1.0, alpha=0.01, power=0.9, tests=64)
-    se = 100 * math.sqrt(0.10 / 1319)
-    assert single.se_points == pytest.approx(se)
-    assert single.threshold_points == pytest.approx(2.3263479 * se)  # z(0.99) SE > margin
-    assert single.minimum_detectable_drop_points == pytest.approx((2.3263479 + 1.2815516) * se)
-    assert single.false_alarm_per_test == pytest.approx(0.01)
-    assert family.per_test_alpha == pytest.approx(0.01 / 64)
-    assert family.false_alarm_run == pytest.approx(0.01, rel=0.01)
-    # A margin larger than z * SE takes over the threshold: the FP8 tax at low discordance.
-    fp8 = accuracy_power(n=1319, discordance=0.05, margin_points=3.0, alpha=0.01, power=0.9)
-    assert fp8.threshold_points == 3.0
-    assert fp8.fails_at_margin == pytest.approx(0.5)
+@pytest.mark.parametrize("n, flips, drop, margin", [(1319, 0.10, 3.0, 3.0), (1319, 0.15, 6.0, 3.0),
+                                                    (800, 0.05, 1.0, 1.0), (2749, 0.15, 4.0, 1.0)])
+def test_the_exact_rejection_probability_agrees_with_a_monte_carlo(n: int, flips: float, drop: float,
+                                                                   margin: float) -> None:
+    p10, p01 = power.paired_probabilities(flips=flips, drop_points=drop)
+    exact = power.rejection_probability(n, p10, p01, margin_points=margin, alpha=0.01)
+    runs = 40000
+    rate = simulated_rate(n, p10, p01, margin, runs, seed=5)
+    se = math.sqrt(max(exact * (1 - exact), 1e-6) / runs)
+    print(f"n={n} flips={flips} drop={drop}: exact {exact:.4%}, simulated {rate:.4%} +- {se:.4%}")
+    assert rate == pytest.approx(exact, abs=4 * se)
 
 
-@pytest.mark.parametrize("target, discordance, margin, tests", [
-    (3.0, 0.10, 1.0, 1), (3.0, 0.10, 1.0, 64), (6.0, 0.15, 3.0, 64), (3.2, 0.05, 3.0, 1), (2.0, 0.02, 0.0, 256)])
-def test_questions_needed_inverts_the_minimum_detectable_drop(target: float, discordance: float, margin: float,
-                                                              tests: int) -> None:
-    n = questions_needed(target_drop_points=target, discordance=discordance, margin_points=margin, alpha=0.01,
-                         power=0.9, tests=tests)
-    assert n is not None
-
-    def mdd(questions: int) -> float:
-        return accuracy_power(n=questions, discordance=discordance, margin_points=margin, alpha=0.01, power=0.9,
-                              tests=tests).minimum_detectable_drop_points
-
-    assert mdd(n) <= target + 1e-9 < mdd(n - 1) if n > 1 else mdd(n) <= target
-
-
-def test_a_drop_within_the_margin_needs_no_n() -> None:
-    assert questions_needed(target_drop_points=3.0, discordance=0.1, margin_points=3.0, alpha=0.01) is None
+@pytest.mark.parametrize("margin", [1.0, 3.0])
+@pytest.mark.parametrize("n", [200, 500, 1319, 3005, 6000])
+def test_the_size_at_drop_equal_to_the_margin_is_at_most_alpha(n: int, margin: float) -> None:
+    """Exact, over the nuisance: from no noise at all (every flip is the regression) to 30 % flips."""
+    sizes = {}
+    for flips in (0.0, 0.005, 0.01, 0.02, 0.05, 0.10, 0.15, 0.20, 0.30):
+        p10, p01 = power.paired_probabilities(flips=flips, drop_points=margin)
+        sizes[flips] = power.rejection_probability(n, p10, p01, margin_points=margin, alpha=0.01)
+    print(f"n={n} margin={margin}: " + ", ".join(f"{f:.1%} flips {s:.3%}" for f, s in sizes.items()))
+    assert max(sizes.values()) <= 0.01
+    if n >= 1319:
+        assert sizes[0.15] > 0.008  # and not needlessly conservative where the policy lives
 
 
-def test_cell_probabilities_refuse_a_drop_larger_than_the_discordance() -> None:
-    assert cell_probabilities(reference_accuracy=0.65, discordance=0.10, drop=0.04).tolist() == pytest.approx(
-        [0.58, 0.07, 0.03, 0.32])
-    with pytest.raises(ValueError, match="the discordance must be at least the drop"):
-        cell_probabilities(reference_accuracy=0.65, discordance=0.05, drop=0.06)
+FIGURES = {  # (margin, target, flips) -> questions for power 0.9 at alpha 0.01 (matrix/policy.toml quotes them)
+    (3.0, 6.0, 0.05): 1508, (3.0, 6.0, 0.10): 2266, (3.0, 6.0, 0.15): 3005,
+    (1.0, 4.0, 0.05): 1274, (1.0, 4.0, 0.10): 2019, (1.0, 4.0, 0.15): 2749,
+}
 
 
-@pytest.mark.parametrize("discordance", [0.05, 0.10, 0.15])
-@pytest.mark.parametrize("tests", [1, 64])
-def test_simulation_agrees_with_the_analytic_figures(discordance: float, tests: int) -> None:
-    """The normal approximation against the real exact test: false alarms at most the analytic rate (the
-    exact test is conservative) and detection at the analytic MDD within a few points of the power."""
-    figures = accuracy_power(n=1319, discordance=discordance, margin_points=1.0, alpha=0.01, power=0.9, tests=tests)
-    common = dict(n=1319, reference_accuracy=0.65, discordance=discordance, margin_points=1.0, alpha=0.01,
-                  multiplicity="bh", tests=tests, runs=4000 if tests == 1 else 1000)
-    unchanged = simulate_run(**common, seed=11)
-    caught = simulate_run(**common, regressed_tests=1, true_drop_points=figures.minimum_detectable_drop_points,
-                          seed=12)
-    print(f"d={discordance} tests={tests}: analytic false alarm/run {figures.false_alarm_run:.4f}, simulated "
-          f"{unchanged.false_failure_run:.4f}; MDD {figures.minimum_detectable_drop_points:.2f} pts caught in "
-          f"{caught.detection_per_test:.3f} (analytic 0.90)")
-    monte_carlo = 3 * math.sqrt(0.01 * 0.99 / common["runs"])
-    assert unchanged.false_failure_run <= figures.false_alarm_run + monte_carlo
-    assert caught.detection_per_test == pytest.approx(0.90, abs=0.04)
+@pytest.mark.parametrize("key, expected", FIGURES.items(), ids=[f"margin {k[0]:g}, {k[2]:.0%} flips" for k in FIGURES])
+def test_questions_needed_are_the_smallest_n_with_the_power(key: tuple[float, float, float], expected: int) -> None:
+    margin, target, flips = key
+    n = power.questions_needed(margin_points=margin, target_points=target, flips=flips, alpha=0.01, power=0.9)
+    assert n == expected
+    p10, p01 = power.paired_probabilities(flips=flips, drop_points=target)
+    assert power.rejection_probability(n, p10, p01, margin_points=margin, alpha=0.01) >= 0.9
+    assert power.rejection_probability(n - 20, p10, p01, margin_points=margin, alpha=0.01) < 0.9
+    normal = power.normal_questions(margin_points=margin, target_points=target, flips=flips, alpha=0.01, power=0.9)
+    assert normal == pytest.approx(n, rel=0.02)  # the textbook formula is within 2 %
 
 
-def test_power_command_prints_the_figures(capsys) -> None:
-    assert main(["power", "--n", "1319", "--discordance", "0.10", "--margin", "1.0"]) == 0
+def test_a_target_within_the_margin_needs_no_n() -> None:
+    with pytest.raises(ValueError) as caught:
+        power.questions_needed(margin_points=3.0, target_points=3.0, flips=0.1, alpha=0.01)
+    assert str(caught.value) == "the target drop (3.0) must exceed the margin (3.0)"
+
+
+def test_the_noncentral_t_against_a_monte_carlo() -> None:
+    rng = np.random.default_rng(2)
+    for df, ncp, x in ((4, -2.0, -2.13), (6, -3.5, -1.94), (10, 1.0, 0.5)):
+        z = rng.normal(size=400000) + ncp
+        v = rng.chisquare(df, size=400000)
+        rate = float(((z / np.sqrt(v / df)) <= x).mean())
+        assert power.noncentral_t_cdf(x, df, ncp) == pytest.approx(rate, abs=0.003)
+    assert power.noncentral_t_cdf(1.5, 7, 0.0) == pytest.approx(stats.student_t_cdf(1.5, 7), abs=1e-9)
+
+
+def test_rounds_needed_for_a_10_percent_slowdown() -> None:
+    assert power.rounds_needed(repeat_sd=0.02, tolerance=0.05, slowdown=0.10, alpha=0.05, power=0.9) == 5
+    assert power.rounds_needed(repeat_sd=0.03, tolerance=0.05, slowdown=0.10, alpha=0.05, power=0.9) == 7
+    assert power.rounds_needed(repeat_sd=0.03, tolerance=0.05, slowdown=0.10, alpha=0.01, power=0.9) == 11
+    # a stored baseline cannot reach 90 %: the run-to-run SD stays however many repeats
+    assert power.stored_power(None, repeat_sd=0.0, run_to_run_sd=0.03, tolerance=0.05, slowdown=0.10,
+                              alpha=0.05) == pytest.approx(0.356, abs=0.001)
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+def test_power_command_prints_the_questions_each_check_needs(capsys) -> None:
+    assert main(["power"]) == 0
     out = capsys.readouterr().out
     print(out)
-    assert "SE of the paired drop 0.87 pts (an unpaired test from the two means: 1.86 pts" in out
-    assert "fails when the measured drop exceeds" in out and "2.03 pts" in out and "3.14 pts" in out
-    assert "minimum detectable drop (power 0.9)" in out and "4.25 pts" in out
-    assert "47.4 %" in out  # 64 uncorrected checks at 1 % each
+    lines = out.splitlines()
+    assert "  fp8_accuracy (FP8 vs auto)       3        6       1508        2266        3005" in lines
+    assert "  baseline_accuracy                1        4       1274        2019        2749" in lines
+    assert "the policy asks 3005 questions (accuracy.questions, sized at 15 % flips)" in lines
+    assert lines[lines.index("the policy asks 3005 questions (accuracy.questions, sized at 15 % flips)") + 2] == (
+        "group-sequential: looks at 807, 1613, 2420, 3226 questions (up to 3226 = 1.0732 x 3005); O'Brien-Fleming "
+        "alpha spending, futility at the drop to catch with beta t^2, non-binding")
+    assert "  7 % per-repeat SD" not in out and "  3 % per-repeat SD: 7 rounds" in out
 
 
-def test_power_command_target_drop(capsys) -> None:
-    assert main(["power", "--discordance", "0.10", "--margin", "1.0", "--target-drop", "3"]) == 0
+def test_power_command_for_one_margin_and_flips(capsys) -> None:
+    assert main(["power", "--margin", "1", "--target-drop", "4", "--discordance", "0.10", "--n", "1319"]) == 0
     out = capsys.readouterr().out
-    assert "questions needed to catch a 3-pt drop with power 0.9: 1447 for one check alone, 2653 after bh over " \
-           "64 tests (gsm8k's test split has 1319)" in out
-    assert main(["power", "--discordance", "0.10", "--margin", "3", "--target-drop", "2"]) == 0
-    assert "is not above the margin (3 pts): the check is built to let it pass, at any n" in capsys.readouterr().out
+    assert "  the check       1        4        2019" in out.splitlines()
+    assert ("  the check, 10 % flips: drop 0 0.021 %, margin/2 0.2 %, margin 0.9 %, 4 pts 71.7 %; run of 32 at "
+            "margin/2 5.2 %") in out.splitlines()
 
 
 def test_power_command_simulates_on_request(capsys) -> None:
-    assert main(["power", "--n", "1319", "--discordance", "0.10", "--margin", "3", "--simulate", "500"]) == 0
-    out = capsys.readouterr().out
-    assert "simulated (500 runs each" in out and "64 tests, bh: false failures" in out
+    assert main(["power", "--margin", "3", "--discordance", "0.10", "--n", "1319", "--simulate", "500"]) == 0
+    assert "    simulated (500 comparisons each): margin " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--discordance", "0.1"], "ERROR kvgate power: nothing to compute. Give --n, --target-drop, or both"),
-    (["--n", "1319", "--discordance", "1.5"],
-     "ERROR kvgate power: --discordance must be a share in (0, 1], e.g. 0.10. See `kvgate power --help`"),
-    (["--n", "0", "--discordance", "0.1"], "ERROR kvgate power: --n must be >= 1. See `kvgate power --help`"),
-    (["--n", "1319", "--discordance", "0.1", "--alpha", "1"],
-     "ERROR kvgate power: --alpha must be in (0, 1). See `kvgate power --help`"),
+    (["--discordance", "1.5"],
+     "ERROR kvgate power: --discordance must be a share in (0, 1), e.g. 0.10. See `kvgate power --help`"),
+    (["--n", "0"], "ERROR kvgate power: --n must be >= 1. See `kvgate power --help`"),
+    (["--alpha", "1"], "ERROR kvgate power: --alpha must be in (0, 0.5). See `kvgate power --help`"),
+    (["--target-drop", "4"], "ERROR kvgate power: --target-drop needs --margin. See `kvgate power --help`"),
+    (["--margin", "3", "--target-drop", "2"],
+     "ERROR kvgate power: --target-drop must exceed --margin: a drop within the margin is built to pass, at any n. "
+     "See `kvgate power --help`"),
+    (["--simulate", "100"], "ERROR kvgate power: --simulate needs --n. See `kvgate power --help`"),
 ])
 def test_power_command_bad_arguments(argv: list[str], message: str, capsys) -> None:
     assert main(["power", *argv]) == 2

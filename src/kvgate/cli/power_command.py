@@ -1,145 +1,178 @@
-"""`kvgate power`: what a paired gsm8k check can detect at a given n, discordance and margin."""
+"""`kvgate power`: the questions and repeats each check needs, and what a given n buys (exact figures)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
+
+import numpy as np
 
 from kvgate import EXIT_OK, InputError
 from kvgate.gate import policy as policy_module
-from kvgate.gate.power import PowerFigures, accuracy_power, questions_needed, simulate_run, unpaired_se_points
-from kvgate.gate.stats import MULTIPLICITY_METHODS
+from kvgate.gate import power, stats
 
-HELP = "minimum detectable gsm8k drop, false-alarm rates and questions needed for the paired accuracy check"
+HELP = "questions and repeats each check needs; false alarms and power of the accuracy and throughput tests"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n", type=int, help="questions scored per run (gsm8k test split: 1319)")
-    parser.add_argument("--discordance", type=float, required=True,
-                        help="expected share of questions on which the two runs disagree, e.g. 0.10")
+    parser.add_argument("--discordance", type=float, nargs="+", default=None, metavar="FLIPS",
+                        help="noise flips: the share of questions two runs of unchanged code disagree on (default "
+                             "0.05 0.10 and the policy's design_flips)")
     parser.add_argument("--margin", type=float, default=None,
-                        help="allowed drop in points (default: the policy's baseline margin)")
+                        help="one check with this margin in points (default: the policy's FP8 tax and baseline margin)")
     parser.add_argument("--target-drop", type=float, default=None,
-                        help="a true drop in points: print the questions needed to catch it")
-    parser.add_argument("--alpha", type=float, default=None, help="run-wide alpha (default: the policy's)")
-    parser.add_argument("--multiplicity", choices=MULTIPLICITY_METHODS, default=None,
-                        help="adjustment over the run (default: the policy's)")
-    parser.add_argument("--power", type=float, default=0.9, help="detection probability wanted (default 0.9)")
-    parser.add_argument("--tests", type=int, default=64,
-                        help="accuracy tests in the run's family: cells x filters x checks (default 64)")
-    parser.add_argument("--accuracy", type=float, default=0.65,
-                        help="reference accuracy, for the unpaired comparison and --simulate (default 0.65)")
+                        help="the drop to catch, points (default: margin + the policy's gap_points)")
+    parser.add_argument("--alpha", type=float, default=None, help="per check, at drop = margin (default: the policy's)")
+    parser.add_argument("--power", type=float, default=None, help="detection wanted (default: the policy's)")
+    parser.add_argument("--n", type=int, default=None, help="also print the figures at this many questions")
+    parser.add_argument("--tests", type=int, default=32,
+                        help="run-level figures for a run of this many checks at margin / 2 (default 32)")
     parser.add_argument("--simulate", type=int, default=0, metavar="RUNS",
-                        help="also replay the real tests on RUNS simulated runs per figure (e.g. 2000)")
+                        help="with --n: replay the real test on RUNS simulated comparisons per figure")
+    parser.add_argument("--repeat-sd", type=float, nargs="+", default=[0.02, 0.03], metavar="SD",
+                        help="throughput: each repeat's own log-SD (default 0.02 0.03)")
+    parser.add_argument("--slowdown", type=float, default=0.10, help="throughput: the slowdown to catch (default 0.10)")
     parser.add_argument("--policy", type=Path, default=None, help="default: matrix/policy.toml")
 
 
 def run(args: argparse.Namespace) -> int:
     policy = policy_module.load(args.policy)
-    alpha = args.alpha if args.alpha is not None else policy.accuracy.alpha
-    method = args.multiplicity or policy.accuracy.multiplicity
-    margin = args.margin if args.margin is not None else policy.accuracy.baseline_margin_points
-    _validate(args, alpha, margin)
-    tests = 1 if method == "none" else args.tests
-    print(f"kvgate power: paired gsm8k check; discordance {args.discordance:.1%}, margin {margin:g} points, "
-          f"alpha {alpha:g} run-wide ({method}), power {args.power:g}, a run of {args.tests} tests")
+    acc, tput = policy.accuracy, policy.throughput
+    alpha = acc.alpha if args.alpha is None else args.alpha
+    wanted = acc.power if args.power is None else args.power
+    flips = args.discordance or sorted({0.05, 0.10, acc.design_flips})
+    _validate(args, alpha, wanted, flips)
+    if args.margin is not None:
+        target = args.target_drop if args.target_drop is not None else args.margin + acc.gap_points
+        checks = [("the check", args.margin, target)]
+    else:
+        checks = [("fp8_accuracy (FP8 vs auto)", acc.fp8_tax_points, acc.fp8_tax_points + acc.gap_points),
+                  ("baseline_accuracy", acc.baseline_margin_points, acc.baseline_margin_points + acc.gap_points)]
+    print(f"kvgate power: paired gsm8k margin test, H0 \"drop <= margin\", alpha {alpha:g} per check, power "
+          f"{wanted:g} at the drop to catch.")
+    print("Noise flips: the share of questions two runs of unchanged code disagree on, half each way; a regression "
+          "breaks right answers on top of them.")
+    print()
+    print(_questions_table(checks, flips, alpha, wanted))
+    print(f"the policy asks {acc.questions} questions (accuracy.questions, sized at {100 * acc.design_flips:g} % flips)")
+    print()
+    print(_sequential_text(policy, checks, alpha, wanted))
     if args.n is not None:
-        single = accuracy_power(n=args.n, discordance=args.discordance, margin_points=margin, alpha=alpha,
-                                power=args.power, tests=1)
-        family = accuracy_power(n=args.n, discordance=args.discordance, margin_points=margin, alpha=alpha,
-                                power=args.power, tests=tests)
-        print(_table(args, single, family, method))
-        if args.simulate:
-            print(_simulated(args, single, family, alpha, margin, method))
-    if args.target_drop is not None:
-        print(_needed(args, alpha, margin, tests, method))
+        print()
+        print(_at_n(args, checks, flips, alpha))
+    print()
+    print(_throughput_text(tput, args))
     return EXIT_OK
 
 
-def _validate(args: argparse.Namespace, alpha: float, margin: float) -> None:
+def _validate(args: argparse.Namespace, alpha: float, wanted: float, flips: list[float]) -> None:
     source = "kvgate power"
-    if args.n is None and args.target_drop is None:
-        raise InputError(source, "nothing to compute", hint="Give --n, --target-drop, or both")
     checks = [
         (args.n is None or args.n >= 1, "--n", "must be >= 1"),
-        (0 < args.discordance <= 1, "--discordance", "must be a share in (0, 1], e.g. 0.10"),
-        (margin >= 0, "--margin", "must be >= 0 points"),
-        (0 < alpha < 1, "--alpha", "must be in (0, 1)"),
-        (0 < args.power < 1, "--power", "must be in (0, 1)"),
+        (all(0 < f < 1 for f in flips), "--discordance", "must be a share in (0, 1), e.g. 0.10"),
+        (args.margin is None or 0 <= args.margin < 100, "--margin", "must be >= 0 points"),
+        (args.target_drop is None or args.margin is not None, "--target-drop", "needs --margin"),
+        (args.target_drop is None or args.margin is None or args.target_drop > args.margin, "--target-drop",
+         "must exceed --margin: a drop within the margin is built to pass, at any n"),
+        (0 < alpha < 0.5, "--alpha", "must be in (0, 0.5)"),
+        (0.5 <= wanted < 1, "--power", "must be in [0.5, 1)"),
         (args.tests >= 1, "--tests", "must be >= 1"),
-        (0 < args.accuracy < 1, "--accuracy", "must be in (0, 1)"),
         (args.simulate >= 0, "--simulate", "must be >= 0"),
+        (args.simulate == 0 or args.n is not None, "--simulate", "needs --n"),
+        (all(0 < s < 1 for s in args.repeat_sd), "--repeat-sd", "must be a log-SD in (0, 1), e.g. 0.03"),
+        (0 < args.slowdown < 1, "--slowdown", "must be in (0, 1), e.g. 0.10"),
     ]
     for ok, flag, what in checks:
         if not ok:
             raise InputError(source, f"{flag} {what}", hint="See `kvgate power --help`")
 
 
-def _table(args: argparse.Namespace, single: PowerFigures, family: PowerFigures, method: str) -> str:
-    corrected = f"after {method} over {family.tests} tests" if method != "none" else "no correction"
-    rows = [
-        ("", "no correction", corrected),
-        ("significance level of the test", f"{single.per_test_alpha:.3g}", f"{family.per_test_alpha:.3g}"),
-        ("fails when the measured drop exceeds", f"{single.threshold_points:.2f} pts",
-         f"{family.threshold_points:.2f} pts"),
-        (f"minimum detectable drop (power {args.power:g})", f"{single.minimum_detectable_drop_points:.2f} pts",
-         f"{family.minimum_detectable_drop_points:.2f} pts"),
-        ("false failures, unchanged cell (drop 0)", _percent(single.false_alarm_per_test),
-         _percent(family.false_alarm_per_test)),
-        (f"false failures of a run of {args.tests} unchanged tests", _percent(1 - (1 - single.false_alarm_per_test) ** args.tests),
-         _percent(1 - (1 - family.false_alarm_per_test) ** args.tests)),
-        ("failures at a true drop equal to the margin", _percent(single.fails_at_margin),
-         _percent(family.fails_at_margin)),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"n = {args.n}: SE of the paired drop {single.se_points:.2f} pts "
-             f"(an unpaired test from the two means: {unpaired_se_points(n=args.n, accuracy=args.accuracy):.2f} pts "
-             f"at accuracy {args.accuracy:g})"]
-    lines += [f"  {a:<{width}}  {b:>16}  {c:>22}" for a, b, c in rows]
-    lines.append("  (after the correction: a lone regression among the tests, where Holm and BH both ask p <= alpha/tests; "
-                 "independent tests)")
+def _questions_table(checks: list[tuple[str, float, float]], flips: list[float], alpha: float, wanted: float) -> str:
+    header = ["check", "margin", "catches", *(f"{100 * f:g} % flips" for f in flips)]
+    rows = [header]
+    for name, margin, target in checks:
+        rows.append([name, f"{margin:g}", f"{target:g}",
+                     *(str(power.questions_needed(margin_points=margin, target_points=target, flips=f, alpha=alpha,
+                                                  power=wanted)) for f in flips)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["questions each check needs (fixed design, exact; gsm8k's test split has 1319):"]
+    for row in rows:
+        lines.append("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                                      for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
     return "\n".join(lines)
 
 
-def _simulated(args: argparse.Namespace, single: PowerFigures, family: PowerFigures, alpha: float, margin: float,
-               method: str) -> str:
-    common = dict(n=args.n, reference_accuracy=args.accuracy, discordance=args.discordance, margin_points=margin,
-                  alpha=alpha, runs=args.simulate)
-    lines = [f"simulated ({args.simulate} runs each; exact McNemar, {method}, the gate's rule; discordance kept "
-             f"at {args.discordance:.1%}, so a drop above it is impossible):"]
-    for label, figures, tests, how in (("one check alone", single, 1, "none"),
-                                       (f"{args.tests} tests, {method}", family, args.tests, method)):
-        drop = figures.minimum_detectable_drop_points
-        unchanged = simulate_run(**common, multiplicity=how, tests=tests, seed=1)
-        if drop / 100 <= args.discordance:
-            caught = simulate_run(**common, multiplicity=how, tests=tests, regressed_tests=1, true_drop_points=drop,
-                                  seed=2).detection_per_test
-            detection = f"detects a {drop:.2f}-pt drop in {_percent(caught)}"
-        else:
-            detection = f"(a {drop:.2f}-pt drop needs more than {args.discordance:.0%} discordance)"
-        lines.append(f"  {label}: false failures {_percent(unchanged.false_failure_per_test)} per test, "
-                     f"{_percent(unchanged.false_failure_run)} per run; {detection}")
+def _sequential_text(policy: policy_module.Policy, checks: list[tuple[str, float, float]], alpha: float,
+                     wanted: float) -> str:
+    acc = policy.accuracy
+    seq = acc.sequential
+    fixed = max(power.questions_needed(margin_points=m, target_points=t, flips=acc.design_flips, alpha=alpha,
+                                       power=wanted) for _, m, t in checks)
+    lines = []
+    for name, margin, target in checks:
+        plan = power.sequential_plan(fixed_questions=fixed, fractions=seq.looks, alpha=alpha, beta=1 - wanted,
+                                     rho=seq.beta_spending_rho, margin_points=margin, gap_points=target - margin)
+        if not lines:
+            lines.append(f"group-sequential: looks at {', '.join(map(str, plan.looks))} questions (up to "
+                         f"{plan.max_questions} = {plan.inflation:.4f} x {fixed}); O'Brien-Fleming alpha spending, "
+                         f"futility at the drop to catch with beta t^{seq.beta_spending_rho:g}, non-binding")
+            lines.append("  expected questions as a share of the fixed design's, and P(fail):")
+        cells = ", ".join(f"{scenario} {share:.2f} ({plan.fails[scenario]:.2%})"
+                          for scenario, share in plan.expected_fraction.items())
+        lines.append(f"  {name}: {cells}")
     return "\n".join(lines)
 
 
-def _needed(args: argparse.Namespace, alpha: float, margin: float, tests: int, method: str) -> str:
-    common = dict(target_drop_points=args.target_drop, discordance=args.discordance, margin_points=margin,
-                  alpha=alpha, power=args.power)
-    alone = questions_needed(**common, tests=1)
-    if alone is None:
-        return (f"a true drop of {args.target_drop:g} pts is not above the margin ({margin:g} pts): the check is "
-                f"built to let it pass, at any n")
-    corrected = questions_needed(**common, tests=tests)
-    text = (f"questions needed to catch a {args.target_drop:g}-pt drop with power {args.power:g}: "
-            f"{alone} for one check alone, {corrected} after {method} over {tests} tests")
-    if max(alone, corrected or 0) > 1319:
-        text += " (gsm8k's test split has 1319)"
-    return text
+def _at_n(args: argparse.Namespace, checks: list[tuple[str, float, float]], flips: list[float], alpha: float) -> str:
+    lines = [f"at n = {args.n} questions (exact; P(fail) per check, and for a run of {args.tests} checks at "
+             "margin / 2):"]
+    for name, margin, target in checks:
+        for f in flips:
+            fig = power.accuracy_figures(n=args.n, flips=f, margin_points=margin, target_points=target, alpha=alpha,
+                                         run_of=args.tests)
+            lines.append(f"  {name}, {100 * f:g} % flips: drop 0 {_percent(fig.fails_at_zero)}, margin/2 "
+                         f"{_percent(fig.fails_at_half_margin)}, margin {_percent(fig.fails_at_margin)}, "
+                         f"{target:g} pts {_percent(fig.power_at_target)}; run of {args.tests} at margin/2 "
+                         f"{_percent(fig.run_fails_at_half_margin)}")
+            if args.simulate:
+                lines.append("    " + _simulated(args.n, f, margin, target, alpha, args.simulate))
+    return "\n".join(lines)
 
 
-def _percent(value: float | None) -> str:
-    if value is None:
-        return "-"
+def _simulated(n: int, flips: float, margin: float, target: float, alpha: float, runs: int) -> str:
+    rng = np.random.default_rng(20261130)
+    parts = []
+    for label, drop in (("margin", margin), (f"{target:g} pts", target)):
+        p10, p01 = power.paired_probabilities(flips=flips, drop_points=drop)
+        counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=runs)
+        rate = float(stats.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=alpha).mean())
+        parts.append(f"{label} {_percent(rate)} ± {_percent(math.sqrt(max(rate * (1 - rate), 1e-12) / runs))}")
+    return f"simulated ({runs} comparisons each): " + ", ".join(parts)
+
+
+def _throughput_text(tput: policy_module.ThroughputPolicy, args: argparse.Namespace) -> str:
+    slow = args.slowdown
+    lines = [f"throughput: H0 \"ratio >= {1 - tput.tolerance:.2f}\", alpha {tput.alpha:g}; rounds of interleaved A/B "
+             f"repeats for power 0.9 at a {100 * slow:g} % slowdown (the policy asks {tput.rounds}):"]
+    for sd in args.repeat_sd:
+        rounds = power.rounds_needed(repeat_sd=sd, tolerance=tput.tolerance, slowdown=slow, alpha=tput.alpha,
+                                     power=0.9)
+        unchanged = power.paired_rounds_power(rounds or 2, repeat_sd=sd, tolerance=tput.tolerance, slowdown=0.0,
+                                              alpha=tput.alpha)
+        lines.append(f"  {100 * sd:g} % per-repeat SD: {rounds if rounds else 'more than 200'} rounds (an unchanged cell "
+                     f"then fails {_percent(unchanged)})")
+    best = power.stored_power(None, repeat_sd=0.0, run_to_run_sd=tput.run_to_run_sd, tolerance=tput.tolerance,
+                              slowdown=slow, alpha=tput.alpha_unpaired)
+    unchanged = power.stored_power(None, repeat_sd=0.0, run_to_run_sd=tput.run_to_run_sd, tolerance=tput.tolerance,
+                                   slowdown=0.0, alpha=tput.alpha_unpaired)
+    lines.append(f"  a stored baseline (run-to-run SD {100 * tput.run_to_run_sd:g} %, alpha {tput.alpha_unpaired:g}): a "
+                 f"{100 * slow:g} % slowdown is caught at most {_percent(best)} of the time, however many repeats (an "
+                 f"unchanged cell fails {_percent(unchanged)})")
+    return "\n".join(lines)
+
+
+def _percent(value: float) -> str:
     if value == 0:
         return "0 %"
     if value < 0.001:

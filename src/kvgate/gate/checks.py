@@ -3,27 +3,34 @@
 Checks, one per (cell, kind[, subject]):
     kernels            the cell's kernel tests: any failed or errored test fails it; none run fails it
     accuracy           the accuracy stage ran and parsed (figures per lm-eval filter)
-    throughput         the throughput stage ran; with a baseline, median req/s vs the baseline cell's
+    accuracy_floor     an auto cell against its workload's expected accuracy (workloads.toml), where declared
+    throughput         the throughput stage ran; with a baseline, the margin test of current/baseline req/s
     probe              the probe stage ran; for FP8 cells, logprob agreement with the auto cell's probe
-    fp8_accuracy       FP8 cell vs the auto cell of the same backend, arch, model, task; one per filter
-    baseline_accuracy  cell vs the same cell in the baseline run; one per filter
+    fp8_accuracy       FP8 cell vs the auto cell of the same backend, arch, model, task: the margin test on the
+                       policy's primary filter; the other filters reported (info)
+    baseline_accuracy  cell vs the same cell in the baseline run (or the A/B run's base side); the same
     fp8_throughput     FP8/auto throughput ratio: judged only where the policy declares an expectation
     cell               a cell of the baseline is absent from this run
 
 Stage health fails closed: a requested stage that is missing, marked error or timeout fails; a stage
-never requested is "not run" (missing, so failing, when the caller requires it). All accuracy and
-throughput p-values of the run are adjusted together (policy's multiplicity method) before deciding.
+never requested is "not run" (missing, so failing, when the caller requires it). Comparisons are one-sided
+tests of "within the margin" (kvgate.gate.stats), each at the policy's alpha; the policy's multiplicity method
+(none by default, see matrix/policy.toml) adjusts the p-values of each family before deciding. Sample logs that
+cannot be paired question by question are an error of the comparison, never a fallback.
 A check covered by a live waiver reads WAIVED whatever it measured; an expired waiver does not apply.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvgate.gate import probe_agreement, stats
+from kvgate.gate import power, probe_agreement, sequential, stats
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check, Verdict, WaiverNote
 from kvgate.results.records import (
@@ -38,8 +45,8 @@ from kvgate.results.records import (
     ThroughputResult,
 )
 
-KIND_ORDER = ("baseline", "cell", "kernels", "accuracy", "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput",
-              "probe")
+KIND_ORDER = ("baseline", "cell", "kernels", "accuracy", "accuracy_floor", "fp8_accuracy", "baseline_accuracy",
+              "throughput", "fp8_throughput", "probe")
 UNITS = {"requests_per_second": "req/s", "tokens_per_second": "tok/s", "output_tokens_per_second": "output tok/s"}
 WaiverLookup = Callable[[CellIdentity, str], Any]  # -> matrix.Waiver | None
 
@@ -75,6 +82,9 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     for cell in run.cells:
         checks.append(_kernels_check(cell, policy, require))
         checks.append(_accuracy_check(cell, require))
+        floor = _accuracy_floor_check(cell, policy)
+        if floor is not None:
+            (pending.append(floor) if isinstance(floor, _Pending) else checks.append(floor))
         throughput_check, throughput_pending = _throughput_check(cell, baseline, policy, require, ab=ab)
         if throughput_pending:
             pending.append(throughput_pending)
@@ -99,10 +109,13 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
                 checks.append(Check(cell=old.identity.id, kind="cell", status="missing", model=old.identity.model,
                                     reference="baseline",
                                     detail=f"in the baseline ({old.folder}) but not in this run"))
+    # Multiplicity: the decisions are margin tests, each at alpha (policy.toml says why no adjustment is needed);
+    # a method other than none adjusts the p-values of each family. Sequential comparisons decide by their
+    # boundaries (family "sequential") and are never adjusted.
     adjusted_by_id: dict[int, float] = {}
     family_sizes = {}
     for family, method in (("accuracy", policy.accuracy.multiplicity), ("throughput", policy.throughput.multiplicity)):
-        members = [p for p in pending if p.family == family and p.test.p_value is not None]
+        members = [p for p in pending if p.family == family and getattr(p.test, "p_value", None) is not None]
         family_sizes[family] = len(members)
         if members:
             adjusted = stats.adjust_p_values([p.test.p_value for p in members], method)
@@ -170,11 +183,16 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
     return {"source": policy.source, "fp8_tax_points": acc.fp8_tax_points,
             "fp8_tax_points_by_model": dict(acc.fp8_tax_points_by_model),
             "baseline_margin_points": acc.baseline_margin_points, "accuracy_alpha": acc.alpha,
-            "accuracy_multiplicity": acc.multiplicity, "filters": list(acc.filters), "min_n": acc.min_n,
-            "throughput_tolerance": tput.tolerance, "throughput_alpha": tput.alpha,
-            "throughput_multiplicity": tput.multiplicity, "throughput_metric": tput.metric,
+            "accuracy_multiplicity": acc.multiplicity, "primary_filter": acc.primary_filter,
+            "filters": list(acc.filters), "min_n": acc.min_n, "questions": acc.questions,
+            "sequential_looks": list(acc.sequential.looks), "throughput_tolerance": tput.tolerance,
+            "throughput_alpha": tput.alpha, "throughput_alpha_unpaired": tput.alpha_unpaired,
+            "throughput_multiplicity": tput.multiplicity,
+            "throughput_metric": tput.metric, "run_to_run_sd": tput.run_to_run_sd, "rounds": tput.rounds,
             "fp8_over_auto": [{"where": e.where, "min_ratio": e.min_ratio, "reason": e.reason}
                               for e in tput.fp8_over_auto],
+            "accuracy_floors": [{"workload": f.workload, "model": f.model, "expected": dict(f.expected),
+                                 "rtol": f.rtol} for f in policy.floors],
             "kernels_min_executed_tests": policy.kernels.min_executed_tests}
 
 
@@ -242,14 +260,20 @@ def _accuracy_check(cell: CellResults, require: Sequence[str]) -> Check:
         figures[f"{name}_stderr"] = score.stderr
         parts.append(f"{name} {score.mean:.4f}" + (f" ± {score.stderr:.4f}" if score.stderr is not None else ""))
     notes = () if result.samples else ("no per-question sample log (lm-eval --log_samples): comparisons of this "
-                                       "cell fall back to an unpaired test, which is weaker",)
+                                       "cell cannot be paired and fail closed",)
     return Check(cell=cell.identity.id, kind="accuracy", status="pass", model=cell.identity.model, figures=figures,
                  detail=f"{result.task} {', '.join(parts)} (n={result.n if result.n is not None else '?'})",
                  notes=notes)
 
 
 def _throughput_check(cell: CellResults, baseline: RunResults | None, policy: Policy,
-                      require: Sequence[str], *, ab: bool = False) -> tuple[Check, _Pending | None]:
+                      require: Sequence[str], *, ab: bool = False,
+                      interleaved: bool = False) -> tuple[Check, _Pending | None]:
+    """The throughput stage's health and, with a baseline, the margin test "current/baseline >= 1 - tolerance".
+
+    interleaved: the baseline is the base side of an A/B run whose repeats ran by turns (base repeat N, head
+    repeat N, ...): the test pairs repeats by round N. Otherwise (a stored baseline, or sides not interleaved)
+    the two runs' means also differ by the policy's run-to-run SD, which the test adds."""
     unhealthy = _health_check(cell, "throughput", "throughput", require)
     if unhealthy:
         return unhealthy, None
@@ -282,26 +306,59 @@ def _throughput_check(cell: CellResults, baseline: RunResults | None, policy: Po
     if not old_values:
         return Check(**base, status="pass", figures=figures,
                      detail=f"{summary}; the baseline has no {measure} figure for this cell"), None
+    tput = policy.throughput
+    tolerance, alpha = tput.tolerance, tput.alpha if interleaved else tput.alpha_unpaired
+    reference = "base side" if ab else "baseline"
     try:
-        test = stats.ratio_test(old_values, values)
+        if interleaved:
+            test = stats.paired_ratio_test(_rounds(old_stage.data, measure), _rounds(current, measure),
+                                           min_ratio=1 - tolerance, alpha=alpha)
+        else:
+            test = stats.unpaired_ratio_test(old_values, values, min_ratio=1 - tolerance, alpha=alpha,
+                                             run_to_run_sd=tput.run_to_run_sd)
     except ValueError as error:
-        return Check(**base, status="error", figures=figures, detail=f"cannot test: {error}"), None
+        return Check(**base, status="error", figures=figures, reference=reference,
+                     detail=f"cannot test: {error}", headline=f"cannot test: {error}"), None
     figures.update({"baseline_median": _median(old_values), "median": _median(values), "ratio": test.ratio,
-                    "n_baseline": test.n_baseline, "n_current": test.n_current})
-    tolerance, alpha = policy.throughput.tolerance, policy.throughput.alpha
-    check = Check(**base, status="pending", figures=figures, reference="baseline",
+                    "estimate": test.estimate, "n_baseline": test.n_baseline, "n_current": test.n_current,
+                    "df": test.df if math.isfinite(test.df) else None, "se_log": test.se_log})
+    notes = [f"interleaved A/B: paired by round ({test.n_current} rounds)" if interleaved else
+             f"runs not interleaved: the policy's run-to-run SD ({100 * tput.run_to_run_sd:g} %) is part of the test "
+             f"({tput.run_to_run_sd_source})"]
+    if interleaved and test.n_current < tput.rounds:
+        notes.append(f"{test.n_current} interleaved rounds, fewer than the policy's {tput.rounds}: a 10 % slowdown "
+                     "may pass")
+    check = Check(**base, status="pending", figures=figures, reference=reference,
                   threshold={"min_ratio": 1 - tolerance, "alpha": alpha},
                   threshold_text=f"ratio ≥ {1 - tolerance:.2f}", p_value=test.p_value,
-                  interval=_interval(test.ci_low, test.ci_high), interval_text="CI of the current/baseline ratio",
-                  method=test.method,
-                  notes=() if test.p_value is not None else ("a single repeat on a side: no p-value, the ratio alone decides",))
+                  interval=(test.lower, test.upper),
+                  interval_text=f"one-sided {1 - alpha:.0%} bounds of the current/{reference} ratio (fails when the "
+                                f"upper one is below {1 - tolerance:.2f})",
+                  method=test.method, notes=tuple(notes))
     text = (f"{_median(old_values):.4g} -> {_median(values):.4g} {UNITS.get(measure, measure)}, "
-            f"ratio {test.ratio:.3f}{_ci_text(test.ci_low, test.ci_high, '.3f')}")
-    return check, _Pending(check=check, test=test, passed_text=text, failed_text=f"{text} < {1 - tolerance:.2f}",
-                           failed_headline=f"throughput ratio {test.ratio:.3f} < {1 - tolerance:.2f} vs baseline",
+            f"ratio {test.ratio:.3f} (tested {test.estimate:.3f}, bounds [{test.lower:.3f}, {test.upper:.3f}])")
+    return check, _Pending(check=check, test=test, passed_text=text,
+                           failed_text=f"{text}: upper bound {test.upper:.3f} < {1 - tolerance:.2f}",
+                           failed_headline=f"throughput ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
+                                           f"{1 - tolerance:.2f} vs {reference}",
                            family="throughput",
-                           decide=lambda t, adj: stats.throughput_regressed(t, tolerance=tolerance, alpha=alpha,
-                                                                           adjusted_p=adj))
+                           decide=lambda t, adj: stats.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
+
+
+_ROUND = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
+
+
+def _rounds(result: ThroughputResult, measure: str) -> dict[int, float]:
+    """Repeats by round N (throughput/repeat-N.json), for interleaved A/B pairing."""
+    rounds: dict[int, float] = {}
+    for repeat in result.repeats:
+        found = _ROUND.search(repeat.source)
+        if not found:
+            raise ValueError(f"cannot pair by round: {repeat.source} is not named repeat-N.json")
+        value = getattr(repeat, measure)
+        if value is not None:
+            rounds[int(found[1])] = value
+    return rounds
 
 
 def _throughput_figures(result: ThroughputResult) -> dict[str, Any]:
@@ -392,6 +449,7 @@ def _baseline_accuracy_checks(cell: CellResults, old: CellResults | None, policy
 
 def _accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kind: str, reference: str, margin: float,
                           policy: Policy, partner_absent: str, judged_if_absent: bool) -> list[Any]:
+    """One decision per comparison, on the policy's primary filter; the other filters are reported (info)."""
     base = dict(cell=cell.identity.id, kind=kind, model=cell.identity.model, reference=reference)
     own = cell.stage("accuracy")
     if own.health in ("not_run", "skipped"):
@@ -410,93 +468,262 @@ def _accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kin
         return [Check(**base, status=status, detail=detail)]
     candidate: AccuracyResult = own.data
     ref: AccuracyResult = theirs.data
-    filters = list(policy.accuracy.filters) or sorted(set(candidate.scores) | set(ref.scores))
+    acc = policy.accuracy
+    primary = acc.primary_filter
+    design, design_problem = _sequential_design(cell, partner, margin, policy)
     out: list[Any] = []
-    for name in filters:
+    for name in [primary, *(f for f in acc.filters if f != primary)]:
+        judged = name == primary
         if name not in candidate.scores or name not in ref.scores:
             lacking = "this cell" if name not in candidate.scores else f"the {reference}"
-            out.append(Check(**base, subject=name, status="missing", detail=f"{lacking} has no {name!r} figure"))
+            out.append(Check(**base, subject=name, status="missing" if judged else "info",
+                             detail=f"{lacking} has no {name!r} figure"))
             continue
-        out.append(_accuracy_comparison(base, name, candidate, ref, margin, policy))
+        if design_problem:
+            out.append(Check(**base, subject=name, status="error" if judged else "info", detail=design_problem,
+                             headline=design_problem))
+            continue
+        out.append(_accuracy_comparison(base, name, candidate, ref, margin, policy, judged=judged, design=design))
     return out
 
 
-def _accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: AccuracyResult, ref: AccuracyResult,
-                         margin: float, policy: Policy) -> Any:
+def _sequential_design(cell: CellResults, partner: CellResults, margin: float,
+                       policy: Policy) -> tuple[sequential.Design | None, str]:
+    """The group-sequential design a comparison was run under (cell.json "sequential" of either side), or None.
+
+    Proposed record (the runner writes it before the first look): {"design": "kvgate-gs/1", "looks": [n_1, ...,
+    n_K]}; the bounds come from the policy (alpha, power, beta_spending_rho) and the looks' fractions."""
+    records = [(side, c.extra.get("sequential")) for side, c in (("this cell", cell), ("the reference", partner))
+               if c.extra.get("sequential") is not None]
+    if not records:
+        return None, ""
+    looks = []
+    for side, record in records:
+        if not (isinstance(record, Mapping) and record.get("design") == sequential.DESIGN_NAME
+                and isinstance(record.get("looks"), list) and record["looks"]
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in record["looks"])
+                and record["looks"] == sorted(set(record["looks"]))):
+            return None, (f"cannot compare: {side}'s cell.json \"sequential\" is not a {sequential.DESIGN_NAME} "
+                          f"record with increasing \"looks\" (numbers of questions)")
+        looks.append(tuple(record["looks"]))
+    if len(set(looks)) > 1:
+        return None, (f"cannot compare: the two cells were run under different sequential designs (looks "
+                      f"{list(looks[0])} and {list(looks[1])})")
     acc = policy.accuracy
-    notes: list[str] = []
+    return sequential.design(looks[0], alpha=acc.alpha, beta=1 - acc.power, rho=acc.sequential.beta_spending_rho,
+                             margin_points=margin, gap_points=acc.gap_points), ""
+
+
+def _accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: AccuracyResult, ref: AccuracyResult,
+                         margin: float, policy: Policy, *, judged: bool = True,
+                         design: sequential.Design | None = None) -> Any:
+    """The margin test of one filter (H0: drop <= margin). judged: the primary filter (pending a decision);
+    otherwise the same figures with status info. A pairing problem is an error of the judged check."""
+    acc = policy.accuracy
+    base = {**base, "subject": filter_name}
     ref_score, cand_score = ref.scores[filter_name], candidate.scores[filter_name]
     figures: dict[str, Any] = {"reference": ref_score.mean, "candidate": cand_score.mean}
-    pairs = None
-    if ref.samples and candidate.samples and filter_name in ref.samples and filter_name in candidate.samples:
-        pairs, pairing_notes = _pair(ref.samples[filter_name], candidate.samples[filter_name])
-        notes.extend(pairing_notes)
-    else:
-        notes.append("no per-question sample logs on both sides: unpaired test on the reported means, "
-                     "which is weaker (cannot resolve drops under about 4-5 points at n=1319)")
-    if pairs is not None:
-        counts = stats.PairedCounts.from_outcomes(pairs[0], pairs[1])
-        if counts.n < acc.min_n:
-            return Check(**base, subject=filter_name, status="error", figures={**figures, "n": counts.n},
-                         threshold={"min_n": acc.min_n}, notes=tuple(notes),
-                         detail=f"only {counts.n} paired questions; the policy needs at least {acc.min_n} "
-                                f"to resolve a {margin:.1f}-point margin")
-        test = stats.paired_drop_test(counts, confidence=acc.confidence, n_boot=acc.bootstrap_samples, seed=0)
+    reference = base.get("reference") or "reference"
+    unjudged = "error" if judged else "info"
+    try:
+        ref_outcomes, cand_outcomes, notes = _pair(_samples(ref, filter_name, f"the {reference}"),
+                                                   _samples(candidate, filter_name, "this cell"),
+                                                   reference=reference, ordered=design is not None)
+    except _PairingError as problem:
+        return Check(**base, status=unjudged, figures=figures, detail=str(problem), headline=str(problem))
+    counts = stats.PairedCounts.from_outcomes(ref_outcomes, cand_outcomes)
+    figures.update({"n": counts.n, "discordant": counts.discordant, "only_reference": counts.only_reference,
+                    "only_candidate": counts.only_candidate})
+    if counts.n < acc.min_n:
+        return Check(**base, status=unjudged, figures=figures, threshold={"min_n": acc.min_n}, notes=tuple(notes),
+                     detail=f"only {counts.n} paired questions; the policy needs at least {acc.min_n} "
+                            f"to resolve a {margin:.1f}-point margin")
+    alpha = acc.alpha
+    if design is not None:
+        try:
+            result = sequential.replay(design, ref_outcomes, cand_outcomes)
+        except ValueError as error:
+            return Check(**base, status=unjudged, figures=figures, notes=tuple(notes), detail=f"cannot decide: {error}",
+                         headline=f"sequential comparison incomplete: {error}")
+        counts = result.counts
+        test: Any = result
+        drop, lower, upper = counts.drop_points, result.lower_points, result.upper_points
         figures.update({"n": counts.n, "discordant": counts.discordant, "only_reference": counts.only_reference,
-                        "only_candidate": counts.only_candidate})
+                        "only_candidate": counts.only_candidate, "look": result.look.look,
+                        "looks": list(design.looks), "efficacy_bound": design.bounds.efficacy[result.look.look - 1],
+                        "futility_bound": design.bounds.futility[result.look.look - 1],
+                        "z": result.look.z, "z_futility": result.look.z_futility,
+                        "questions_after_decision": result.unused})
+        level = result.level
+        method = sequential.SEQUENTIAL_METHOD
+        interval_text = (f"bounds of the drop at look {result.look.look}, each at its boundary's level: lower "
+                         f"one-sided {1 - level:.5%} (fails when above the margin), upper one-sided "
+                         f"{1 - result.futility_level:.3%} (passes early when below margin + "
+                         f"{acc.gap_points:g}), points")
+        notes.append(f"sequential: decided at look {result.look.look} of {len(design.looks)} "
+                     f"({result.look.n} of up to {design.looks[-1]} questions)")
     else:
-        if ref_score.stderr is None or cand_score.stderr is None or ref.n is None or candidate.n is None:
-            return Check(**base, subject=filter_name, status="error", figures=figures, notes=tuple(notes),
-                         detail="cannot test: no sample logs and no stderr / n-samples in the results files")
-        if min(ref.n, candidate.n) < acc.min_n:
-            return Check(**base, subject=filter_name, status="error", figures=figures, threshold={"min_n": acc.min_n},
-                         notes=tuple(notes), detail=f"only {min(ref.n, candidate.n)} questions; the policy needs at "
-                                                    f"least {acc.min_n} to resolve a {margin:.1f}-point margin")
-        test = stats.unpaired_drop_test(ref_score.mean, ref_score.stderr, cand_score.mean, cand_score.stderr,
-                                        n_reference=ref.n, n_candidate=candidate.n)
-        figures.update({"n_reference": ref.n, "n_candidate": candidate.n})
-    figures["drop_points"] = test.drop_points
-    check = Check(**base, subject=filter_name, status="pending", figures=figures,
-                  threshold={"margin_points": margin, "alpha": acc.alpha},
-                  threshold_text=f"drop ≤ {margin:.1f} pts", p_value=test.p_value,
-                  interval=_interval(test.ci_low_points, test.ci_high_points),
-                  interval_text=f"{test.confidence:.0%} CI of the drop, points", method=test.method, notes=tuple(notes))
-    text = (f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}, drop {test.drop_points:.2f} pts"
-            f"{_ci_text(test.ci_low_points, test.ci_high_points, '.2f')}")
-    return _Pending(check=check, test=test, passed_text=f"{text}; margin {margin:.1f}",
-                    failed_headline=f"drop {test.drop_points:.1f} pts > {margin:.1f}",
-                    failed_text=f"drop {test.drop_points:.1f} pts > {margin:.1f}"
-                                f"{_ci_text(test.ci_low_points, test.ci_high_points, '.1f')}; "
+        test = stats.margin_test(counts, margin_points=margin, alpha=alpha)
+        drop, lower, upper = test.drop_points, test.lower_points, test.upper_points
+        method = test.method
+        interval_text = (f"one-sided {1 - alpha:.0%} bounds of the drop (fails when the lower one is above the "
+                         "margin), points")
+        if counts.n < acc.questions:
+            notes.append(_power_note(counts.n, margin, policy))
+    figures.update({"drop_points": drop, "lower_bound_points": lower, "upper_bound_points": upper})
+    check = Check(**base, status="pending" if judged else "info", figures=figures,
+                  threshold={"margin_points": margin, "alpha": alpha},
+                  threshold_text=f"drop ≤ {margin:.1f} pts", p_value=test.p_value, interval=(lower, upper),
+                  interval_text=interval_text, method=method, notes=tuple(notes))
+    text = (f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}, drop {drop:.2f} pts [{lower:.2f}, {upper:.2f}]; "
+            f"margin {margin:.1f}")
+    if not judged:
+        return replace(check, detail=f"{text}; reported, not judged (the decision uses {acc.primary_filter})",
+                       notes=(*check.notes, f"only the primary filter ({acc.primary_filter}) is judged"))
+    if design is not None:
+        return _Pending(check=check, test=test, passed_text=text, family="sequential",
+                        failed_headline=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}",
+                        failed_text=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}; "
+                                    f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}",
+                        decide=lambda t, adj: t.decision == "fail")
+    return _Pending(check=check, test=test, passed_text=text,
+                    failed_headline=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}",
+                    failed_text=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}; "
                                 f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}",
-                    decide=lambda t, adj: stats.accuracy_regressed(t, margin_points=margin, alpha=acc.alpha,
-                                                                   adjusted_p=t.p_value if adj is None else adj))
+                    decide=lambda t, adj: stats.accuracy_regressed(t, alpha=alpha, adjusted_p=adj))
 
 
-def _pair(ref: SampleOutcomes, cand: SampleOutcomes) -> tuple[tuple[list[bool], list[bool]] | None, list[str]]:
-    """Join two sample logs on doc_hash (else doc_id); None (unpaired fallback) when prompts differ."""
-    common = ref.outcomes.keys() & cand.outcomes.keys()
-    notes = []
-    if not common:
-        return None, ["the two sample logs share no document: unpaired test on the reported means (weaker)"]
-    keys = list(common)
+@functools.lru_cache(maxsize=256)
+def _power_band(n: int, margin: float, gap: float, alpha: float, flips: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(power.power_at(n, flips=f, margin_points=margin, target_points=margin + gap, alpha=alpha)
+                 for f in flips)
+
+
+def _power_note(n: int, margin: float, policy: Policy) -> str:
+    acc = policy.accuracy
+    flips = (0.05, acc.design_flips)
+    low, high = sorted(_power_band(n, margin, acc.gap_points, acc.alpha, flips))
+    return (f"{n} questions, fewer than the policy's {acc.questions}: a drop {acc.gap_points:g} pts beyond the "
+            f"margin is caught with power {100 * low:.0f}-{100 * high:.0f} % at {100 * flips[1]:g}-{100 * flips[0]:g} "
+            f"% noise flips (the policy wants {100 * acc.power:g} %)")
+
+
+class _PairingError(ValueError):
+    """The two sample logs cannot be paired question by question (a failing error of the check, named)."""
+
+
+def _samples(result: AccuracyResult, filter_name: str, who: str) -> SampleOutcomes:
+    if not result.samples:
+        raise _PairingError(f"no per-question sample log in {who} (lm-eval --log_samples): the paired test cannot "
+                            "run, and a test on the two means cannot resolve the margin")
+    if filter_name not in result.samples:
+        raise _PairingError(f"{who}'s sample log has no records for filter {filter_name!r}")
+    return result.samples[filter_name]
+
+
+DOC_ID_KEY = "doc_id:"  # kvgate.results.parsers.lm_eval keys a record by doc_hash, else "doc_id:<n>"
+
+
+def _pair(ref: SampleOutcomes, cand: SampleOutcomes, *, reference: str = "reference",
+          ordered: bool = False) -> tuple[list[bool], list[bool], list[str]]:
+    """Per-question outcomes of both logs on the same questions, in the candidate's order.
+
+    Raises _PairingError (the check errors, named) when the logs identify questions differently (mixed join
+    keys), hold different questions, or saw different prompts. ordered (a sequential comparison): both logs
+    follow one question order and the shorter is a prefix of the longer; the pairs are that prefix."""
+    sides = ((f"the {reference}'s", ref), ("this cell's", cand))
+    kinds = []
+    for who, log in sides:
+        by_id = sum(1 for key in log.outcomes if key.startswith(DOC_ID_KEY))
+        if 0 < by_id < log.n:
+            raise _PairingError(f"mixed join keys in {who} sample log: {by_id} records keyed by doc_id, "
+                                f"{log.n - by_id} by doc_hash; one log must use one key")
+        kinds.append("doc_id" if by_id else "doc_hash")
+    if kinds[0] != kinds[1]:
+        raise _PairingError(f"the {reference}'s sample log identifies questions by {kinds[0]}, this cell's by "
+                            f"{kinds[1]}: they cannot be joined")
+    if ordered:
+        ref_keys, cand_keys = list(ref.outcomes), list(cand.outcomes)
+        length = min(len(ref_keys), len(cand_keys))
+        if ref_keys[:length] != cand_keys[:length]:
+            first = next(i for i, (a, b) in enumerate(zip(ref_keys[:length], cand_keys[:length], strict=True)) if a != b)
+            raise _PairingError(f"the two sample logs do not follow one question order (a sequential comparison "
+                                f"needs it): they differ first at question {first + 1}")
+        keys = cand_keys[:length]
+    else:
+        only_ref = ref.outcomes.keys() - cand.outcomes.keys()
+        only_cand = cand.outcomes.keys() - ref.outcomes.keys()
+        if only_ref or only_cand:
+            common = ref.n - len(only_ref)
+            raise _PairingError(f"the two sample logs hold different questions: {common} in common, {len(only_ref)} "
+                                f"only in the {reference}'s, {len(only_cand)} only in this cell's")
+        keys = list(cand.outcomes)
     ref_rows = [ref.outcomes[k] for k in keys]
     cand_rows = [cand.outcomes[k] for k in keys]
+    notes = []
     ref_prompts = [row[1] for row in ref_rows]
     cand_prompts = [row[1] for row in cand_rows]
     if ref_prompts != cand_prompts:  # the common case (identical prompts) costs one C-level comparison
-        mismatched = sum(1 for a, b in zip(ref_prompts, cand_prompts, strict=True) if a and b and a != b)
-        if mismatched:
-            return None, [f"prompt_hash differs on {mismatched} of {len(common)} questions (different prompts or "
-                          f"few-shot examples): unpaired test on the reported means (weaker)"]
-    if len(common) < max(ref.n, cand.n):
-        notes.append(f"paired on the {len(common)} questions both logs hold ({ref.n} and {cand.n} logged)")
-    return ([row[0] for row in ref_rows], [row[0] for row in cand_rows]), notes
+        missing = [sum(p is None for p in prompts) for prompts in (ref_prompts, cand_prompts)]
+        if any(missing):
+            who = f"the {reference}'s" if missing[0] else "this cell's"
+            raise _PairingError(f"prompt_hash is missing on {max(missing)} of {len(keys)} records of {who} sample "
+                                "log while the other has them: the prompts cannot be compared")
+        differ = sum(1 for a, b in zip(ref_prompts, cand_prompts, strict=True) if a != b)
+        raise _PairingError(f"prompt_hash differs on {differ} of {len(keys)} questions: the two runs saw different "
+                            "prompts (few-shot examples, chat template or task version)")
+    if keys and all(p is None for p in ref_prompts):
+        notes.append("no prompt_hash in either sample log: the prompts could not be compared")
+    return [row[0] for row in ref_rows], [row[0] for row in cand_rows], notes
+
+
+def _accuracy_floor_check(cell: CellResults, policy: Policy) -> Any:
+    """An auto cell against its workload's expected accuracy (matrix/workloads.toml expected_accuracy):
+    H0 "the true accuracy is at least expected x (1 - rtol)", exact binomial, on the primary filter.
+    Catches a break that hits auto and FP8 alike, which FP8-vs-auto cannot see, also without a baseline."""
+    if cell.identity.is_fp8 or cell.stage("accuracy").health != "ok":
+        return None
+    acc = policy.accuracy
+    declared = policy.floor_for(cell.identity.model, cell.identity.arch, cell.identity.task)
+    if declared is None:
+        return None
+    result: AccuracyResult = cell.stage("accuracy").data
+    name = acc.primary_filter
+    base = dict(cell=cell.identity.id, kind="accuracy_floor", subject=name, model=cell.identity.model,
+                reference=f"workloads.{declared.workload}.expected_accuracy")
+    floor = declared.floor(name)
+    score = result.scores.get(name)
+    if floor is None or score is None:
+        return Check(**base, status="missing", detail=f"no {name!r} figure to hold against the floor")
+    n = result.samples[name].n if result.samples and name in result.samples else result.n
+    if n is None:
+        return Check(**base, status="error", detail="cannot test the floor: neither a sample log nor n-samples "
+                                                    "says how many questions were scored")
+    correct = round(score.mean * n)
+    test = stats.floor_test(correct, n, floor=floor, alpha=acc.alpha)
+    expected = declared.expected[name]
+    figures = {"accuracy": score.mean, "n": n, "correct": correct, "expected": expected, "rtol": declared.rtol,
+               "floor": floor, "upper_bound": test.upper,
+               **{f"{k}_accuracy": s.mean for k, s in result.scores.items() if k != name}}
+    check = Check(**base, status="pending", figures=figures, threshold={"floor": floor, "alpha": acc.alpha},
+                  threshold_text=f"accuracy ≥ {floor:.4f} ({expected:g} - {declared.rtol:.0%})",
+                  p_value=test.p_value, interval=(0.0, test.upper),
+                  interval_text=f"one-sided {1 - acc.alpha:.0%} upper bound of the accuracy (fails when below the "
+                                "floor)",
+                  method=test.method, notes=(f"expected accuracy: {declared.source}",))
+    text = f"{name} {score.mean:.4f} (n={n}), upper bound {test.upper:.4f}; floor {floor:.4f}"
+    return _Pending(check=check, test=test, passed_text=text, failed_text=f"{text}: below the floor",
+                    failed_headline=f"accuracy {score.mean:.4f}, upper bound {test.upper:.4f} < floor {floor:.4f}",
+                    decide=lambda t, adj: stats.accuracy_regressed(t, alpha=acc.alpha, adjusted_p=adj))
 
 
 def _fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy: Policy) -> Any:
-    expectation = policy.throughput.fp8_over_auto_expectation(cell.identity)
+    """FP8/auto throughput ratio: reported; judged where the policy declares an expectation (min_ratio), with
+    the margin test H0 "ratio >= min_ratio" (two cells of one run are not interleaved: run-to-run SD added)."""
+    tput = policy.throughput
+    expectation = tput.fp8_over_auto_expectation(cell.identity)
     expected = expectation.min_ratio if expectation is not None else None
-    measure, alpha = policy.throughput.metric, policy.throughput.alpha
+    measure, alpha = tput.metric, tput.alpha_unpaired
     base = dict(cell=cell.identity.id, kind="fp8_throughput", subject=measure, model=cell.identity.model,
                 reference="auto cell")
     own = cell.stage("throughput")
@@ -508,35 +735,32 @@ def _fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy
         return Check(**base, status="missing" if expected is not None else "info", detail=f"cannot compare: {why}")
     auto_values = partner.stage("throughput").data.values(measure)
     fp8_values = own.data.values(measure)
+    unit = UNITS.get(measure, measure)
     try:
-        test = stats.ratio_test(auto_values, fp8_values)
+        test = stats.unpaired_ratio_test(auto_values, fp8_values, min_ratio=expected or 1.0, alpha=alpha,
+                                         run_to_run_sd=tput.run_to_run_sd)
     except ValueError as error:
+        if expected is None and auto_values and fp8_values:  # reported anyway, without bounds
+            ratio = _median(fp8_values) / _median(auto_values)
+            return Check(**base, status="info", figures={"ratio": ratio}, detail=f"ratio {ratio:.3f} ({error})")
         return Check(**base, status="error" if expected is not None else "info", detail=f"cannot compare: {error}")
     figures = {"auto_median": _median(auto_values), "fp8_median": _median(fp8_values), "ratio": test.ratio,
-               "n_auto": test.n_baseline, "n_fp8": test.n_current}
-    unit = UNITS.get(measure, measure)
+               "estimate": test.estimate, "n_auto": test.n_baseline, "n_fp8": test.n_current}
     text = (f"auto {_median(auto_values):.4g} -> {cell.identity.kv_cache_dtype} {_median(fp8_values):.4g} {unit}, "
-            f"ratio {test.ratio:.3f}{_ci_text(test.ci_low, test.ci_high, '.3f')}")
-    check = Check(**base, status="info", figures=figures, p_value=test.p_value,
-                  interval=_interval(test.ci_low, test.ci_high), interval_text="CI of the fp8/auto ratio",
-                  method=test.method, detail=f"{text} (reported; the policy expects no ratio here)")
+            f"ratio {test.ratio:.3f} (tested {test.estimate:.3f}, bounds [{test.lower:.3f}, {test.upper:.3f}])")
+    check = Check(**base, status="info", figures=figures, p_value=test.p_value, interval=(test.lower, test.upper),
+                  interval_text=f"one-sided {1 - alpha:.0%} bounds of the fp8/auto ratio", method=test.method,
+                  detail=f"{text} (reported; the policy expects no ratio here)")
     if expected is None:
         return check
     check = replace(check, status="pending", threshold={"min_ratio": expected, "alpha": alpha},
                     threshold_text=f"ratio ≥ {expected:.2f}",
                     notes=(f"expectation {expectation.where}: {expectation.reason}",))
-    pending = dict(check=check, test=test, passed_text=text, failed_text=f"{text} < {expected:.2f}",
-                   failed_headline=f"fp8/auto throughput ratio {test.ratio:.3f} < {expected:.2f}")
-    if expected < 1:  # "at most this much slower": the policy's throughput rule, in the run's throughput family
-        tolerance = 1 - expected
-        return _Pending(**pending, family="throughput",
-                        decide=lambda t, adj: stats.throughput_regressed(t, tolerance=tolerance, alpha=alpha,
-                                                                         adjusted_p=adj))
-    # "at least this much faster": the p-value tests "slower than auto", so the interval decides instead: fail
-    # when the ratio is below the expectation and (with 2+ repeats a side) its whole interval is too
-    check = replace(check, notes=(*check.notes, "ratio ≥ 1 expected: judged by the ratio's interval, not the p-value"))
-    return _Pending(**{**pending, "check": check}, family="interval",
-                    decide=lambda t, adj: t.ratio < expected and (t.ci_high is None or t.ci_high < expected))
+    return _Pending(check=check, test=test, passed_text=text, family="throughput",
+                    failed_text=f"{text}: upper bound {test.upper:.3f} < {expected:.2f}",
+                    failed_headline=f"fp8/auto throughput ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
+                                    f"{expected:.2f}",
+                    decide=lambda t, adj: stats.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
 
 
 def _decide(item: _Pending, adjusted: float | None) -> Check:

@@ -23,7 +23,7 @@ else:  # pragma: no cover
 from kvgate import InputError, InputErrors, unknown_name_hint
 from kvgate.gate.stats import MULTIPLICITY_METHODS
 from kvgate.matrix import cells as matrix_module
-from kvgate.matrix.cells import Match, Matrix, parse_match
+from kvgate.matrix.cells import GSM8K_FILTERS, Match, Matrix, parse_match
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
 POLICY_FILE = "policy.toml"
@@ -38,21 +38,33 @@ class CellLike(Protocol):
 
     @property
     def id(self) -> str: ...
-GSM8K_FILTERS = ("strict-match", "flexible-extract")
 THROUGHPUT_METRICS = ("requests_per_second", "tokens_per_second", "output_tokens_per_second")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SequentialPolicy:
+    """Group-sequential comparisons (kvgate.gate.sequential): where the looks are and how beta is spent."""
+
+    looks: tuple[float, ...]  # information fractions of the looks, the last 1.0
+    beta_spending_rho: float  # beta(t) = beta t^rho (futility, non-binding); alpha spending is O'Brien-Fleming
+    max_questions: int  # the questions at the last look (inflation x accuracy.questions)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AccuracyPolicy:
-    fp8_tax_points: float  # allowed drop of an FP8 cell against auto in the same run
+    fp8_tax_points: float  # allowed drop of an FP8 cell against auto in the same run (the margin)
     fp8_tax_points_by_model: Mapping[str, float] = field(default_factory=dict)
-    baseline_margin_points: float  # allowed drop of a cell against the same cell in the baseline run
-    alpha: float  # run-wide, after `multiplicity`
+    baseline_margin_points: float  # allowed drop of a cell against the same cell in the baseline (the margin)
+    alpha: float  # per check, at drop = margin (after `multiplicity`, which is none for margin tests)
     multiplicity: str  # holm | bh | none
-    filters: tuple[str, ...]  # gsm8k filters checked, each its own test
-    min_n: int  # fewer scored questions than this cannot resolve the margins: the check errors
-    confidence: float  # of the reported intervals
-    bootstrap_samples: int
+    primary_filter: str  # the one gsm8k filter a comparison is decided on
+    filters: tuple[str, ...]  # gsm8k filters reported (the primary one judged, the others status info)
+    min_n: int  # fewer paired questions than this: the check errors (fail closed)
+    power: float  # wanted at a drop of margin + gap_points
+    gap_points: float
+    design_flips: float  # the noise flips `questions` is sized for
+    questions: int  # questions a comparison needs for `power` at design_flips (fixed design)
+    sequential: SequentialPolicy
 
     def fp8_tax_for(self, model: str) -> float:
         return self.fp8_tax_points_by_model.get(model, self.fp8_tax_points)
@@ -76,10 +88,14 @@ class Fp8OverAutoExpectation:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ThroughputPolicy:
-    tolerance: float  # fail below (1 - tolerance) x the baseline's median ...
-    alpha: float  # ... when the slowdown is also significant over repeats (run-wide, after multiplicity)
+    tolerance: float  # the margin: H0 "current / baseline >= 1 - tolerance"
+    alpha: float  # per check, at a slowdown equal to the tolerance, for interleaved A/B repeats (paired by round)
+    alpha_unpaired: float  # the same for runs not interleaved (a stored baseline, FP8 vs auto of one run)
     multiplicity: str
     metric: str
+    run_to_run_sd: float  # SD of a run's mean log throughput between runs (unpaired comparisons add it)
+    run_to_run_sd_source: str  # where that figure comes from
+    rounds: int  # interleaved A/B rounds the policy's power needs
     fp8_over_auto: tuple[Fp8OverAutoExpectation, ...] = ()
 
     def fp8_over_auto_expectation(self, cell: CellLike) -> Fp8OverAutoExpectation | None:
@@ -122,16 +138,40 @@ class KernelsPolicy:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AccuracyFloor:
+    """A workload's expected auto accuracy (matrix/workloads.toml expected_accuracy), as the gate uses it."""
+
+    workload: str
+    model: str
+    archs: tuple[str, ...]
+    task: str
+    expected: Mapping[str, float]  # by gsm8k filter
+    rtol: float
+    source: str
+
+    def floor(self, filter_name: str) -> float | None:
+        value = self.expected.get(filter_name)
+        return None if value is None else value * (1 - self.rtol)
+
+    def covers(self, model: str, arch: str, task: str) -> bool:
+        return model == self.model and arch in self.archs and task == self.task
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
     accuracy: AccuracyPolicy
     throughput: ThroughputPolicy
     probe: ProbePolicy
     kernels: KernelsPolicy
     source: str
+    floors: tuple[AccuracyFloor, ...] = ()  # from the matrix's workloads
 
     def fp8_tax_points(self, model: str) -> float:
         """The allowed FP8-vs-auto accuracy drop (points) for this model."""
         return self.accuracy.fp8_tax_for(model)
+
+    def floor_for(self, model: str, arch: str, task: str) -> AccuracyFloor | None:
+        return next((f for f in self.floors if f.covers(model, arch, task)), None)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -149,10 +189,12 @@ def load(path: Path | None = None, *, matrix: Matrix | None = None) -> Policy:
 
 
 TOP_KEYS = ("accuracy", "throughput", "probe", "kernels")
-ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "filters", "min_n",
-                 "confidence", "bootstrap_samples")
+ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "primary_filter", "filters",
+                 "min_n", "power", "gap_points", "design_flips", "questions", "sequential")
 ACCURACY_OPTIONAL = ("fp8_tax_points_by_model",)
-THROUGHPUT_KEYS = ("tolerance", "alpha", "multiplicity", "metric")
+SEQUENTIAL_KEYS = ("looks", "beta_spending_rho", "max_questions")
+THROUGHPUT_KEYS = ("tolerance", "alpha", "alpha_unpaired", "multiplicity", "metric", "run_to_run_sd",
+                   "run_to_run_sd_source", "rounds")
 PROBE_KEYS = ("mean_abs_logprob_diff_max", "max_abs_logprob_diff_max", "top1_agreement_min")
 PROBE_OPTIONAL_KEYS = ("decode_mean_abs_logprob_diff_max", "greedy_prefix_match_min", "require_effect")
 
@@ -166,10 +208,31 @@ def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix:
     throughput = _parse_throughput(reader, doc["throughput"], matrix)
     probe = _parse_probe(reader, doc["probe"], matrix, source)
     kernels = _parse_kernels(reader, doc["kernels"])
+    floors = _floors(reader, matrix, accuracy)
     if reader.problems:
         raise InputErrors(reader.problems)
     assert accuracy and throughput and probe and kernels
-    return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source)
+    return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source,
+                  floors=floors)
+
+
+def _floors(reader: TomlReader, matrix: Matrix | None, accuracy: AccuracyPolicy | None) -> tuple[AccuracyFloor, ...]:
+    """The workloads' expected accuracies; each must name the primary filter the gate judges."""
+    if matrix is None:
+        return ()
+    floors = []
+    for workload in matrix.workloads.values():
+        expected = workload.expected_accuracy
+        if expected is None:
+            continue
+        if accuracy is not None and accuracy.primary_filter and accuracy.primary_filter not in expected.values:
+            reader.error(f"workload '{workload.name}' declares no expected accuracy for the primary filter "
+                         f"'{accuracy.primary_filter}'", "accuracy.primary_filter",
+                         f"Add {accuracy.primary_filter} to workloads.{workload.name}.expected_accuracy")
+        floors.append(AccuracyFloor(workload=workload.name, model=workload.model, archs=workload.archs,
+                                    task=str(workload.gsm8k.get("task", "gsm8k")), expected=dict(expected.values),
+                                    rtol=expected.rtol, source=expected.source))
+    return tuple(floors)
 
 
 def _number(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float,
@@ -231,6 +294,10 @@ def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> Ac
                          unknown_name_hint(name, GSM8K_FILTERS))
         elif name in filters[:index]:
             reader.error(f"duplicate gsm8k filter '{name}'", f"{where}.filters[{index}]")
+    primary = _choice(reader, table, "primary_filter", where, GSM8K_FILTERS, "gsm8k filter")
+    if primary and filters and all(f in GSM8K_FILTERS for f in filters) and primary not in filters:
+        reader.error(f"the primary filter '{primary}' is not among the reported filters", f"{where}.filters",
+                     f"Add '{primary}'")
     return AccuracyPolicy(
         fp8_tax_points=_number(reader, table, "fp8_tax_points", where, low=0, high=100, low_open=True),
         fp8_tax_points_by_model=by_model,
@@ -238,11 +305,31 @@ def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> Ac
                                        low_open=True),
         alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
         multiplicity=_choice(reader, table, "multiplicity", where, MULTIPLICITY_METHODS, "multiplicity method"),
+        primary_filter=primary,
         filters=tuple(filters),
         min_n=_count(reader, table, "min_n", where, low=1, high=math.inf),
-        confidence=_number(reader, table, "confidence", where, low=0.5, high=1, high_open=True),
-        bootstrap_samples=_count(reader, table, "bootstrap_samples", where, low=100, high=1_000_000),
+        power=_number(reader, table, "power", where, low=0.5, high=1, high_open=True),
+        gap_points=_number(reader, table, "gap_points", where, low=0, high=100, low_open=True),
+        design_flips=_number(reader, table, "design_flips", where, low=0, high=1, low_open=True, high_open=True),
+        questions=_count(reader, table, "questions", where, low=1, high=math.inf),
+        sequential=_parse_sequential(reader, table["sequential"], f"{where}.sequential"),
     )
+
+
+def _parse_sequential(reader: TomlReader, table: Any, where: str) -> SequentialPolicy:
+    if not reader.keys(table, where, SEQUENTIAL_KEYS):
+        return SequentialPolicy(looks=(1.0,), beta_spending_rho=math.nan, max_questions=0)
+    looks = table["looks"]
+    numbers = isinstance(looks, list) and looks and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in looks)
+    if not numbers or any(not 0 < v <= 1 for v in looks) or looks != sorted(set(looks)) or looks[-1] != 1:
+        reader.error(f"expected increasing fractions in (0, 1] ending at 1, got {describe_value(looks)}",
+                     f"{where}.looks")
+        looks = [1.0]
+    return SequentialPolicy(
+        looks=tuple(float(v) for v in looks),
+        beta_spending_rho=_number(reader, table, "beta_spending_rho", where, low=0, high=20, low_open=True),
+        max_questions=_count(reader, table, "max_questions", where, low=1, high=math.inf))
 
 
 def _parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> ThroughputPolicy | None:
@@ -279,8 +366,12 @@ def _parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> 
     return ThroughputPolicy(
         tolerance=_number(reader, table, "tolerance", where, low=0, high=1, high_open=True),
         alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
+        alpha_unpaired=_number(reader, table, "alpha_unpaired", where, low=0, high=0.5, low_open=True),
         multiplicity=_choice(reader, table, "multiplicity", where, MULTIPLICITY_METHODS, "multiplicity method"),
         metric=_choice(reader, table, "metric", where, THROUGHPUT_METRICS, "throughput metric"),
+        run_to_run_sd=_number(reader, table, "run_to_run_sd", where, low=0, high=1),
+        run_to_run_sd_source=reader.string(table, "run_to_run_sd_source", where),
+        rounds=_count(reader, table, "rounds", where, low=2, high=math.inf),
         fp8_over_auto=tuple(expectations),
     )
 

@@ -1,173 +1,248 @@
-"""What the accuracy gate can see: minimum detectable drop, false-alarm rates, questions needed. Pure.
+"""What the gate's tests can see: questions and repeats needed, false alarms and power. Pure.
 
-The analytic figures use the normal approximation of the paired difference: on n questions where the two
-runs disagree on a share d, the measured drop has SE ~ sqrt(d / n). The gate's rule (kvgate.gate.stats) fails a
-check when the measured drop exceeds the margin AND is significant at the per-test level, so it fails when
+Accuracy: the paired margin test of kvgate.gate.stats (H0: drop <= margin). Its operating characteristics at a
+given n are computed exactly, not by a normal approximation: for each number c of questions only the candidate
+got right, the test rejects from some b = critical(c) on (the p-value falls as b grows), so
 
-    measured drop > threshold = max(margin, z(1 - a) * SE)
+    P(fail) = sum_c P(c) P(b >= critical(c) | c),   c ~ Bin(n, p01),  b | c ~ Bin(n - c, p10 / (1 - p01))
 
-where a is alpha for one test, and alpha / m for a lone regression among m tests after Holm or
-Benjamini-Hochberg (both ask exactly that of the smallest p-value). A true drop of
-    threshold + z(power) * SE
-is caught with the given power. `simulate_run` replays the real tests (exact McNemar, the adjustment, the
-rule) on simulated paired outcomes to check these figures.
+summed over the few hundred c that carry any probability. The question model: two runs of unchanged code
+disagree on a share `flips` of the questions, half each way; a regression of `drop` breaks right answers on top
+(p10 = flips / 2 + drop, p01 = flips / 2), the most variance a drop that only breaks answers can add, so a
+generator whose regression hides inside the flips needs fewer questions than these.
+
+Throughput: rounds of interleaved A/B repeats (paired t, exact through the noncentral t), and what a stored
+baseline can reach given the run-to-run SD.
+
+Sequential designs: kvgate.gate.sequential; here the plan in questions (`sequential_plan`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvgate.gate.stats import (
-    adjust_p_value_matrix,
-    mcnemar_p_values,
-    normal_quantile,
-    normal_sf,
-    regressed_mask,
-)
+from kvgate.gate import sequential, stats
 
 
-@dataclass(frozen=True, slots=True)
-class PowerFigures:
-    n: int
-    discordance: float  # share of questions on which the two runs disagree
-    margin_points: float
-    alpha: float  # for the whole family of tests
-    power: float
-    tests: int  # size of the family the alpha is spread over (1 = no correction)
-    per_test_alpha: float
-    se_points: float
-    threshold_points: float  # the check fails when the measured drop exceeds this
-    minimum_detectable_drop_points: float  # true drop caught with probability `power`
-    false_alarm_per_test: float  # probability that an unchanged cell (true drop 0) fails
-    false_alarm_run: float  # probability that any of `tests` unchanged, independent tests fails
-    fails_at_margin: float  # probability that a true drop exactly at the margin fails
+def paired_probabilities(*, flips: float, drop_points: float) -> tuple[float, float]:
+    """(p10, p01) for noise flips `flips` (a share) and a regression of drop_points that breaks right answers."""
+    if not 0 <= flips < 1:
+        raise ValueError(f"flips must be a share in [0, 1), got {flips}")
+    p01 = flips / 2
+    p10 = flips / 2 + drop_points / 100
+    if p10 < 0 or p10 + p01 > 1:
+        raise ValueError(f"impossible: flips {flips}, drop {drop_points} points")
+    return p10, p01
 
 
-def accuracy_power(*, n: int, discordance: float, margin_points: float, alpha: float, power: float = 0.9,
-                   tests: int = 1) -> PowerFigures:
-    """Analytic figures for one paired accuracy check in a family of `tests` tests."""
-    _check(n=n, discordance=discordance, margin_points=margin_points, alpha=alpha, power=power, tests=tests)
-    se = 100.0 * math.sqrt(discordance / n)
-    per_test_alpha = alpha / tests
-    z_alpha = normal_quantile(1 - per_test_alpha)
-    threshold = max(margin_points, z_alpha * se)
-    false_alarm = normal_sf(threshold / se)
-    return PowerFigures(
-        n=n, discordance=discordance, margin_points=margin_points, alpha=alpha, power=power, tests=tests,
-        per_test_alpha=per_test_alpha, se_points=se, threshold_points=threshold,
-        minimum_detectable_drop_points=threshold + normal_quantile(power) * se,
-        false_alarm_per_test=false_alarm, false_alarm_run=1 - (1 - false_alarm) ** tests,
-        fails_at_margin=normal_sf((threshold - margin_points) / se),
-    )
+def critical_counts(n: int, c: np.ndarray, *, margin_points: float, alpha: float) -> np.ndarray:
+    """For each c, the smallest b with which the margin test rejects at alpha (n - c + 1 where none does)."""
+    c = np.asarray(c, dtype=np.int64)
+    low = np.zeros_like(c)  # rejects at b = high, not at b = low - 1 (invariant kept below)
+    high = n - c + 1
+    target = math.log(alpha)
+    for _ in range(int(math.log2(n + 2)) + 2):
+        mid = (low + high) // 2
+        active = mid < high
+        if not active.any():
+            break
+        rejects = np.zeros(c.shape, dtype=bool)
+        rejects[active] = stats.margin_log_p(mid[active], c[active], n, margin_points / 100) <= target
+        high = np.where(active & rejects, mid, high)
+        low = np.where(active & ~rejects, mid + 1, low)
+    return high
 
 
-def questions_needed(*, target_drop_points: float, discordance: float, margin_points: float, alpha: float,
-                     power: float = 0.9, tests: int = 1) -> int | None:
-    """The smallest n at which a true drop of target_drop_points is caught with `power`.
+def _log_factorials(n: int) -> np.ndarray:
+    """log k! for k = 0 .. n (a cumulative sum of logs: vectorised, relative error ~1e-13 at n = 10^5)."""
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=float)))])
 
-    None when the target is not above the margin: such a drop passes by design, at any n.
-    """
-    _check(n=1, discordance=discordance, margin_points=margin_points, alpha=alpha, power=power, tests=tests)
-    if target_drop_points <= margin_points:
-        return None
-    z_alpha = normal_quantile(1 - alpha / tests)
-    z_power = normal_quantile(power)
-    d = discordance * 100.0**2  # variance of one question's difference, in points^2
-    need = max((z_alpha + z_power) / target_drop_points, max(z_power, 0.0) / (target_drop_points - margin_points))
-    n = max(1, math.ceil(d * need**2))
-    # ceil of a float product can land one below the exact boundary: step to the first n that reaches it
-    while accuracy_power(n=n, discordance=discordance, margin_points=margin_points, alpha=alpha, power=power,
-                         tests=tests).minimum_detectable_drop_points > target_drop_points + 1e-9:
-        n += 1
+
+def rejection_probability(n: int, p10: float, p01: float, *, margin_points: float, alpha: float) -> float:
+    """P(the fixed margin test fails the check) for n questions with cell probabilities p10, p01 (exact up to
+    tails beyond 12 SD, which are dropped)."""
+    if not (0 <= p01 < 1 and 0 <= p10 <= 1 - p01):
+        raise ValueError(f"impossible cell probabilities p10={p10}, p01={p01}")
+    log_fact = _log_factorials(n)
+    if p01 > 0:
+        spread = 12 * math.sqrt(n * p01 * (1 - p01)) + 5
+        c = np.arange(max(0, int(n * p01 - spread)), min(n, int(n * p01 + spread)) + 1)
+        log_wc = log_fact[n] - log_fact[c] - log_fact[n - c] + c * math.log(p01) + (n - c) * math.log1p(-p01)
+    else:
+        c = np.zeros(1, dtype=np.int64)
+        log_wc = np.zeros(1)
+    critical = critical_counts(n, c, margin_points=margin_points, alpha=alpha)
+    trials = n - c
+    q = p10 / (1 - p01)
+    if q <= 0:
+        return float(np.exp(log_wc)[critical <= 0].sum())
+    if q >= 1:
+        return float(np.exp(log_wc)[critical <= trials].sum())
+    sd = np.sqrt(trials * q * (1 - q))
+    low = np.maximum(critical, np.floor(trials * q - 12 * sd - 5)).astype(np.int64)
+    high = np.minimum(trials, np.ceil(trials * q + 12 * sd + 5)).astype(np.int64)
+    width = int(max(1, (high - low).max() + 1))
+    k = low[:, None] + np.arange(width)[None, :]
+    inside = (k <= high[:, None]) & (k <= trials[:, None])
+    k = np.where(inside, k, 0)
+    t = trials[:, None]
+    log_pmf = (log_fact[t] - log_fact[k] - log_fact[np.maximum(t - k, 0)] + k * math.log(q)
+               + (t - k) * math.log1p(-q))
+    tails = np.where(inside, np.exp(log_pmf), 0.0).sum(axis=1)
+    return float(min(1.0, (np.exp(log_wc) * tails).sum()))
+
+
+def questions_needed(*, margin_points: float, target_points: float, flips: float, alpha: float,
+                     power: float = 0.9) -> int:
+    """The smallest n at which the fixed margin test catches a drop of target_points with `power` (exact)."""
+    if not target_points > margin_points:
+        raise ValueError(f"the target drop ({target_points}) must exceed the margin ({margin_points})")
+    if not 0 < power < 1:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    p10, p01 = paired_probabilities(flips=flips, drop_points=target_points)
+    guess = normal_questions(margin_points=margin_points, target_points=target_points, flips=flips, alpha=alpha,
+                             power=power)
+
+    def caught(n: int) -> float:
+        return rejection_probability(n, p10, p01, margin_points=margin_points, alpha=alpha)
+
+    low, high = max(2, guess // 2), max(4, guess * 2)
+    while caught(high) < power:
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if caught(mid) >= power else (mid, high)
+    # the lattice makes power wiggle by a few tenths of a percent: step on until it stays above for 1 % of n
+    n = high
+    while any(caught(m) < power for m in (n + max(1, n // 200), n + max(2, n // 100))):
+        n += max(1, n // 200)
     return n
 
 
-def unpaired_se_points(*, n: int, accuracy: float) -> float:
-    """SE of a drop from two independent means at this accuracy (what the unpaired fallback sees)."""
-    return 100.0 * math.sqrt(2 * accuracy * (1 - accuracy) / n)
-
-
-def _check(*, n: int, discordance: float, margin_points: float, alpha: float, power: float, tests: int) -> None:
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if not 0 < discordance <= 1:
-        raise ValueError(f"discordance must be in (0, 1], got {discordance}")
-    if not margin_points >= 0:
-        raise ValueError(f"margin must be >= 0 points, got {margin_points}")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if not 0 < power < 1:
-        raise ValueError(f"power must be in (0, 1), got {power}")
-    if tests < 1:
-        raise ValueError(f"tests must be >= 1, got {tests}")
-
-
-# ---------------------------------------------------------------------------------------------- simulation
-
-def cell_probabilities(*, reference_accuracy: float, discordance: float, drop: float) -> np.ndarray:
-    """P(both right), P(only reference right), P(only candidate right), P(both wrong) for one question.
-
-    `drop` and `discordance` are fractions (0.03 = 3 points); the discordant share splits so that the
-    expected drop is `drop`.
-    """
-    only_reference = (discordance + drop) / 2
-    only_candidate = (discordance - drop) / 2
-    both_correct = reference_accuracy - only_reference
-    both_wrong = 1 - both_correct - only_reference - only_candidate
-    probabilities = np.array([both_correct, only_reference, only_candidate, both_wrong])
-    if (probabilities < -1e-12).any():
-        raise ValueError(f"impossible: accuracy {reference_accuracy}, discordance {discordance}, drop {drop} "
-                         "(the discordance must be at least the drop)")
-    return np.clip(probabilities, 0, 1)
+def normal_questions(*, margin_points: float, target_points: float, flips: float, alpha: float,
+                     power: float = 0.9) -> int:
+    """The normal-approximation n (Nam 1997 / Tango 1998): ((z_a sqrt(v0) + z_b sqrt(v1)) / gap)^2."""
+    p10, p01 = paired_probabilities(flips=flips, drop_points=target_points)
+    margin = margin_points / 100
+    r10, r01 = stats.restricted_estimates(p10, p01, 1.0, margin)
+    v0 = float(r10 + r01) - margin**2
+    v1 = p10 + p01 - (p10 - p01) ** 2
+    z_a, z_b = stats.normal_quantile(1 - alpha), stats.normal_quantile(power)
+    gap = (target_points - margin_points) / 100
+    return max(1, math.ceil(((z_a * math.sqrt(v0) + z_b * math.sqrt(v1)) / gap) ** 2))
 
 
 @dataclass(frozen=True, slots=True)
-class SimulatedRun:
-    runs: int
-    tests: int
-    regressed_tests: int
-    run_failure_rate: float  # share of runs in which any test failed
-    false_failure_per_test: float  # share of unchanged tests that failed
-    false_failure_run: float  # share of runs in which some unchanged test failed
-    detection_per_test: float | None  # share of regressed tests that failed (None without regressed ones)
+class AccuracyFigures:
+    """The fixed margin test at n questions (exact under the question model above)."""
+
+    n: int
+    flips: float
+    margin_points: float
+    target_points: float
+    alpha: float
+    fails_at_zero: float
+    fails_at_half_margin: float
+    fails_at_margin: float  # the test's size: at most alpha
+    power_at_target: float
+    run_of: int  # a run of this many checks ...
+    run_fails_at_half_margin: float  # ... each at margin / 2: P(any fails), independent cells
 
 
-def simulate_run(*, n: int, reference_accuracy: float, discordance: float, margin_points: float, alpha: float,
-                 multiplicity: str, tests: int = 1, regressed_tests: int = 0, true_drop_points: float = 0.0,
-                 runs: int = 2000, seed: int = 0) -> SimulatedRun:
-    """Monte Carlo of whole gate runs: `tests` paired checks, the first `regressed_tests` of which truly drop
-    by true_drop_points (the others by 0), each checked with the real exact McNemar test, the run-wide
-    adjustment and the gate's rule. The discordance of the unchanged tests is `discordance`; a regressed
-    test keeps that discordance (its drop comes out of the same flips)."""
-    if not 0 <= regressed_tests <= tests:
-        raise ValueError("regressed_tests must be between 0 and tests")
-    rng = np.random.default_rng(seed)
-    counts = np.empty((runs, tests, 4), dtype=np.int64)
-    unchanged = cell_probabilities(reference_accuracy=reference_accuracy, discordance=discordance, drop=0.0)
-    counts[:, regressed_tests:] = rng.multinomial(n, unchanged, size=(runs, tests - regressed_tests))
-    if regressed_tests:
-        regressed = cell_probabilities(reference_accuracy=reference_accuracy, discordance=discordance,
-                                       drop=true_drop_points / 100)
-        counts[:, :regressed_tests] = rng.multinomial(n, regressed, size=(runs, regressed_tests))
-    failed = gate_failures(counts, margin_points=margin_points, alpha=alpha, multiplicity=multiplicity)
-    null_failed = failed[:, regressed_tests:]
-    return SimulatedRun(
-        runs=runs, tests=tests, regressed_tests=regressed_tests,
-        run_failure_rate=float(failed.any(axis=1).mean()),
-        false_failure_per_test=float(null_failed.mean()) if null_failed.size else 0.0,
-        false_failure_run=float(null_failed.any(axis=1).mean()) if null_failed.size else 0.0,
-        detection_per_test=float(failed[:, :regressed_tests].mean()) if regressed_tests else None,
-    )
+def accuracy_figures(*, n: int, flips: float, margin_points: float, target_points: float, alpha: float,
+                     run_of: int = 32) -> AccuracyFigures:
+    def fails(drop: float) -> float:
+        p10, p01 = paired_probabilities(flips=flips, drop_points=drop)
+        return rejection_probability(n, p10, p01, margin_points=margin_points, alpha=alpha)
+
+    half = fails(margin_points / 2)
+    return AccuracyFigures(n=n, flips=flips, margin_points=margin_points, target_points=target_points, alpha=alpha,
+                           fails_at_zero=fails(0.0), fails_at_half_margin=half, fails_at_margin=fails(margin_points),
+                           power_at_target=fails(target_points), run_of=run_of,
+                           run_fails_at_half_margin=1 - (1 - half) ** run_of)
 
 
-def gate_failures(counts: np.ndarray, *, margin_points: float, alpha: float, multiplicity: str) -> np.ndarray:
-    """Which checks fail, for counts of shape (runs, tests, 4) in PairedCounts order; one family per run."""
-    counts = np.asarray(counts)
-    n = counts.sum(axis=-1)
-    drop_points = 100.0 * (counts[..., 1] - counts[..., 2]) / n
-    p_values = mcnemar_p_values(counts[..., 1], counts[..., 2])
-    adjusted = adjust_p_value_matrix(p_values, multiplicity)
-    return regressed_mask(drop_points, adjusted, margin_points=margin_points, alpha=alpha)
+def power_at(n: int, *, flips: float, margin_points: float, target_points: float, alpha: float) -> float:
+    p10, p01 = paired_probabilities(flips=flips, drop_points=target_points)
+    return rejection_probability(n, p10, p01, margin_points=margin_points, alpha=alpha)
+
+
+# ---------------------------------------------------------------------------------------------- sequential
+
+@dataclass(frozen=True, slots=True)
+class SequentialPlan:
+    fixed_questions: int  # the fixed design at the same alpha and power
+    max_questions: int
+    looks: tuple[int, ...]
+    inflation: float
+    expected_fraction: dict[str, float]  # scenario -> E[questions] / fixed_questions (canonical approximation)
+    fails: dict[str, float]  # scenario -> P(fail)
+
+
+def sequential_plan(*, fixed_questions: int, fractions: Sequence[float], alpha: float, beta: float, rho: float,
+                    margin_points: float, gap_points: float) -> SequentialPlan:
+    bounds = sequential.boundaries(tuple(fractions), alpha=alpha, beta=beta, rho=rho)
+    max_questions = math.ceil(bounds.inflation * fixed_questions)
+    looks = sequential.looks_for(max_questions, fractions)
+    scenarios = {"drop 0": 0.0, "margin / 2": margin_points / 2, "margin": margin_points,
+                 "margin + gap": margin_points + gap_points}
+    expected, fails = {}, {}
+    for name, drop in scenarios.items():
+        figures = sequential.operating(bounds, (drop - margin_points) / gap_points)
+        expected[name] = figures.expected_fraction(bounds.fractions) * max_questions / fixed_questions
+        fails[name] = figures.fail
+    return SequentialPlan(fixed_questions=fixed_questions, max_questions=max_questions, looks=looks,
+                          inflation=bounds.inflation, expected_fraction=expected, fails=fails)
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+
+def noncentral_t_cdf(x: float, df: float, ncp: float) -> float:
+    """P(T <= x) for T = (Z + ncp) / sqrt(V / df), V ~ chi^2(df): a Simpson integral over sqrt(V / df)."""
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    # s = sqrt(V / df) has density 2 df s f_chi2(df s^2); integrate Phi(x s - ncp) over it
+    s = np.linspace(1e-6, 1 + 12 / math.sqrt(2 * df) + 2, 4001)
+    log_density = (math.log(2 * df) + np.log(s) + (df / 2 - 1) * np.log(df * s * s) - df * s * s / 2
+                   - (df / 2) * math.log(2) - math.lgamma(df / 2))
+    values = np.exp(stats.log_normal_sf(-(x * s - ncp))) * np.exp(log_density)
+    h = s[1] - s[0]
+    weights = np.full(s.size, 2.0)
+    weights[1::2] = 4.0
+    weights[0] = weights[-1] = 1.0
+    return float(min(1.0, (values * weights).sum() * h / 3))
+
+
+def paired_rounds_power(rounds: int, *, repeat_sd: float, tolerance: float, slowdown: float, alpha: float) -> float:
+    """P(fail) of the interleaved paired test with `rounds` rounds, each side's repeats with log-SD repeat_sd."""
+    if rounds < 2:
+        return 0.0
+    df = rounds - 1
+    se = math.sqrt(2) * repeat_sd / math.sqrt(rounds)
+    ncp = (math.log(1 - slowdown) - math.log(1 - tolerance)) / se
+    return noncentral_t_cdf(-stats.student_t_ppf(1 - alpha, df), df, ncp)
+
+
+def rounds_needed(*, repeat_sd: float, tolerance: float, slowdown: float, alpha: float, power: float,
+                  most: int = 200) -> int | None:
+    """The fewest interleaved rounds that catch `slowdown` with `power` (None when `most` do not)."""
+    for rounds in range(2, most + 1):
+        if paired_rounds_power(rounds, repeat_sd=repeat_sd, tolerance=tolerance, slowdown=slowdown,
+                               alpha=alpha) >= power:
+            return rounds
+    return None
+
+
+def stored_power(repeats: int | None, *, repeat_sd: float, run_to_run_sd: float, tolerance: float, slowdown: float,
+                 alpha: float) -> float:
+    """P(fail) against a stored baseline (normal approximation; repeats None = infinitely many on each side)."""
+    within = 0.0 if repeats is None else 2 * repeat_sd**2 / repeats
+    se = math.sqrt(within + 2 * run_to_run_sd**2)
+    if se == 0:
+        return float(slowdown > tolerance)
+    shift = (math.log(1 - tolerance) - math.log(1 - slowdown)) / se
+    return stats.normal_sf(stats.normal_quantile(1 - alpha) - shift)

@@ -1,53 +1,121 @@
-"""The gate's statistics: paired accuracy tests, throughput ratio tests, multiplicity. Pure, no I/O.
+"""The gate's statistics: margin tests for paired accuracy and for throughput, the floor test, multiplicity. Pure.
 
-Accuracy (gsm8k) compares two runs on the same questions, so only the four cell counts of the paired
-outcomes matter (both right, only the reference right, only the candidate right, both wrong):
+Every decision is a one-sided test of "the regression is within what the policy allows" (H0), failing only when
+the data reject it at the policy's alpha:
 
-- the p-value is the exact one-sided McNemar test: under "no drop" a discordant question is equally likely
-  to go either way, so `only_reference` ~ Binomial(discordant, 1/2); p = P(X >= only_reference);
-- the interval is a paired bootstrap over questions, i.e. a multinomial over the four counts (drawn as
-  two binomials, which is the same distribution and costs microseconds);
-- when no per-question data exists, `unpaired_drop_test` falls back to a z-test from the reported means and
-  standard errors, which ignores the pairing and is much weaker (SE about 1.9 points instead of 0.9 at
-  n = 1319).
+- accuracy (`margin_test`): two runs answer the same questions; with b = questions only the reference got right
+  and c = only the candidate, the drop is (b - c) / n. H0: drop <= margin. The nuisance (how many questions flip
+  at all) is set to its maximum-likelihood value under the H0 boundary (Tango 1998's restricted estimate for
+  paired proportions), and the p-value is the tail P(b - c >= observed) of the trinomial at that estimate,
+  by a saddlepoint approximation (Lugannani-Rice with the lattice correction; Daniels 1987). This is an
+  approximation to the "estimated exact" unconditional p-value (Lloyd 2008), cheap enough to vectorise. Its
+  size at drop = margin is at most alpha, and close to it (tests/test_stats.py and benchmarks/gate_simulation.py
+  simulate it); Tango's plain score z is liberal when few questions flip (up to 1.9 % at alpha 1 %);
+- the bounds (`drop_bounds`) invert the same test: the lower bound is the one-sided (1 - alpha) bound the decision
+  uses (fail <=> lower bound > margin), the upper bound its mirror, so [lower, upper] is a (1 - 2 alpha) interval;
+- accuracy floor (`floor_test`): H0: true accuracy >= floor, exact binomial; the Clopper-Pearson upper bound;
+- throughput (`paired_ratio_test`, `unpaired_ratio_test`): H0: current / baseline >= min_ratio (1 - tolerance),
+  on log throughput. Interleaved A/B repeats pair by round (a paired t over rounds: shared drift cancels);
+  otherwise the two means also differ by run-to-run variance, which repeats within one run cannot see, so a
+  known run-to-run SD (the policy's, learned from stored runs: `run_to_run_sd_estimate`) is added.
 
-A check fails (`accuracy_regressed`) when the estimated drop is larger than the allowed margin AND the drop
-is significantly above zero after the run-wide multiplicity adjustment (`adjust_p_values`). Throughput
-(`ratio_test`) compares the medians of repeats and tests the log throughputs with Welch's t.
-
-Every function raises ValueError on impossible input (negative counts, NaN, empty samples); the gate
-turns that into a failed check.
+p-values are computed in log space and never reported below TINY_P (the smallest normal double), so none is ever
+0. Every function raises ValueError on impossible input; the gate turns that into an errored check.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
 
 MULTIPLICITY_METHODS = ("holm", "bh", "none")
-PAIRED_METHOD = "paired: exact McNemar + paired bootstrap"
-UNPAIRED_METHOD = "unpaired: z from reported means (weaker)"
-RATIO_METHOD = "ratio of medians; Welch t on log throughput over repeats"
-RATIO_TOLERANCE_ONLY = "ratio of medians; tolerance only (fewer than 2 repeats on a side: weaker)"
-
+MARGIN_METHOD = "paired margin test (restricted-MLE saddlepoint tail of b - c)"
+FLOOR_METHOD = "exact binomial test against the floor"
+PAIRED_RATIO_METHOD = "paired t over interleaved rounds, log throughput, against the tolerance"
+UNPAIRED_RATIO_METHOD = "t on mean log throughput with the policy's run-to-run SD, against the tolerance"
+TINY_P = sys.float_info.min  # 2.2e-308: a p-value below this is reported as this, never as 0
+_LOG_TINY_P = math.log(TINY_P)
 _NORMAL = NormalDist()
+_SQRT_2PI = math.sqrt(2 * math.pi)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+_inv_cdf = np.frompyfunc(_NORMAL.inv_cdf, 1, 1)
 
 
-# ---------------------------------------------------------------------------------------------- accuracy
+# ---------------------------------------------------------------------------------------------- normal, log space
+
+def log_normal_sf(x: npt.ArrayLike) -> np.ndarray:
+    """log P(Z > x), elementwise, accurate far into the upper tail (no underflow to -inf before x ~ 1e154)."""
+    x = np.asarray(x, dtype=float)
+    out = np.empty_like(x)
+    far = x > 30
+    near = ~far
+    if near.any():
+        with np.errstate(divide="ignore"):
+            out[near] = np.log(0.5 * _erfc(x[near] / math.sqrt(2)).astype(float))
+    if far.any():
+        xf = x[far]
+        out[far] = -0.5 * xf * xf - np.log(_SQRT_2PI) + np.log(_mills_far(xf))
+    return out
+
+
+def normal_mills_ratio(x: npt.ArrayLike) -> np.ndarray:
+    """P(Z > x) / pdf(x), elementwise (finite for every finite x >= -37)."""
+    x = np.asarray(x, dtype=float)
+    out = np.empty_like(x)
+    far = x > 30
+    near = ~far
+    if near.any():
+        xn = x[near]
+        out[near] = 0.5 * _erfc(xn / math.sqrt(2)).astype(float) * _SQRT_2PI * np.exp(0.5 * xn * xn)
+    if far.any():
+        out[far] = _mills_far(x[far])
+    return out
+
+
+def _mills_far(x: np.ndarray) -> np.ndarray:
+    """Laplace's asymptotic series for x > 30 (relative error < 1e-12 there)."""
+    inv2 = 1.0 / (x * x)
+    return (1 - inv2 * (1 - 3 * inv2 * (1 - 5 * inv2 * (1 - 7 * inv2)))) / x
+
+
+def normal_quantile(probability: float) -> float:
+    return _NORMAL.inv_cdf(probability)
+
+
+def normal_sf(z: float) -> float:
+    """P(Z > z) for a standard normal Z."""
+    return _NORMAL.cdf(-z)
+
+
+def z_from_log_p(log_p: npt.ArrayLike) -> np.ndarray:
+    """The z with P(Z > z) = exp(log_p), elementwise (p clamped to [TINY_P, 1 - 1e-16])."""
+    log_p = np.asarray(log_p, dtype=float)
+    p = np.clip(np.exp(np.maximum(log_p, _LOG_TINY_P)), TINY_P, 1 - 1e-16)
+    return -np.asarray(_inv_cdf(p), dtype=float)
+
+
+def reported_p(log_p: float) -> float:
+    """A p-value for people and verdict.json: exp(log_p), never below TINY_P (so never 0)."""
+    if math.isnan(log_p):
+        raise ValueError("p-value is NaN")
+    return min(1.0, max(TINY_P, math.exp(log_p)) if log_p > _LOG_TINY_P else TINY_P)
+
+
+# ---------------------------------------------------------------------------------------------- paired counts
 
 @dataclass(frozen=True, slots=True)
 class PairedCounts:
     """Per-question outcomes of a reference run (auto, or the baseline) and a candidate run."""
 
     both_correct: int
-    only_reference: int  # reference right, candidate wrong
-    only_candidate: int  # candidate right, reference wrong
+    only_reference: int  # reference right, candidate wrong (b)
+    only_candidate: int  # candidate right, reference wrong (c)
     both_wrong: int
 
     def __post_init__(self) -> None:
@@ -71,6 +139,10 @@ class PairedCounts:
     @property
     def candidate_accuracy(self) -> float:
         return (self.both_correct + self.only_candidate) / self.n if self.n else math.nan
+
+    @property
+    def drop_points(self) -> float:
+        return 100.0 * (self.only_reference - self.only_candidate) / self.n if self.n else math.nan
 
     @classmethod
     def from_outcomes(cls, reference: Sequence[bool], candidate: Sequence[bool]) -> PairedCounts:
@@ -97,158 +169,302 @@ def _outcomes(values: Sequence[bool], name: str) -> np.ndarray:
     return array.astype(bool)
 
 
-@dataclass(frozen=True, slots=True)
-class DropTest:
-    """drop = reference - candidate accuracy, in percentage points; positive = the candidate is worse."""
+# ---------------------------------------------------------------------------------------------- the margin test
 
-    drop_points: float
-    ci_low_points: float
-    ci_high_points: float
-    confidence: float
-    p_value: float  # one-sided, H0: no drop (drop <= 0)
-    n: int
-    discordant: int | None
-    method: str
+def restricted_estimates(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike,
+                         delta: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """(p10, p01): the maximum-likelihood cell probabilities given p10 - p01 = delta (Tango 1998), elementwise
+    (over counts and deltas alike).
+
+    p10 = P(only the reference right), p01 = P(only the candidate right); delta in (-1, 1)."""
+    b, c, n, delta = (np.asarray(v, dtype=float) for v in np.broadcast_arrays(b, c, n, delta))
+    if ((delta <= -1) | (delta >= 1)).any():
+        raise ValueError(f"delta must be in (-1, 1), got {delta[(delta <= -1) | (delta >= 1)].ravel()[0]}")
+    negative = delta < 0  # the mirror image: swap the roles of b and c
+    bb, cc, d = np.where(negative, c, b), np.where(negative, b, c), np.abs(delta)
+    a2 = 2 * n
+    b2 = -bb - cc + (2 * n - bb + cc) * d
+    c2 = -cc * d * (1 - d)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = (-b2 + np.sqrt(np.maximum(b2 * b2 - 4 * a2 * c2, 0.0))) / (2 * a2)
+    x = np.clip(np.nan_to_num(x), 0.0, (1 - d) / 2)
+    return np.where(negative, x, x + d), np.where(negative, x + d, x)
 
 
-def mcnemar_p_values(only_reference: npt.ArrayLike, only_candidate: npt.ArrayLike) -> np.ndarray:
-    """One-sided exact McNemar p-values, elementwise: P(X >= only_reference), X ~ Bin(discordant, 1/2).
+def log_difference_tail(s: npt.ArrayLike, n: npt.ArrayLike, p10: npt.ArrayLike, p01: npt.ArrayLike) -> np.ndarray:
+    """log P(S >= s) for S = b - c, (b, c, rest) ~ Multinomial(n; p10, p01, 1 - p10 - p01), elementwise.
 
-    Vectorised for the simulation; the tails of each discordant count are computed once and cached.
-    """
-    b = np.asarray(only_reference, dtype=np.int64)
-    c = np.asarray(only_candidate, dtype=np.int64)
-    if b.shape != c.shape:
-        raise ValueError(f"shapes differ: {b.shape} and {c.shape}")
-    if b.size and (b.min() < 0 or c.min() < 0):
-        raise ValueError("counts must be >= 0")
-    total = b + c
-    out = np.empty(b.shape, dtype=float)
-    flat_total, flat_b, flat_out = total.ravel(), b.ravel(), out.reshape(-1)
-    order = np.argsort(flat_total, kind="stable")
-    sorted_total = flat_total[order]
-    starts = np.flatnonzero(np.r_[True, sorted_total[1:] != sorted_total[:-1]]) if sorted_total.size else []
-    ends = [*starts[1:], sorted_total.size]
-    for start, end in zip(starts, ends, strict=True):
-        index = order[start:end]
-        flat_out[index] = _upper_tails(int(sorted_total[start]))[flat_b[index]]
+    Lugannani-Rice's saddlepoint approximation with the continuity correction for a lattice of span 1; near the
+    mean, where it is singular, the normal approximation with a continuity correction (p ~ 0.5 there)."""
+    s, n, p10, p01 = (np.asarray(v, dtype=float) for v in np.broadcast_arrays(s, n, p10, p01))
+    out = np.zeros(s.shape, dtype=float)
+    p0 = np.clip(1 - p10 - p01, 0.0, 1.0)
+    mean = n * (p10 - p01)
+    var = n * (p10 + p01 - (p10 - p01) ** 2)
+    impossible = (s > n) | ((p10 <= 0) & (s > 0))
+    certain = (s <= -n) | ((p01 <= 0) & (s <= 0)) | (var <= 0) & (s <= mean)
+    out[impossible] = -np.inf
+    top = (s == n) & ~impossible & ~certain
+    with np.errstate(divide="ignore"):
+        out[top] = n[top] * np.log(p10[top])
+    edge = (p10 <= 0) & (s == 0) & ~impossible & ~certain  # the top of S = -c's support: no c at all
+    out[edge] = n[edge] * np.log1p(-p01[edge])
+    top |= edge
+    rest = ~(impossible | certain | top)
+    if rest.any():
+        out[rest] = _saddlepoint_log_tail(s[rest], n[rest], p10[rest], p01[rest], p0[rest], mean[rest], var[rest])
     return out
 
 
-def binomial_upper_tail(successes: int, trials: int) -> float:
-    """P(X >= successes) for X ~ Binomial(trials, 1/2)."""
-    if not 0 <= successes <= trials:
-        raise ValueError(f"need 0 <= successes <= trials, got {successes} of {trials}")
-    return float(_upper_tails(trials)[successes])
+def _saddlepoint_log_tail(s: np.ndarray, n: np.ndarray, p10: np.ndarray, p01: np.ndarray, p0: np.ndarray,
+                          mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    y = s / n
+    with np.errstate(divide="ignore", invalid="ignore"):  # u = e^t solves K'(t) = y (a quadratic; linear at p10 = 0)
+        u = np.where(p10 > 0, (y * p0 + np.sqrt((y * p0) ** 2 + 4 * p10 * p01 * (1 - y * y))) / (2 * p10 * (1 - y)),
+                     -p01 * (1 + y) / (y * p0))
+        t = np.log(u)
+        m = p10 * u + p01 / u + p0
+        k2 = (p10 * u + p01 / u) / m - y * y
+        w = np.sign(t) * np.sqrt(np.maximum(2 * n * (t * y - np.log(m)), 0.0))
+        u1 = -np.expm1(-t) * np.sqrt(n * k2)
+    out = np.empty_like(s)
+    near = ~(np.abs(t) > 1e-3) | ~np.isfinite(w) | ~np.isfinite(u1) | (u1 == 0) | (w == 0)
+    if near.any():  # within ~0.001 SD of the mean: the normal approximation, continuity-corrected
+        z = (s[near] - 0.5 - mean[near]) / np.sqrt(np.maximum(var[near], 1e-300))
+        out[near] = log_normal_sf(z)
+    far = ~near
+    wf, uf = w[far], u1[far]
+    upper = wf > 0
+    result = np.empty_like(wf)
+    if upper.any():  # P = pdf(w) (Mills(w) + 1/u1 - 1/w), kept in log space
+        wu, uu = wf[upper], uf[upper]
+        bracket = normal_mills_ratio(wu) + 1 / uu - 1 / wu
+        result[upper] = np.where(bracket > 0, -0.5 * wu * wu - math.log(_SQRT_2PI) + np.log(np.maximum(bracket, 1e-300)),
+                                 log_normal_sf(wu))
+    lower = ~upper
+    if lower.any():  # p > 1/2: no underflow, plain arithmetic
+        wl, ul = wf[lower], uf[lower]
+        value = 1 - np.exp(log_normal_sf(-wl)) + np.exp(-0.5 * wl * wl) / _SQRT_2PI * (1 / ul - 1 / wl)
+        result[lower] = np.log(np.clip(value, 1e-300, 1.0))
+    out[far] = result
+    return np.minimum(out, 0.0)
 
 
-@lru_cache(maxsize=8192)
-def _upper_tails(trials: int) -> np.ndarray:
-    """tail[k] = P(X >= k), X ~ Binomial(trials, 1/2), for k = 0 .. trials (read-only array)."""
-    k = np.arange(trials + 1)
-    log_fact = _log_factorials(trials)
-    pmf = np.exp(log_fact[trials] - log_fact[k] - log_fact[trials - k] - trials * math.log(2.0))
-    tail = np.cumsum(pmf[::-1])[::-1]  # summed from the small end: tiny tails keep their precision
-    tail = np.minimum(tail, 1.0)
-    tail[0] = 1.0
-    tail.setflags(write=False)
-    return tail
+def margin_log_p(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike, margin: npt.ArrayLike) -> np.ndarray:
+    """log p of H0 "drop <= margin" (margin a fraction, e.g. 0.03), elementwise over counts and margins."""
+    p10, p01 = restricted_estimates(b, c, n, margin)
+    return log_difference_tail(np.asarray(b) - np.asarray(c), n, p10, p01)
 
 
-_LOG_FACTORIALS = np.zeros(1)
+def reverse_margin_log_p(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike, drop: npt.ArrayLike) -> np.ndarray:
+    """log p of H0 "drop >= `drop`" (what a futility look tests at margin + gap), elementwise."""
+    p10, p01 = restricted_estimates(b, c, n, drop)
+    return log_difference_tail(np.asarray(c) - np.asarray(b), n, p01, p10)
 
 
-def _log_factorials(upto: int) -> np.ndarray:
-    global _LOG_FACTORIALS
-    if _LOG_FACTORIALS.size <= upto:
-        size = max(upto + 1, 2 * _LOG_FACTORIALS.size)
-        _LOG_FACTORIALS = np.array([math.lgamma(i + 1.0) for i in range(size)])
-    return _LOG_FACTORIALS
-
-
-def paired_drop_test(counts: PairedCounts, *, confidence: float = 0.95, n_boot: int = 2000,
-                     seed: int = 0) -> DropTest:
-    """Exact one-sided McNemar p-value and a paired-bootstrap interval for the drop (points)."""
-    _check_confidence(confidence)
-    if n_boot < 100:
-        raise ValueError(f"n_boot must be at least 100, got {n_boot}")
-    n = counts.n
-    if n == 0:
-        raise ValueError("no questions: both runs are empty")
-    b, c = counts.only_reference, counts.only_candidate
-    p_value = float(mcnemar_p_values(b, c))
-    drops = bootstrap_drops(counts, n_boot=n_boot, seed=seed)
-    low, high = np.quantile(drops, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return DropTest(drop_points=100.0 * (b - c) / n, ci_low_points=float(low), ci_high_points=float(high),
-                    confidence=confidence, p_value=p_value, n=n, discordant=b + c, method=PAIRED_METHOD)
-
-
-def bootstrap_drops(counts: PairedCounts, *, n_boot: int, seed: int) -> np.ndarray:
-    """Drops (points) of n_boot resamples of the questions, i.e. multinomial draws over the 4 counts.
-
-    Only only_reference (b) and only_candidate (c) move the drop, so the multinomial is drawn as
-    b* ~ Bin(n, b/n) and c* | b* ~ Bin(n - b*, c / (n - b)): the same distribution, two vector draws.
-    """
-    n, b, c = counts.n, counts.only_reference, counts.only_candidate
-    rng = np.random.default_rng(seed)
-    b_star = rng.binomial(n, b / n, size=n_boot)
-    rest = n - b
-    c_star = rng.binomial(n - b_star, c / rest) if rest else np.zeros(n_boot, dtype=np.int64)
-    return 100.0 * (b_star - c_star) / n
-
-
-def binomial_stderr(mean: float, n: int) -> float:
-    """lm-eval's standard error of a mean of 0/1 scores: sqrt(p (1 - p) / (n - 1))."""
-    if n < 2:
-        raise ValueError(f"need n >= 2, got {n}")
-    _check_fraction(mean, "mean")
-    return math.sqrt(mean * (1 - mean) / (n - 1))
-
-
-def unpaired_drop_test(reference_mean: float, reference_stderr: float, candidate_mean: float,
-                       candidate_stderr: float, *, n_reference: int, n_candidate: int,
-                       confidence: float = 0.95) -> DropTest:
-    """Fallback without per-question data: a z-test on the reported means and standard errors.
-
-    It ignores that both runs answer the same questions, so it is far less sensitive than the paired test
-    (conservative: it rarely raises a false alarm, and misses drops the paired test would catch).
-    """
-    _check_confidence(confidence)
-    for value, name in ((reference_mean, "reference_mean"), (candidate_mean, "candidate_mean")):
-        _check_fraction(value, name)
-    for value, name in ((reference_stderr, "reference_stderr"), (candidate_stderr, "candidate_stderr")):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    for value, name in ((n_reference, "n_reference"), (n_candidate, "n_candidate")):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    drop = 100.0 * (reference_mean - candidate_mean)
-    se = 100.0 * math.hypot(reference_stderr, candidate_stderr)
-    if se == 0:
-        p_value = 0.0 if drop > 0 else 1.0
-        low = high = drop
-    else:
-        p_value = 1.0 - _NORMAL.cdf(drop / se)
-        half = _NORMAL.inv_cdf((1 + confidence) / 2) * se
-        low, high = drop - half, drop + half
-    return DropTest(drop_points=drop, ci_low_points=low, ci_high_points=high, confidence=confidence,
-                    p_value=p_value, n=min(n_reference, n_candidate), discordant=None, method=UNPAIRED_METHOD)
-
-
-def accuracy_regressed(test: DropTest, *, margin_points: float, alpha: float, adjusted_p: float) -> bool:
-    """Fail when the drop is larger than the margin AND significantly above zero after adjustment."""
-    return bool(regressed_mask(test.drop_points, adjusted_p, margin_points=margin_points, alpha=alpha))
-
-
-def regressed_mask(drop_points: npt.ArrayLike, adjusted_p: npt.ArrayLike, *, margin_points: float,
+def margin_rejects(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike, *, margin_points: float,
                    alpha: float) -> np.ndarray:
-    """The accuracy rule, elementwise (the simulation applies it to thousands of runs at once)."""
-    drop = np.asarray(drop_points, dtype=float)
-    p = np.asarray(adjusted_p, dtype=float)
-    if np.isnan(drop).any() or np.isnan(p).any():
-        raise ValueError("a drop or p-value is NaN")
+    """The accuracy rule, elementwise: p <= alpha for H0 "drop <= margin" (the simulation's fast path)."""
     _check_alpha(alpha)
-    return (drop > margin_points) & (p <= alpha)
+    return margin_log_p(b, c, n, margin_points / 100) <= math.log(alpha)
+
+
+def drop_bounds(counts: PairedCounts, alpha: float) -> tuple[float, float]:
+    """(lower, upper) bounds of the drop in points, each one-sided at 1 - alpha, by inverting the margin test.
+
+    The lower bound is the margin at which H0 "drop <= margin" has p = alpha (fail <=> lower > margin), the upper
+    one where H0 "drop >= d" has p = alpha. Solved with the scalar twin of margin_log_p (same formulas in plain
+    floats, ~100x faster for one value; tests/test_stats.py checks they agree) to 1e-9 in the drop."""
+    _check_alpha(alpha)
+    b, c, n = counts.only_reference, counts.only_candidate, counts.n
+    target = math.log(alpha)
+    lower = _solve(lambda d: _margin_log_p_scalar(b, c, n, d) - target, -1 + 1e-12, 1 - 1e-12)
+    upper = _solve(lambda d: _margin_log_p_scalar(c, b, n, -d) - target, -1 + 1e-12, 1 - 1e-12)
+    return 100.0 * lower, 100.0 * upper
+
+
+def _solve(f, low: float, high: float, tol: float = 1e-11) -> float:
+    """The root of a monotone f on [low, high] (Illinois regula falsi; an end when f keeps one sign there)."""
+    f_low, f_high = f(low), f(high)
+    if (f_low > 0) == (f_high > 0):
+        return low if abs(f_low) < abs(f_high) else high
+    side = 0
+    x = low
+    for _ in range(200):
+        x = (low * f_high - high * f_low) / (f_high - f_low)
+        fx = f(x)
+        if fx == 0 or high - low < tol:
+            break
+        if (fx > 0) == (f_high > 0):
+            high, f_high = x, fx
+            if side == -1:
+                f_low /= 2
+            side = -1
+        else:
+            low, f_low = x, fx
+            if side == 1:
+                f_high /= 2
+            side = 1
+    return x
+
+
+def _margin_log_p_scalar(b: float, c: float, n: float, delta: float) -> float:
+    """margin_log_p for one count and margin, in plain floats (for inverting it)."""
+    d = abs(delta)
+    bb, cc = (c, b) if delta < 0 else (b, c)
+    b2 = -bb - cc + (2 * n - bb + cc) * d
+    x = (-b2 + math.sqrt(max(b2 * b2 + 8 * n * cc * d * (1 - d), 0.0))) / (4 * n)
+    x = min(max(x, 0.0), (1 - d) / 2)
+    p10, p01 = (x, x + d) if delta < 0 else (x + d, x)
+    return _log_tail_scalar(b - c, n, p10, p01)
+
+
+def _log_tail_scalar(s: float, n: float, p10: float, p01: float) -> float:
+    """log_difference_tail for one value, in plain floats (the same cases and formulas)."""
+    p0 = min(max(1 - p10 - p01, 0.0), 1.0)
+    mean = n * (p10 - p01)
+    var = n * (p10 + p01 - (p10 - p01) ** 2)
+    if s > n or (p10 <= 0 and s > 0):
+        return -math.inf
+    if s <= -n or (p01 <= 0 and s <= 0) or (var <= 0 and s <= mean):
+        return 0.0
+    if s == n:
+        return n * math.log(p10)
+    if p10 <= 0 and s == 0:
+        return n * math.log1p(-p01)
+    y = s / n
+    if p10 > 0:
+        u = (y * p0 + math.sqrt((y * p0) ** 2 + 4 * p10 * p01 * (1 - y * y))) / (2 * p10 * (1 - y))
+    else:
+        u = -p01 * (1 + y) / (y * p0) if y * p0 != 0 else math.inf
+    t = math.log(u) if 0 < u < math.inf else -math.inf
+    if not abs(t) > 1e-3 or math.isinf(t):
+        return _log_sf_scalar((s - 0.5 - mean) / math.sqrt(max(var, 1e-300)))
+    m = p10 * u + p01 / u + p0
+    k2 = (p10 * u + p01 / u) / m - y * y
+    w = math.copysign(math.sqrt(max(2 * n * (t * y - math.log(m)), 0.0)), t)
+    u1 = -math.expm1(-t) * math.sqrt(max(n * k2, 0.0))
+    if w == 0 or u1 == 0:
+        return _log_sf_scalar((s - 0.5 - mean) / math.sqrt(max(var, 1e-300)))
+    if w > 0:
+        bracket = _mills_scalar(w) + 1 / u1 - 1 / w
+        if bracket <= 0:
+            return min(_log_sf_scalar(w), 0.0)
+        return min(-0.5 * w * w - math.log(_SQRT_2PI) + math.log(max(bracket, 1e-300)), 0.0)
+    value = 1 - math.exp(_log_sf_scalar(-w)) + math.exp(-0.5 * w * w) / _SQRT_2PI * (1 / u1 - 1 / w)
+    return min(math.log(min(max(value, 1e-300), 1.0)), 0.0)
+
+
+def _log_sf_scalar(x: float) -> float:
+    if x <= 30:
+        return math.log(0.5 * math.erfc(x / math.sqrt(2))) if x < 37 else -math.inf
+    return -0.5 * x * x - math.log(_SQRT_2PI) + math.log(_mills_scalar(x))
+
+
+def _mills_scalar(x: float) -> float:
+    if x <= 30:
+        return 0.5 * math.erfc(x / math.sqrt(2)) * _SQRT_2PI * math.exp(0.5 * x * x)
+    inv2 = 1.0 / (x * x)
+    return (1 - inv2 * (1 - 3 * inv2 * (1 - 5 * inv2 * (1 - 7 * inv2)))) / x
+
+
+@dataclass(frozen=True, slots=True)
+class MarginTest:
+    """H0: drop <= margin (drop = reference - candidate accuracy, points); the check fails when p <= alpha."""
+
+    drop_points: float
+    margin_points: float
+    alpha: float
+    p_value: float  # one-sided, never below TINY_P
+    log_p_value: float
+    lower_points: float  # one-sided (1 - alpha) lower bound of the drop: fail <=> lower > margin
+    upper_points: float  # one-sided (1 - alpha) upper bound
+    n: int
+    discordant: int
+    method: str = MARGIN_METHOD
+
+    @property
+    def regressed(self) -> bool:
+        return self.log_p_value <= math.log(self.alpha)
+
+
+def margin_test(counts: PairedCounts, *, margin_points: float, alpha: float) -> MarginTest:
+    if counts.n == 0:
+        raise ValueError("no questions: both runs are empty")
+    if not 0 <= margin_points < 100:
+        raise ValueError(f"margin must be in [0, 100) points, got {margin_points}")
+    _check_alpha(alpha)
+    log_p = float(margin_log_p(counts.only_reference, counts.only_candidate, counts.n, margin_points / 100))
+    lower, upper = drop_bounds(counts, alpha)
+    return MarginTest(drop_points=counts.drop_points, margin_points=margin_points, alpha=alpha,
+                      p_value=reported_p(log_p), log_p_value=log_p, lower_points=lower, upper_points=upper,
+                      n=counts.n, discordant=counts.discordant)
+
+
+def accuracy_regressed(test: MarginTest, *, alpha: float, adjusted_p: float | None = None) -> bool:
+    """Fail when H0 "drop <= margin" is rejected: p (adjusted, when a multiplicity rule applies) <= alpha."""
+    _check_alpha(alpha)
+    p = test.p_value if adjusted_p is None else adjusted_p
+    if math.isnan(p):
+        raise ValueError("p-value is NaN")
+    return p <= alpha
+
+
+# ---------------------------------------------------------------------------------------------- accuracy floor
+
+def binomial_log_cdf(k: int, n: int, p: float) -> float:
+    """log P(X <= k), X ~ Binomial(n, p), summed in log space."""
+    if not (0 <= p <= 1) or n < 0:
+        raise ValueError(f"need n >= 0 and p in [0, 1], got n={n}, p={p}")
+    if k < 0:
+        return -math.inf
+    if k >= n or p == 0:
+        return 0.0
+    if p == 1:
+        return -math.inf
+    i = np.arange(k + 1, dtype=float)
+    log_pmf = (math.lgamma(n + 1) - _lgamma(i + 1).astype(float) - _lgamma(n - i + 1).astype(float)
+               + i * math.log(p) + (n - i) * math.log1p(-p))
+    top = log_pmf.max()
+    return float(min(0.0, top + math.log(np.exp(log_pmf - top).sum())))
+
+
+_lgamma = np.frompyfunc(math.lgamma, 1, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class FloorTest:
+    """H0: the true accuracy is at least the floor; fails when p <= alpha (the upper bound is below the floor)."""
+
+    accuracy: float
+    floor: float
+    alpha: float
+    p_value: float
+    log_p_value: float
+    upper: float  # one-sided (1 - alpha) Clopper-Pearson upper bound of the accuracy
+    correct: int
+    n: int
+    method: str = FLOOR_METHOD
+
+
+def floor_test(correct: int, n: int, *, floor: float, alpha: float) -> FloorTest:
+    if n < 1 or not 0 <= correct <= n:
+        raise ValueError(f"need 0 <= correct <= n and n >= 1, got {correct} of {n}")
+    if not 0 < floor < 1:
+        raise ValueError(f"floor must be in (0, 1), got {floor}")
+    _check_alpha(alpha)
+    log_p = binomial_log_cdf(correct, n, floor)
+    if correct == n:
+        upper = 1.0
+    else:
+        low, high = correct / n, 1.0
+        target = math.log(alpha)
+        for _ in range(100):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if binomial_log_cdf(correct, n, mid) > target else (low, mid)
+        upper = 0.5 * (low + high)
+    return FloorTest(accuracy=correct / n, floor=floor, alpha=alpha, p_value=reported_p(log_p), log_p_value=log_p,
+                     upper=upper, correct=correct, n=n)
 
 
 # ---------------------------------------------------------------------------------------------- multiplicity
@@ -258,8 +474,8 @@ def adjust_p_values(p_values: Sequence[float], method: str) -> list[float]:
 
     holm: Holm's step-down, controls the family-wise error rate under any dependence.
     bh:   Benjamini-Hochberg step-up, controls the false-discovery rate (under independence or positive
-          dependence); when nothing changed it also bounds the chance of any false failure by alpha.
-    none: unchanged.
+          dependence).
+    none: unchanged (each test at alpha on its own; the policy says why that is enough for margin tests).
     """
     return [float(p) for p in adjust_p_value_matrix(np.asarray(p_values, dtype=float), method)]
 
@@ -290,39 +506,111 @@ def adjust_p_value_matrix(p_values: np.ndarray, method: str) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class RatioTest:
-    """Throughput of the current run against the baseline run's repeats (higher is better)."""
+    """Throughput of the current run against a reference (higher is better); H0: ratio >= min_ratio."""
 
-    ratio: float  # median(current) / median(baseline)
-    ci_low: float | None  # interval of the geometric-mean ratio (Welch t on the logs)
-    ci_high: float | None
-    p_value: float | None  # one-sided, H0: current not slower; None with < 2 repeats on a side
+    ratio: float  # median(current) / median(reference), for people
+    estimate: float  # the tested ratio: exp(mean log difference)
+    lower: float  # one-sided (1 - alpha) bounds of the tested ratio; fail <=> upper < min_ratio
+    upper: float
+    p_value: float
+    log_p_value: float
+    min_ratio: float
+    alpha: float
     n_baseline: int
     n_current: int
+    df: float  # degrees of freedom of the t (inf: normal)
+    se_log: float
     method: str
 
+    @property
+    def regressed(self) -> bool:
+        return self.log_p_value <= math.log(self.alpha)
 
-def ratio_test(baseline: Sequence[float], current: Sequence[float], *, confidence: float = 0.95) -> RatioTest:
-    """Ratio of medians, with Welch's t-test on log throughput when both sides have 2+ repeats."""
-    _check_confidence(confidence)
+
+def paired_ratio_test(baseline: Mapping[int, float], current: Mapping[int, float], *, min_ratio: float,
+                      alpha: float) -> RatioTest:
+    """Interleaved repeats, paired by round: t over the rounds' log differences (R - 1 degrees of freedom)."""
+    _check_ratio_inputs(min_ratio, alpha)
+    if set(baseline) != set(current):
+        only_base = sorted(set(baseline) - set(current))
+        only_cur = sorted(set(current) - set(baseline))
+        raise ValueError(f"the interleaved rounds differ: {_rounds_text(only_base)} only on the baseline side, "
+                         f"{_rounds_text(only_cur)} only on the current side")
+    rounds = sorted(baseline)
+    base = _throughputs([baseline[r] for r in rounds], "baseline")
+    cur = _throughputs([current[r] for r in rounds], "current")
+    if len(rounds) < 2:
+        raise ValueError(f"{len(rounds)} interleaved round: the paired test needs at least 2")
+    diff = np.log(cur) - np.log(base)
+    se = float(diff.std(ddof=1)) / math.sqrt(diff.size)
+    return _ratio_result(base, cur, float(diff.mean()), se, diff.size - 1.0, min_ratio, alpha, PAIRED_RATIO_METHOD)
+
+
+def unpaired_ratio_test(baseline: Sequence[float], current: Sequence[float], *, min_ratio: float, alpha: float,
+                        run_to_run_sd: float) -> RatioTest:
+    """Two runs (a stored baseline, or two cells of one run): the difference of mean log throughputs, with
+    SE^2 = s_within^2 (1/R_b + 1/R_c) + 2 run_to_run_sd^2 and Satterthwaite's degrees of freedom (the run-to-run
+    part is known, so it adds none)."""
+    _check_ratio_inputs(min_ratio, alpha)
+    if not (math.isfinite(run_to_run_sd) and run_to_run_sd >= 0):
+        raise ValueError(f"run_to_run_sd must be >= 0, got {run_to_run_sd}")
     base = _throughputs(baseline, "baseline")
     cur = _throughputs(current, "current")
-    ratio = float(np.median(cur) / np.median(base))
-    if base.size < 2 or cur.size < 2:
-        return RatioTest(ratio, None, None, None, base.size, cur.size, RATIO_TOLERANCE_ONLY)
-    log_base, log_cur = np.log(base), np.log(cur)
-    diff = float(log_cur.mean() - log_base.mean())
-    var_base = float(log_base.var(ddof=1)) / base.size
-    var_cur = float(log_cur.var(ddof=1)) / cur.size
-    se = math.sqrt(var_base + var_cur)
-    if se == 0:  # identical repeats on both sides: the sign of the difference is certain
-        p_value = 0.0 if diff < 0 else 1.0
-        low = high = math.exp(diff)
+    df_within = base.size + cur.size - 2
+    if df_within < 1:
+        raise ValueError("a single repeat on each side: the within-run spread cannot be estimated (needs 2 repeats "
+                         "on one side at least)")
+    log_b, log_c = np.log(base), np.log(cur)
+    pooled = (float(((log_b - log_b.mean()) ** 2).sum()) + float(((log_c - log_c.mean()) ** 2).sum())) / df_within
+    within = pooled * (1 / base.size + 1 / cur.size)
+    se2 = within + 2 * run_to_run_sd**2
+    df = math.inf if within == 0 else se2**2 / (within**2 / df_within)
+    return _ratio_result(base, cur, float(log_c.mean() - log_b.mean()), math.sqrt(se2), df, min_ratio, alpha,
+                         UNPAIRED_RATIO_METHOD)
+
+
+def _ratio_result(base: np.ndarray, cur: np.ndarray, diff: float, se: float, df: float, min_ratio: float,
+                  alpha: float, method: str) -> RatioTest:
+    shift = diff - math.log(min_ratio)
+    if se == 0:
+        log_p = 0.0 if shift >= 0 else -math.inf
+        lower = upper = math.exp(diff)
     else:
-        df = (var_base + var_cur) ** 2 / (var_base**2 / (base.size - 1) + var_cur**2 / (cur.size - 1))
-        p_value = student_t_cdf(diff / se, df)
-        half = student_t_ppf((1 + confidence) / 2, df) * se
-        low, high = math.exp(diff - half), math.exp(diff + half)
-    return RatioTest(ratio, low, high, p_value, base.size, cur.size, RATIO_METHOD)
+        log_p = _t_log_cdf(shift / se, df)
+        quantile = _t_quantile(1 - alpha, df)
+        lower, upper = math.exp(diff - quantile * se), math.exp(diff + quantile * se)
+    return RatioTest(ratio=float(np.median(cur) / np.median(base)), estimate=math.exp(diff), lower=lower, upper=upper,
+                     p_value=reported_p(log_p), log_p_value=log_p, min_ratio=min_ratio, alpha=alpha,
+                     n_baseline=base.size, n_current=cur.size, df=df, se_log=se, method=method)
+
+
+def _t_log_cdf(t: float, df: float) -> float:
+    """log P(T <= t), accurate in the far lower tail (where the p-values of big slowdowns live)."""
+    if math.isinf(df) or df > 1e7:
+        return float(log_normal_sf(-t))
+    if t >= 0:
+        return math.log(student_t_cdf(t, df))
+    x = df / (df + t * t)  # P(T <= t) = I_x(df/2, 1/2) / 2 for t < 0
+    a, b = df / 2, 0.5
+    if x < (a + 1) / (a + b + 2):
+        log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+        return math.log(0.5) + log_front + math.log(_beta_continued_fraction(a, b, x) / a)
+    return math.log(student_t_cdf(t, df))
+
+
+def _t_quantile(probability: float, df: float) -> float:
+    return _NORMAL.inv_cdf(probability) if math.isinf(df) or df > 1e7 else student_t_ppf(probability, df)
+
+
+def _check_ratio_inputs(min_ratio: float, alpha: float) -> None:
+    if not (math.isfinite(min_ratio) and min_ratio > 0):
+        raise ValueError(f"min_ratio must be > 0, got {min_ratio}")
+    _check_alpha(alpha)
+
+
+def _rounds_text(rounds: list[int]) -> str:
+    return "none" if not rounds else "round " + ", ".join(map(str, rounds)) if len(rounds) == 1 else \
+        "rounds " + ", ".join(map(str, rounds))
 
 
 def _throughputs(values: Sequence[float], name: str) -> np.ndarray:
@@ -334,33 +622,33 @@ def _throughputs(values: Sequence[float], name: str) -> np.ndarray:
     return array
 
 
-def throughput_regressed(test: RatioTest, *, tolerance: float, alpha: float, adjusted_p: float | None) -> bool:
-    """Fail when current/baseline < 1 - tolerance AND (when a test exists) the slowdown is significant.
-
-    A negative tolerance demands a speed-up (a declared fp8/auto expectation of min_ratio 1.05 is
-    tolerance -0.05).
-    """
-    if not (math.isfinite(tolerance) and tolerance < 1):
-        raise ValueError(f"tolerance must be < 1, got {tolerance}")
+def throughput_regressed(test: RatioTest, *, alpha: float, adjusted_p: float | None = None) -> bool:
+    """Fail when H0 "ratio >= min_ratio" is rejected: p (adjusted, when a multiplicity rule applies) <= alpha."""
     _check_alpha(alpha)
-    below = test.ratio < 1 - tolerance
-    if adjusted_p is None or test.p_value is None:
-        return bool(below)
-    if math.isnan(adjusted_p):
+    p = test.p_value if adjusted_p is None else adjusted_p
+    if math.isnan(p):
         raise ValueError("adjusted p-value is NaN")
-    return bool(below and adjusted_p <= alpha)
+    return p <= alpha
 
 
-# ---------------------------------------------------------------------------------------------- distributions
+def run_to_run_sd_estimate(runs: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """The SD of a run's level of log throughput between runs, from stored runs of unchanged code (each a list
+    of its repeats): one-way random-effects ANOVA, method of moments, (MS_between - MS_within) / n0, floored at
+    0. Returns (sd, degrees of freedom between runs). Feed it the same cell's runs on one machine type."""
+    groups = [np.log(_throughputs(r, f"run {i}")) for i, r in enumerate(runs)]
+    if len(groups) < 2:
+        raise ValueError("need at least 2 stored runs")
+    sizes = np.array([g.size for g in groups], dtype=float)
+    total = sizes.sum()
+    grand = sum(float(g.sum()) for g in groups) / total
+    between = sum(g.size * (float(g.mean()) - grand) ** 2 for g in groups) / (len(groups) - 1)
+    df_within = total - len(groups)
+    within = sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / df_within if df_within > 0 else 0.0
+    n0 = (total - float((sizes**2).sum()) / total) / (len(groups) - 1)
+    return math.sqrt(max(0.0, (between - within) / n0)), len(groups) - 1
 
-def normal_quantile(probability: float) -> float:
-    return _NORMAL.inv_cdf(probability)
 
-
-def normal_sf(z: float) -> float:
-    """P(Z > z) for a standard normal Z."""
-    return _NORMAL.cdf(-z)
-
+# ---------------------------------------------------------------------------------------------- Student's t
 
 def student_t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with df (> 0, real) degrees of freedom."""
@@ -444,16 +732,6 @@ def _beta_continued_fraction(a: float, b: float, x: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- checks
 
-def _check_confidence(confidence: float) -> None:
-    if not 0.5 <= confidence < 1:
-        raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
-
-
 def _check_alpha(alpha: float) -> None:
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-
-
-def _check_fraction(value: float, name: str) -> None:
-    if not (math.isfinite(value) and 0 <= value <= 1):
-        raise ValueError(f"{name} must be a fraction in [0, 1], got {value!r}")

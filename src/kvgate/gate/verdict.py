@@ -8,6 +8,7 @@ Statuses (docs/results-folder.md): pass | fail | waived | missing | error, plus
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 
 from kvgate import InputError
 
-VERDICT_VERSION = "1.1"  # major.minor; readers refuse a newer major
+VERDICT_VERSION = "1.2"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
 FAILING = frozenset({"fail", "error", "missing"})
 JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})
@@ -35,7 +36,7 @@ class WaiverNote:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Check:
     cell: str  # the cell id (e.g. flashinfer_mla-fp8-sm100)
-    kind: str  # kernels | accuracy | throughput | probe | fp8_accuracy | baseline_accuracy | fp8_throughput | cell
+    kind: str  # kernels | accuracy | accuracy_floor | throughput | probe | fp8_accuracy | baseline_accuracy | fp8_throughput | cell
     #            | baseline (the run had none to compare with)
     status: str
     detail: str = ""  # one line a reviewer reads
@@ -102,8 +103,19 @@ class Verdict:
 
 # ---------------------------------------------------------------------------------------------- JSON
 
+def p_value_json(p: float | None) -> float | None:
+    """A p-value for verdict.json: 6 significant digits, never 0 (a positive p below the smallest normal double,
+    2.2e-308, is written as that; kvgate.gate.stats computes p-values in log space and clamps them there too)."""
+    if p is None or not math.isfinite(p):
+        return None
+    if p <= 0:  # a degenerate test (no spread at all): written as "below 2.2e-308", never as 0
+        return sys.float_info.min
+    return max(float(f"{p:.6g}"), sys.float_info.min)
+
+
 def _clean(value: Any) -> Any:
-    """JSON-safe: no NaN/inf (null instead), tuples as lists, floats rounded for people."""
+    """JSON-safe: no NaN/inf (null instead), tuples as lists, floats rounded to 6 decimals for people (p-values
+    are not: see p_value_json)."""
     if isinstance(value, float):
         return round(value, 6) if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -114,7 +126,7 @@ def _clean(value: Any) -> Any:
 
 
 def check_to_dict(check: Check) -> dict[str, Any]:
-    return _clean({
+    record = _clean({
         "cell": check.cell, "kind": check.kind, "subject": check.subject, "status": check.status,
         "model": check.model, "reference": check.reference, "figures": dict(check.figures),
         "threshold": dict(check.threshold), "threshold_text": check.threshold_text,
@@ -125,13 +137,16 @@ def check_to_dict(check: Check) -> dict[str, Any]:
             "reason": check.waiver.reason, "issue": check.waiver.issue, "expires": check.waiver.expires,
             "expired": check.waiver.expired, "where": check.waiver.where},
     })
+    record["p_value"] = p_value_json(check.p_value)
+    record["adjusted_p_value"] = p_value_json(check.adjusted_p_value)
+    return record
 
 
 def to_dict(verdict: Verdict) -> dict[str, Any]:
     from kvgate import __version__ as kvgate_version
 
     failed = verdict.failed
-    return _clean({
+    record = _clean({
         "verdict_version": VERDICT_VERSION,
         "kvgate_version": kvgate_version,
         "passed": verdict.passed,
@@ -145,8 +160,9 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         "multiplicity": {k: dict(v) for k, v in verdict.multiplicity.items()},
         "policy": dict(verdict.policy),
         "run_info": dict(verdict.run_info),
-        "checks": [check_to_dict(c) for c in verdict.checks],
     })
+    record["checks"] = [check_to_dict(c) for c in verdict.checks]  # cleaned there, p-values kept
+    return record
 
 
 def check_version(data: Mapping[str, Any], source: str) -> None:

@@ -27,6 +27,7 @@ from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, sh
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
 MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")
 LOCAL_MODEL_PREFIX = "kvgate:"
+GSM8K_FILTERS = ("strict-match", "flexible-extract")  # lm-eval's gsm8k filters (the gate's policy names them too)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +62,16 @@ class Backend:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ExpectedAccuracy:
+    """A workload's expected auto gsm8k accuracy per filter, with a relative tolerance (vLLM CI's form):
+    the gate's accuracy floor is value x (1 - rtol)."""
+
+    values: Mapping[str, float]  # by gsm8k filter, fractions
+    rtol: float
+    source: str  # where the figures come from (a link, a run)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
     name: str
     model: str
@@ -71,6 +82,7 @@ class Workload:
     throughput: Mapping[str, Any]
     timeouts: Mapping[str, int] = field(default_factory=dict)  # stage -> seconds (accuracy, throughput)
     calculate_kv_scales: bool = False  # FP8 cells: vLLM computes k/v scales from the data (else checkpoint or 1.0)
+    expected_accuracy: ExpectedAccuracy | None = None
 
     @property
     def is_local_model(self) -> bool:
@@ -467,7 +479,7 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
-                           ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales"]):
+                           ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -491,8 +503,34 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
                       **_settings(reader, spec.get("timeouts", {}), f"{where}.timeouts", TIMEOUT_KEYS)},
             calculate_kv_scales=reader.boolean(spec, "calculate_kv_scales", where)
             if "calculate_kv_scales" in spec else False,
+            expected_accuracy=_expected_accuracy(reader, spec["expected_accuracy"], f"{where}.expected_accuracy")
+            if "expected_accuracy" in spec else None,
         )
     return workloads
+
+
+def _expected_accuracy(reader: TomlReader, table: Any, where: str) -> ExpectedAccuracy | None:
+    """{ <filter> = fraction, ..., rtol = fraction, source = "..." }: at least one filter."""
+    if not reader.keys(table, where, ["rtol", "source"], GSM8K_FILTERS):
+        return None
+    values = {}
+    for name in GSM8K_FILTERS:
+        if name in table:
+            value = table[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                reader.error(f"expected an accuracy as a fraction in (0, 1), got {describe_value(value)}",
+                             f"{where}.{name}")
+                continue
+            values[name] = float(value)
+    if not any(name in table for name in GSM8K_FILTERS):
+        reader.error("no expected accuracy", where, f"Give at least one of {', '.join(GSM8K_FILTERS)}")
+    rtol = table["rtol"]
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 < rtol < 1:
+        reader.error(f"expected a relative tolerance in (0, 1), got {describe_value(rtol)}", f"{where}.rtol",
+                     "vLLM's CI uses 0.08")
+        rtol = 0.0
+    source = reader.string(table, "source", where)
+    return ExpectedAccuracy(values=values, rtol=float(rtol), source=source)
 
 
 def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], required: bool = False,

@@ -51,13 +51,15 @@ def render_html(verdict: Verdict) -> str:
     if drops:
         parts += ["<h2>Accuracy drop against the reference (paired)</h2>",
                   '<p class="note">Drop in points of each FP8 cell against its auto cell (and of each cell against '
-                  "the baseline), with the paired-bootstrap interval; dashed: the allowed margin. A check fails when "
-                  "the drop exceeds the margin and is significant after the multiplicity adjustment.</p>", drops]
+                  "the baseline), with its bounds, each one-sided at the decision's level; dashed: the allowed "
+                  "margin. A check fails when the lower bound is above the margin (the data reject "
+                  "\"drop ≤ margin\").</p>", drops]
     ratios = _ratio_plot(verdict)
     if ratios:
         parts += ["<h2>Throughput ratios</h2>",
-                  '<p class="note">Ratio of medians over repeats (requests/s) with its confidence interval; '
-                  "dashed line: the threshold where one is judged.</p>", ratios]
+                  '<p class="note">Ratio of medians over repeats (requests/s) with the bounds of the tested '
+                  "ratio, each one-sided at the decision's level; dashed line: the threshold where one is judged (a "
+                  "check fails when the upper bound is below it).</p>", ratios]
     parts += ["<h2>Checks</h2>", _table(sorted(verdict.checks, key=sort_key))]
     parts += ["<h2>Method</h2>", "<ul>",
               f"<li>Multiplicity: {_e(multiplicity_text(verdict))}.</li>"]
@@ -100,8 +102,9 @@ def _table(checks: Iterable[Check]) -> str:
             "<th>threshold</th><th>p (adj.)</th></tr>"]
     for c in checks:
         interval = f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else ""
+        adjusted = c.adjusted_p_value
         p = "" if c.p_value is None or c.status == "info" else _p(c.p_value) + (
-            f" ({_p(c.adjusted_p_value)})" if c.adjusted_p_value is not None else "")
+            f" ({_p(adjusted)})" if adjusted is not None and adjusted != c.p_value else "")
         kind = c.kind + (f" <code>{_e(c.subject)}</code>" if c.subject and c.kind.endswith("accuracy") else "")
         rows.append(f"<tr><td>{_badge(c.status, STATUS_LABEL[c.status])}</td>"
                     f"<td><code>{_e(c.cell)}</code></td><td>{kind}</td><td>{_e(c.detail)}</td>"

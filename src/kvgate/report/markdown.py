@@ -15,7 +15,8 @@ ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived
 MULTIPLICITY = {
     "holm": "Holm (family-wise error rate ≤ alpha over the whole run)",
     "bh": "Benjamini-Hochberg (false-discovery rate ≤ alpha over the whole run)",
-    "none": "no adjustment (each check at alpha on its own: expect false alarms across many cells)",
+    "none": "no adjustment: each is a test against its margin (matrix/policy.toml states the run-level false "
+            "alarms this buys)",
 }
 MAX_ROWS_PER_SECTION = 400
 COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe")
@@ -77,9 +78,11 @@ def render_markdown(verdict: Verdict) -> str:
                   "</details>", ""]
     lines += ["### Method", ""]
     lines.append(f"- Multiplicity: {multiplicity_text(verdict)}.")
-    lines.append("- Accuracy: FP8 vs the auto cell of the same backend, arch and model, per lm-eval filter, paired "
-                 "on the same questions (exact McNemar p-value, paired-bootstrap interval of the drop); a check "
-                 "fails when the drop exceeds its margin and is significant after adjustment.")
+    lines.append("- Accuracy: FP8 vs the auto cell of the same backend, arch and model (and each cell vs its "
+                 "baseline), paired on the same questions and decided on one lm-eval filter: a check fails only when "
+                 "the data reject \"drop ≤ margin\" at alpha (its one-sided lower bound of the drop is above the "
+                 "margin); the interval shown is [lower, upper], each bound one-sided at the decision's level. "
+                 "Throughput: fails only when the upper bound of the ratio is below 1 - tolerance.")
     if verdict.baseline:
         lines.append(f"- Baseline: `{verdict.baseline}` (accuracy with the baseline margin; throughput as the "
                      "ratio of medians over repeats).")
@@ -93,6 +96,10 @@ def multiplicity_text(verdict: Verdict) -> str:
     parts = []
     for family, spec in verdict.multiplicity.items():
         method = spec.get("method", "none")
+        if method == "none":
+            parts.append(f"the run's {spec.get('family_size', 0)} {family} checks each at alpha {spec.get('alpha')}, "
+                         f"{MULTIPLICITY['none']}")
+            continue
         parts.append(f"the run's {spec.get('family_size', 0)} {family} p-values adjusted together with "
                      f"{MULTIPLICITY.get(method, method)}, alpha {spec.get('alpha')}")
     return "; ".join(parts) or "no p-values"
@@ -167,7 +174,8 @@ def _cells(check: Check) -> list[str]:
     interval = f"[{check.interval[0]:.3g}, {check.interval[1]:.3g}]" if check.interval else ""
     p = ""
     if check.p_value is not None and check.status != "info":
-        p = _p(check.p_value) + (f" ({_p(check.adjusted_p_value)})" if check.adjusted_p_value is not None else "")
+        adjusted = check.adjusted_p_value
+        p = _p(check.p_value) + (f" ({_p(adjusted)})" if adjusted is not None and adjusted != check.p_value else "")
     return [f"{ICON[check.status]} {STATUS_LABEL[check.status]}", f"`{check.cell}`", kind, _escape(check.detail),
             interval, _escape(check.threshold_text), p]
 

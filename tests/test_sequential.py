@@ -1,0 +1,225 @@
+"""kvgate.gate.sequential: the boundaries (against a published table and a Monte Carlo of the canonical
+process), the runner's decide(), the gate's replay(), the real tests' error rates, and the gate end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvgate.cli import main
+from kvgate.gate import policy as policy_module
+from kvgate.gate import power, sequential, stats
+from synthetic_run import paired_outcomes, write_accuracy, write_cell
+
+POLICY = policy_module.load()
+ACC = POLICY.accuracy
+QUARTERS = (0.25, 0.5, 0.75, 1.0)
+
+
+def policy_bounds() -> sequential.Boundaries:
+    return sequential.boundaries(ACC.sequential.looks, alpha=ACC.alpha, beta=1 - ACC.power,
+                                 rho=ACC.sequential.beta_spending_rho)
+
+
+def test_efficacy_bounds_match_the_published_lan_demets_obrien_fleming_table() -> None:
+    """gsDesign (sfLDOF, one-sided alpha 0.025, 4 equally spaced looks): 4.3326, 2.9631, 2.3590, 2.0141."""
+    bounds = sequential.boundaries(QUARTERS, alpha=0.025, beta=0.1, rho=2.0)
+    assert bounds.efficacy == pytest.approx((4.3326, 2.9631, 2.3590, 2.0141), abs=2e-4)
+
+
+def test_one_look_is_the_fixed_design() -> None:
+    bounds = sequential.boundaries((1.0,), alpha=0.01, beta=0.1, rho=2.0)
+    assert bounds.efficacy[0] == pytest.approx(stats.normal_quantile(0.99), abs=1e-8)
+    assert bounds.drift == pytest.approx(stats.normal_quantile(0.99) + stats.normal_quantile(0.9), abs=1e-6)
+    assert bounds.inflation == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_policy_design_spends_alpha_and_beta_as_declared() -> None:
+    bounds = policy_bounds()
+    print(bounds)
+    assert bounds.efficacy == pytest.approx((5.0201, 3.4605, 2.7649, 2.3625), abs=1e-4)
+    assert bounds.futility[-1] == pytest.approx(bounds.efficacy[-1] - bounds.drift)  # the bounds meet at the end
+    assert bounds.inflation == pytest.approx(1.0732, abs=1e-4)
+    at_margin = sequential.operating(bounds, 0.0)
+    at_target = sequential.operating(bounds, 1.0)
+    assert at_margin.fail <= ACC.alpha  # below alpha: futility stops only take rejections away (non-binding)
+    assert at_target.fail == pytest.approx(ACC.power, abs=1e-6)
+
+
+def test_the_bounds_against_a_monte_carlo_of_the_canonical_process() -> None:
+    """Brownian motion in information time, drift 0 (H0) and eta (H1): crossing rates per look."""
+    bounds = policy_bounds()
+    rng = np.random.default_rng(17)
+    runs = 400000
+    t = np.array(bounds.fractions)
+    for drift_rel in (0.0, 1.0):
+        increments = rng.normal(size=(runs, t.size)) * np.sqrt(np.diff(np.r_[0, t])) + \
+            drift_rel * bounds.drift * np.diff(np.r_[0, t])
+        z = np.cumsum(increments, axis=1) / np.sqrt(t)
+        alive = np.ones(runs, dtype=bool)
+        fails = []
+        for k in range(t.size):
+            fail = alive & (z[:, k] >= bounds.efficacy[k])
+            passes = alive & ~fail & (z[:, k] <= bounds.futility_on_margin_scale(k))
+            fails.append(fail.mean())
+            alive &= ~(fail | passes)
+        expected = sequential.operating(bounds, drift_rel).fail_at
+        print(drift_rel, fails, expected)
+        for got, want in zip(fails, expected, strict=True):
+            assert got == pytest.approx(want, abs=4 * math.sqrt(max(want, 1e-5) / runs) + 1e-5)
+
+
+def test_expected_questions_on_unchanged_code_are_at_most_0_6_of_the_fixed_design() -> None:
+    plan_fp8 = power.sequential_plan(fixed_questions=ACC.questions, fractions=ACC.sequential.looks, alpha=ACC.alpha,
+                                     beta=1 - ACC.power, rho=ACC.sequential.beta_spending_rho,
+                                     margin_points=ACC.fp8_tax_points, gap_points=ACC.gap_points)
+    plan_base = power.sequential_plan(fixed_questions=ACC.questions, fractions=ACC.sequential.looks,
+                                      alpha=ACC.alpha, beta=1 - ACC.power, rho=ACC.sequential.beta_spending_rho,
+                                      margin_points=ACC.baseline_margin_points, gap_points=ACC.gap_points)
+    print(plan_fp8, plan_base, sep="\n")
+    assert plan_fp8.max_questions == ACC.sequential.max_questions
+    assert plan_fp8.expected_fraction["drop 0"] <= 0.6 and plan_fp8.expected_fraction["margin / 2"] <= 0.6
+    assert plan_base.expected_fraction["drop 0"] <= 0.6
+
+
+# ---------------------------------------------------------------------------------------------- decide / replay
+
+def design(margin: float = 3.0) -> sequential.Design:
+    return sequential.design(sequential.looks_for(ACC.sequential.max_questions, ACC.sequential.looks),
+                             alpha=ACC.alpha, beta=1 - ACC.power, rho=ACC.sequential.beta_spending_rho,
+                             margin_points=margin, gap_points=ACC.gap_points)
+
+
+def test_decide_at_the_looks() -> None:
+    d = design()
+    assert d.looks == (807, 1613, 2420, 3226)
+    assert sequential.decide(d, 40, 40, 807).action == "pass"  # no drop at all: far below 3 + 3
+    assert sequential.decide(d, 140, 20, 807).action == "fail"  # 15 points after 807 questions
+    assert sequential.decide(d, 75, 35, 807).action == "continue"  # 5 points: not yet clear either way
+    last = sequential.decide(d, 150, 70, 3226)
+    assert last.action in ("fail", "pass")  # the last look always decides
+    with pytest.raises(ValueError) as caught:
+        sequential.decide(d, 10, 10, 1000)
+    assert str(caught.value) == "1000 questions is not a look of this design (looks at 807, 1613, 2420, 3226)"
+
+
+def test_replay_decides_at_the_first_crossing_and_ignores_what_came_after() -> None:
+    d = design()
+    ref, cand = paired_outcomes(3226, reference_correct=2100, only_reference=160, only_candidate=160, seed=4)
+    result = sequential.replay(d, ref, cand)
+    assert (result.decision, result.look.look, result.unused) == ("pass", 1, 3226 - 807)
+    assert result.counts.n == 807 and result.p_value > 0.5
+    assert result.upper_points < ACC.fp8_tax_points + ACC.gap_points  # why it could stop: 6 points is ruled out
+
+
+def test_replay_of_a_comparison_that_stopped_too_soon() -> None:
+    d = design()
+    ref, cand = paired_outcomes(900, reference_correct=600, only_reference=75, only_candidate=35, seed=4)
+    with pytest.raises(sequential.IncompleteSequence) as caught:
+        sequential.replay(d, ref, cand)
+    assert str(caught.value) == ("the comparison stopped at 900 questions without crossing a boundary (looks at 807, "
+                                 "1613, 2420, 3226; last look 807: continue)")
+
+
+def test_the_stagewise_p_value_agrees_with_the_decision() -> None:
+    bounds = policy_bounds()
+    for look in range(1, 5):
+        at_bound = math.exp(sequential.stagewise_log_p(bounds, look, bounds.efficacy[look - 1]))
+        assert at_bound == pytest.approx(bounds.alpha_spent[look - 1], rel=1e-6)  # <= alpha exactly at the bound
+        assert math.exp(sequential.stagewise_log_p(bounds, look, bounds.efficacy[look - 1] - 0.3)) > \
+            bounds.alpha_spent[look - 1]
+
+
+# ---------------------------------------------------------------------------------------------- the real tests
+
+def simulate_sequential(d: sequential.Design, flips: float, drop: float, runs: int, seed: int) -> tuple[float, float]:
+    """P(fail) and E[questions] / looks[-1] with the real margin tests at each look (multinomial increments)."""
+    p10, p01 = power.paired_probabilities(flips=flips, drop_points=drop)
+    rng = np.random.default_rng(seed)
+    sizes = np.diff(np.r_[0, d.looks])
+    b = np.zeros(runs, dtype=np.int64)
+    c = np.zeros(runs, dtype=np.int64)
+    alive = np.ones(runs, dtype=bool)
+    failed = np.zeros(runs, dtype=bool)
+    used = np.zeros(runs)
+    for k, (n, size) in enumerate(zip(d.looks, sizes, strict=True)):
+        draw = rng.multinomial(size, [p10, p01, 1 - p10 - p01], size=runs)
+        b += draw[:, 0]
+        c += draw[:, 1]
+        log_p = stats.margin_log_p(b, c, n, d.margin_points / 100)
+        log_q = stats.reverse_margin_log_p(b, c, n, (d.margin_points + d.gap_points) / 100)
+        fail = alive & (log_p <= float(stats.log_normal_sf(d.bounds.efficacy[k])))
+        z_futility = -stats.z_from_log_p(log_q)
+        stop = fail | (alive & (z_futility <= d.bounds.futility[k])) if k < len(d.looks) - 1 else alive
+        used[alive & stop] = n
+        failed |= fail
+        alive &= ~stop
+    return float(failed.mean()), float(used.mean() / d.looks[-1])
+
+
+@pytest.mark.parametrize("margin", [3.0, 1.0])
+def test_the_real_tests_keep_the_design_error_rates(margin: float) -> None:
+    d = design(margin)
+    runs = 20000
+    size, _ = simulate_sequential(d, 0.15, margin, runs, seed=1)
+    caught, spent = simulate_sequential(d, 0.15, margin + ACC.gap_points, runs, seed=2)
+    _, unchanged = simulate_sequential(d, 0.15, 0.0, runs, seed=3)
+    print(f"margin {margin}: size {size:.4f}, power {caught:.4f} (E[n] {spent:.2f}), E[n] at drop 0 {unchanged:.2f} "
+          f"of the max, {unchanged * d.looks[-1] / ACC.questions:.2f} of the fixed design")
+    assert size <= ACC.alpha + 3 * math.sqrt(0.01 * 0.99 / runs)
+    assert caught >= ACC.power - 3 * math.sqrt(0.09 / runs)
+    assert unchanged * d.looks[-1] / ACC.questions <= 0.6
+
+
+# ---------------------------------------------------------------------------------------------- through the gate
+
+def sequential_run(tmp_path: Path, *, n_candidate: int, extra_ref: int = 0, looks=None) -> Path:
+    """An auto cell with the full budget and an FP8 cell that stopped after n_candidate questions."""
+    d = design()
+    record = {"design": sequential.DESIGN_NAME, "looks": list(looks or d.looks)}
+    run = tmp_path / "run"
+    n = d.looks[-1]
+    ref, cand = paired_outcomes(n, reference_correct=2100, only_reference=160, only_candidate=160, seed=4)
+    order = list(np.random.default_rng(9).permutation(n))  # the seeded question order
+    auto = write_cell(run, backend="FLASHMLA", kv_cache_dtype="auto", arch="sm90")
+    write_accuracy(auto, {"strict-match": ref, "flexible-extract": ref}, question_ids=order)
+    fp8 = write_cell(run, backend="FLASHMLA", kv_cache_dtype="fp8", arch="sm90", extra={"sequential": record})
+    write_accuracy(fp8, {"strict-match": cand[:n_candidate], "flexible-extract": cand[:n_candidate]},
+                   question_ids=order[:n_candidate])
+    return run
+
+
+def fp8_check(run: Path) -> dict:
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    return next(c for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match")
+
+
+def test_the_gate_judges_a_comparison_stopped_at_its_first_look(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=807)
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    check = fp8_check(run)
+    print(json.dumps(check, indent=1))
+    assert check["status"] == "pass" and check["method"] == sequential.SEQUENTIAL_METHOD
+    assert (check["figures"]["n"], check["figures"]["look"], check["figures"]["looks"]) == (807, 1, [807, 1613, 2420,
+                                                                                                   3226])
+    assert "sequential: decided at look 1 of 4 (807 of up to 3226 questions)" in check["notes"]
+
+
+def test_a_comparison_stopped_between_boundaries_fails_closed(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=600)
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    check = fp8_check(run)
+    assert (check["status"], check["detail"]) == (
+        "error", "cannot decide: the comparison stopped at 600 questions without crossing a boundary (looks at 807, "
+                 "1613, 2420, 3226; no look reached)")
+
+
+def test_a_malformed_sequential_record_is_an_error_of_the_check(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=807, looks=[807, 600])
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    assert fp8_check(run)["detail"] == ("cannot compare: this cell's cell.json \"sequential\" is not a kvgate-gs/1 "
+                                        "record with increasing \"looks\" (numbers of questions)")
