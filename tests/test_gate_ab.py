@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
-from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_status
+from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_status, write_throughput
 
 BACKEND, ARCH = "FLASHMLA", "sm90"
 AUTO, FP8 = "flashmla-auto-sm90", "flashmla-fp8-sm90"
@@ -154,3 +154,33 @@ def test_a_bad_expected_cells_file_is_one_error(tmp_path, capsys, text, message)
     plan.write_text(text)
     assert main(["gate", str(run), "--expect-cells", str(plan)]) == 2
     assert capsys.readouterr().err.strip() == f"ERROR {plan}: {message}"
+
+
+def ab_throughput(tmp_path: Path, head_scale: float, *, interleaved: bool = True) -> Path:
+    """auto only, both sides, 7 repeats; the machine drifts over the rounds and both sides share the drift."""
+    run = tmp_path / "run"
+    drift = [1.00, 0.97, 1.03, 0.95, 1.05, 0.99, 1.01]
+    for side in ("base", "head"):
+        cell = write_cell(run, backend=BACKEND, kv_cache_dtype="auto", arch=ARCH,
+                          folder=AUTO if side == "head" else f"{AUTO}--base", extra={"side": side})
+        scale = head_scale if side == "head" else 1.0
+        write_throughput(cell, [3.2 * d * scale * (1.002 if i % 2 else 0.998) for i, d in enumerate(drift)])
+        entry = {"status": "ok"}
+        if interleaved:
+            entry["interleaved"] = {"order": ["base", "head"], "rounds": len(drift)}
+        write_status(cell, {"throughput": entry})
+    return run
+
+
+def test_interleaved_ab_throughput_pairs_rounds_so_shared_drift_cancels(tmp_path):
+    run = ab_throughput(tmp_path, 1.0)
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    check = checks(run, "throughput")[(AUTO, "requests_per_second")]
+    assert check["status"] == "pass"
+    assert "interleaved A/B: paired by round (7 rounds)" in check["notes"]
+
+
+def test_interleaved_ab_throughput_catches_a_ten_percent_slowdown_under_drift(tmp_path):
+    run = ab_throughput(tmp_path / "slow", 0.90)
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    assert checks(run, "throughput")[(AUTO, "requests_per_second")]["status"] == "fail"

@@ -85,7 +85,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         floor = _accuracy_floor_check(cell, policy)
         if floor is not None:
             (pending.append(floor) if isinstance(floor, _Pending) else checks.append(floor))
-        throughput_check, throughput_pending = _throughput_check(cell, baseline, policy, require, ab=ab)
+        throughput_check, throughput_pending = _throughput_check(cell, baseline, policy, require, ab=ab,
+                                                                 interleaved=ab and _interleaved(cell, baseline))
         if throughput_pending:
             pending.append(throughput_pending)
         else:
@@ -138,6 +139,13 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
 
 
 RUN = "(run)"  # the `cell` of checks about the run as a whole
+
+
+def _interleaved(cell: CellResults, base: RunResults | None) -> bool:
+    """Both sides' throughput repeats ran by turns (status.json says `interleaved`), so rounds pair."""
+    partner = base.find(cell.identity) if base is not None else None
+    statuses = [c.stage("throughput").status for c in (cell, partner) if c is not None]
+    return len(statuses) == 2 and all(s is not None and s.interleaved for s in statuses)
 
 
 def _planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[tuple[str, str]]) -> list[Check]:

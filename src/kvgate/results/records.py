@@ -50,6 +50,7 @@ class StageStatus:
     status: str  # ok | error | timeout | skipped
     reason: str | None = None
     log_tail: str | None = None
+    interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

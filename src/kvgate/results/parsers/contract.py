@@ -78,7 +78,10 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         for key, value in (("reason", reason), ("log_tail", tail)):
             if value is not None and not isinstance(value, str):
                 raise InputError(source, f"expected a string, got {kind(value)}", f"{stage}.{key}")
-        out[stage] = StageStatus(status=status, reason=reason, log_tail=tail)
+        interleaved = entry.get("interleaved")
+        if interleaved is not None and not isinstance(interleaved, dict):
+            raise InputError(source, f"expected an object, got {kind(interleaved)}", f"{stage}.interleaved")
+        out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None)
     return out
 
 
