@@ -29,7 +29,7 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     from kvgate.workloads.tiny_models import resolve_model
 
     started = time.perf_counter()
-    llm = LLM(model=resolve_model(model), kv_cache_dtype=kv_cache_dtype, max_model_len=4096, seed=0)
+    llm = LLM(model=resolve_model(model), kv_cache_dtype=kv_cache_dtype, max_model_len=1024, seed=0)
     start_s = time.perf_counter() - started
     try:
         started = time.perf_counter()

@@ -187,7 +187,7 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
     from kvgate.workloads.tiny_models import ensure_model
 
     llm = LLM(model=str(ensure_model("tiny-llama", tmp_path / "models")), kv_cache_dtype="auto",
-              max_model_len=4096, seed=0)
+              max_model_len=1024, seed=0)
     try:
         first = probe.collect(llm)
         second = probe.collect(llm)
@@ -205,6 +205,8 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
         "prompts": 16, "prompt_positions": sum(len(p.prompt_token_ids) - 1 for p in read.prompts),
         "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0, "top1_agreement": 1.0,
         "generated_positions": 16 * 64, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
+        "decode_positions": 16 * 64, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
+        "identical": True,
     }
     # The tops are sorted, and greedy picked a most likely token (bf16 logits can tie).
     for p in read.prompts:

@@ -35,10 +35,17 @@ def test_lm_eval_arguments_for_the_cpu_default(cells):
     assert model_args["kv_cache_dtype"] == "fp8"
     assert argv[:3] == ["run", "--model", "vllm"]
     assert argv[argv.index("--tasks") + 1] == "kvgate_gsm8k_local"
-    assert argv[argv.index("--num_fewshot") + 1] == "5"
+    assert argv[argv.index("--num_fewshot") + 1] == "0"  # the trained tiny Llama answers 0-shot
+    assert argv[argv.index("--gen_kwargs") + 1] == "max_gen_toks=128"
     assert argv[argv.index("--include_path") + 1] == "/tasks"
     assert "--log_samples" in argv
     assert "--limit" not in argv  # limit 0 = the whole test split
+
+
+def test_lm_eval_arguments_without_a_generation_cap_leave_the_tasks(cells):
+    argv = lm_eval_arguments(cells["cpu_mla-auto-cpu"], "/models/tiny-deepseek", Path("/out"))
+    assert "--gen_kwargs" not in argv
+    assert argv[argv.index("--num_fewshot") + 1] == "5"
 
 
 def test_passthrough_comes_last_so_it_overrides(cells):

@@ -32,8 +32,41 @@ def parameters(name: str) -> int:
 
 
 def test_parameter_counts() -> None:
-    assert parameters("tiny-llama") == 459_392
+    assert parameters("tiny-llama") == 5_442_816
     assert parameters("tiny-deepseek-v2") == 698_496
+
+
+def test_the_trained_llama_ships_with_its_training_record() -> None:
+    shipped = MODELS["tiny-llama"].shipped
+    assert shipped is not None, "tiny-llama's trained weights are missing from the package"
+    log = json.loads((shipped / "training_log.json").read_text())
+    assert log["params"] == parameters("tiny-llama")
+    assert log["disjointness"]["number_tuple_matches"] == 0 and log["disjointness"]["exact_masked_matches"] == 0
+    assert (shipped / "model.safetensors").stat().st_size < 16_000_000, "shipped weights should stay small"
+
+
+def test_the_shipped_training_data_was_disjoint_from_the_test_problems() -> None:
+    """Regenerates exactly the training problems the shipped Llama saw (count and seed from its training log)
+    and checks them against kvgate's 240 test problems: no shared number tuple, masked wording or name."""
+    from kvgate.workloads import training_problems
+
+    log = json.loads((MODELS["tiny-llama"].shipped / "training_log.json").read_text())
+    training_problems.check_reimplementation()
+    train = training_problems.generate_training(log["problems"], seed=log["seeds"]["data"], style=log["style"])
+    stats = training_problems.check_disjoint(train)
+    assert stats == log["disjointness"]
+
+
+def test_the_disjointness_check_catches_a_leaked_test_problem() -> None:
+    from kvgate.workloads import training_problems
+
+    train = training_problems.generate_training(64, seed=1)
+    leaked = training_problems.test_problems()[5]
+    answer, result = training_problems.solve(leaked)
+    train.append(training_problems.TrainProblem(training_problems.render_original(leaked), answer, result,
+                                                leaked.template, leaked.key()))
+    with pytest.raises(ValueError, match="overlap the test problems"):
+        training_problems.check_disjoint(train)
 
 
 def test_llama_head_size_allows_fp8_on_cpu_attn() -> None:
@@ -50,9 +83,15 @@ def test_deepseek_is_mla_with_cpu_mlas_head_size() -> None:
     assert (config["n_routed_experts"], config["n_shared_experts"]) == (4, 1)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_models_take_the_matrixs_prompt_length(name: str) -> None:
-    assert MODELS[name].config["max_position_embeddings"] >= 4096
+def test_models_take_the_matrixs_prompt_length() -> None:
+    import tomllib
+
+    workloads = tomllib.loads((Path(__file__).parents[1] / "matrix" / "workloads.toml").read_text())["workloads"]
+    tiny = {k: w for k, w in workloads.items() if w["model"].startswith("kvgate:")}
+    assert tiny
+    for key, workload in tiny.items():
+        config = MODELS[workload["model"].removeprefix("kvgate:")].config
+        assert workload["model_args"]["max_model_len"] <= config["max_position_embeddings"], key
 
 
 def test_unknown_name_is_an_input_error(tmp_path: Path) -> None:
@@ -68,13 +107,26 @@ def test_resolve_model_leaves_hub_ids_and_paths_alone(tmp_path: Path) -> None:
 
 
 def test_the_cache_folder_follows_the_recipe(tmp_path: Path, monkeypatch) -> None:
-    before = model_dir("tiny-llama", tmp_path)
-    assert before.parent == tmp_path and before.name.startswith("tiny-llama-")
-    monkeypatch.setitem(MODELS, "tiny-llama", tiny_models.TinyModel(
-        name="tiny-llama", description="", seed=99, config=MODELS["tiny-llama"].config))
-    assert model_dir("tiny-llama", tmp_path) != before
+    before = model_dir("tiny-deepseek-v2", tmp_path)
+    assert before.parent == tmp_path and before.name.startswith("tiny-deepseek-v2-")
+    monkeypatch.setitem(MODELS, "tiny-deepseek-v2", tiny_models.TinyModel(
+        name="tiny-deepseek-v2", description="", seed=99, config=MODELS["tiny-deepseek-v2"].config))
+    assert model_dir("tiny-deepseek-v2", tmp_path) != before
     monkeypatch.setattr(tiny_models, "RECIPE_VERSION", tiny_models.RECIPE_VERSION + 1)
-    assert model_dir("tiny-llama", tmp_path).name != before.name
+    assert model_dir("tiny-deepseek-v2", tmp_path).name != before.name
+
+
+def test_the_cache_folder_of_a_shipped_model_follows_its_files(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    before = model_dir("tiny-llama", tmp_path)
+    shipped = tmp_path / "shipped"
+    shutil.copytree(tiny_models.SHIPPED_DIR, shipped)
+    monkeypatch.setattr(tiny_models, "SHIPPED_DIR", shipped)
+    assert model_dir("tiny-llama", tmp_path) == before
+    with (shipped / "tiny-llama" / "tokenizer_config.json").open("a") as f:
+        f.write(" ")
+    assert model_dir("tiny-llama", tmp_path) != before
 
 
 def test_the_cache_defaults_to_kvgate_model_dir(tmp_path: Path, monkeypatch) -> None:
@@ -96,9 +148,10 @@ def test_builds_are_byte_identical_and_complete(tmp_path: Path, name: str) -> No
     second = ensure_model(name, tmp_path / "b")
     assert first.name == second.name
     assert folder_bytes(first) == folder_bytes(second)
-    assert sorted(folder_bytes(first)) == [
+    assert sorted(folder_bytes(first)) == sorted([
         "config.json", "generation_config.json", "kvgate-model.json", "model.safetensors",
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
+        *(["training_log.json"] if MODELS[name].shipped else [])])
     marker = json.loads((first / "kvgate-model.json").read_text())
     assert marker["parameters"] == parameters(name)
     assert [p.name for p in (tmp_path / "a").iterdir()] == [first.name], "a temporary build folder was left"
@@ -127,8 +180,11 @@ def test_weights_are_bf16_with_the_checkpoint_names_and_shapes(tmp_path: Path, n
     expected = {n: shape for n, shape, _ in weight_specs(MODELS[name].config)}
     assert {n: tuple(t.shape) for n, t in tensors.items()} == expected
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
-    assert torch.all(tensors["model.norm.weight"] == 1)
-    assert 0.9 < tensors["model.embed_tokens.weight"].float().std().item() < 1.1
+    if MODELS[name].shipped is None:  # the random recipe's initialisation
+        assert torch.all(tensors["model.norm.weight"] == 1)
+        assert 0.9 < tensors["model.embed_tokens.weight"].float().std().item() < 1.1
+    else:  # trained: no longer the initialisation
+        assert not torch.all(tensors["model.norm.weight"] == 1)
 
 
 @needs_builder
@@ -137,8 +193,8 @@ def test_transformers_reads_the_config(tmp_path: Path, name: str) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.AutoConfig.from_pretrained(ensure_model(name, tmp_path))
     assert config.architectures == MODELS[name].config["architectures"]
-    assert config.max_position_embeddings == 4096
-    assert config.vocab_size == 512
+    assert config.max_position_embeddings == MODELS[name].config["max_position_embeddings"]
+    assert config.vocab_size == MODELS[name].config["vocab_size"]
 
 
 @needs_builder
@@ -147,13 +203,16 @@ def test_the_tokenizer_covers_gsm8k_prompts_compactly(tmp_path: Path) -> None:
     from kvgate.workloads import gsm8k_local
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_model("tiny-llama", tmp_path))
-    assert len(tokenizer) == 512
+    assert len(tokenizer) == MODELS["tiny-llama"].config["vocab_size"]
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1)
-    for word in ("Question", "Answer", "Ġ<<"):
+    for word in ("Question", "Answer"):
         assert word in tokenizer.get_vocab(), word
+    assert tokenizer("1234", add_special_tokens=False).input_ids == tokenizer("1 2 3 4".replace(" ", ""),
+                                                                              add_special_tokens=False).input_ids
+    assert len(tokenizer("1234", add_special_tokens=False).input_ids) == 4, "digits are single tokens"
     record = gsm8k_local.load("test")[0]
     text = f"Question: {record['question']}\nAnswer: {record['answer']}"
     ids = tokenizer(text).input_ids
     assert ids[0] == tokenizer.bos_token_id
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
-    assert len(text) / len(ids) > 2.0, "the tokenizer should compress grade-school text"
+    assert len(text) / len(ids) > 1.5, "the tokenizer should compress grade-school text (digits one by one)"

@@ -460,7 +460,9 @@ def _globs(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
 
 
 GSM8K_KEYS = ("task", "num_fewshot", "limit", "batch_size")
-GSM8K_OPTIONAL_KEYS = ("add_bos_token",)  # lm-eval's vllm model argument; absent: the tokenizer's own default
+GSM8K_OPTIONAL_KEYS = ("add_bos_token", "max_gen_toks")
+# add_bos_token: lm-eval's vllm model argument (absent: the tokenizer's own default); max_gen_toks: lm-eval's
+# generation cap per answer (absent: the task's, 256 for gsm8k), passed as --gen_kwargs
 THROUGHPUT_KEYS = ("dataset_name", "random_input_len", "random_output_len", "num_prompts", "repeats", "warmups")
 TIMEOUT_KEYS = ("accuracy", "throughput")  # seconds per stage of one cell; the kernels stage is not the model's
 

@@ -65,6 +65,8 @@ def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include
     ]
     if gsm8k.get("limit"):
         argv += ["--limit", str(gsm8k["limit"])]
+    if gsm8k.get("max_gen_toks"):
+        argv += ["--gen_kwargs", f"max_gen_toks={int(gsm8k['max_gen_toks'])}"]
     if include_path is not None:
         argv += ["--include_path", str(include_path)]
     return argv + list(passthrough)

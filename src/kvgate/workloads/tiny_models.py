@@ -1,8 +1,13 @@
-"""Tiny random models for the embedded CPU default, built locally on first use; nothing is downloaded.
+"""The tiny models of the embedded CPU default, shipped or built locally; nothing is downloaded.
 
-A model named `kvgate:<name>` in the matrix is a Hugging Face folder that vLLM loads: `config.json`,
-fixed-seed random weights in `model.safetensors`, a byte-level BPE tokenizer (512 tokens) trained with the
-`tokenizers` library on text kvgate ships (`data/tokenizer_corpus.txt`), and `generation_config.json`.
+A model named `kvgate:<name>` in the matrix is a Hugging Face folder that vLLM loads. Two kinds:
+- trained (shipped): the folder under `workloads/models/<name>/` holds weights trained to solve kvgate's
+  gsm8k-format problems 0-shot (recipe: benchmarks/train_tiny_models.py; its `training_log.json` says how,
+  where and how long), with their own tokenizer (digits as single tokens). `tiny-llama` is trained.
+- random (built): `config.json`, fixed-seed random weights in `model.safetensors`, a byte-level BPE tokenizer
+  (512 tokens) trained with the `tokenizers` library on text kvgate ships (`data/tokenizer_corpus.txt`), and
+  `generation_config.json`. `tiny-deepseek-v2` is random until its trained weights land (issue 10): it runs
+  the MLA path, but scores ~0 on gsm8k.
 
 Two architectures cover the two attention families on CPU: a Llama (CPU_ATTN; head size 64, so fp8 KV
 works) and a DeepSeek-V2 with MLA (CPU_MLA; kv_lora_rank 512 + rope 64 = head size 576).
@@ -30,6 +35,9 @@ PREFIX = "kvgate:"
 RECIPE_VERSION = 1  # bump when the build code changes in a way the spec below does not capture
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "tokenizer_corpus.txt"
 MARKER = "kvgate-model.json"  # written last inside the build folder; its presence means a complete model
+SHIPPED_DIR = Path(__file__).resolve().parent / "models"
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+                 "tokenizer.json", "tokenizer_config.json", "training_log.json")
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<s>", "</s>", "<unk>", "<pad>"]  # ids 0..3
@@ -45,6 +53,16 @@ class TinyModel:
     config: dict
     seed: int
     extra: dict = field(default_factory=dict)
+
+    @property
+    def shipped(self) -> Path | None:
+        """The folder of trained weights kvgate ships for this model, if any."""
+        folder = SHIPPED_DIR / self.name
+        return folder if (folder / "model.safetensors").is_file() else None
+
+
+def _shipped_config(name: str) -> dict:
+    return json.loads((SHIPPED_DIR / name / "config.json").read_text(encoding="utf-8"))
 
 
 def _common_config() -> dict:
@@ -76,15 +94,10 @@ def _common_config() -> dict:
 MODELS: dict[str, TinyModel] = {
     "tiny-llama": TinyModel(
         name="tiny-llama",
-        description="Llama: hidden 128, 2 layers, 2 heads of 64 (CPU_ATTN; fp8 KV needs head size % 32 == 0)",
-        seed=1,
-        config={
-            **_common_config(),
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "head_dim": 64,
-            "mlp_bias": False,
-        },
+        description=("Llama trained on kvgate's gsm8k-format problems: hidden 256, 6 layers, 4 heads of 64, "
+                     "5.4 M parameters, vocab 640 (CPU_ATTN; fp8 KV needs head size % 32 == 0)"),
+        seed=11,
+        config=_shipped_config("tiny-llama"),
     ),
     "tiny-deepseek-v2": TinyModel(
         name="tiny-deepseek-v2",
@@ -129,7 +142,12 @@ def default_cache_dir() -> Path:
 
 
 def recipe_key(model: TinyModel) -> str:
-    """A short hash of everything that decides the built bytes."""
+    """A short hash of everything that decides the built bytes (for a shipped model: the shipped files)."""
+    if model.shipped is not None:
+        digest = hashlib.sha256()
+        for name in SHIPPED_FILES:
+            digest.update(name.encode() + b"\0" + (model.shipped / name).read_bytes())
+        return digest.hexdigest()[:12]
     recipe = {
         "recipe_version": RECIPE_VERSION,
         "name": model.name,
@@ -191,6 +209,9 @@ def resolve_model(model: str, cache_dir: Path | None = None) -> str:
 
 def build(model: TinyModel, folder: Path) -> None:
     """Write the complete model into the (existing, empty) `folder`; the marker file comes last."""
+    if model.shipped is not None:
+        copy_shipped(model, folder)
+        return
     write_tokenizer(folder)
     (folder / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n")
     generation = {
@@ -209,6 +230,22 @@ def build(model: TinyModel, folder: Path) -> None:
         "description": model.description,
         "parameters": parameters,
         "built_by": "kvgate.workloads.tiny_models",
+    }
+    (folder / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
+def copy_shipped(model: TinyModel, folder: Path) -> None:
+    """Copy a trained model's shipped files into `folder` (a few MB), then the marker."""
+    assert model.shipped is not None
+    for name in SHIPPED_FILES:
+        shutil.copyfile(model.shipped / name, folder / name)
+    parameters = sum(_numel(shape) for _, shape, _ in weight_specs(model.config))
+    marker = {
+        "name": model.name,
+        "recipe": recipe_key(model),
+        "description": model.description,
+        "parameters": parameters,
+        "built_by": "kvgate.workloads.tiny_models (copied from the shipped trained weights)",
     }
     (folder / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
