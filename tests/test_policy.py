@@ -61,15 +61,26 @@ def test_per_model_fp8_tax_overrides_the_default(document: dict[str, Any], matri
     assert policy.fp8_tax_points("deepseek-ai/DeepSeek-V2-Lite-Chat") == 3.0
 
 
-# The CPU measurements of ../shared/facts/cpu.md (random tiny Llama, 16 prompts, vs a first auto run):
-# (mean abs prompt-logprob diff, max abs diff, top-1 agreement)
-CPU_PROBE = {
+# Probe figures (mean abs prompt-logprob diff, max abs diff, top-1 agreement) vs a first auto run, 16 prompts.
+# The default limits: the random tiny Llama of ../shared/facts/cpu.md (no GPU figures yet).
+RANDOM_MODEL_PROBE = {
     "auto again": ("auto", 0.0, 0.0, 1.00),
     "fp8": ("fp8", 0.050, 0.145, 0.81),
     "fp8_e4m3": ("fp8_e4m3", 0.050, 0.145, 0.81),
     "fp8_e5m2": ("fp8_e5m2", 0.094, 0.415, 0.67),
 }
-BROKEN_INT8 = (0.651, 1.67, 0.19)
+RANDOM_MODEL_BROKEN_INT8 = (0.651, 1.67, 0.19)
+# The cpu arch's limits: the trained tiny-llama the CPU default runs (benchmarks/probe_figures.py, 2026-12-01).
+TRAINED_CPU_PROBE = {
+    "auto again": ("auto", 0.0, 0.0, 1.00),
+    "fp8": ("fp8", 0.2120, 3.8658, 0.965),
+    "fp8_e4m3": ("fp8_e4m3", 0.2120, 3.8658, 0.965),
+    "fp8_e5m2": ("fp8_e5m2", 0.3971, 4.2984, 0.923),
+}
+TRAINED_CPU_BROKEN_INT8 = (2.6237, 16.4521, 0.468)
+CASES = [(arch, *figures, broken) for arch, table, broken in (
+    ("sm90", RANDOM_MODEL_PROBE, RANDOM_MODEL_BROKEN_INT8), ("cpu", TRAINED_CPU_PROBE, TRAINED_CPU_BROKEN_INT8))
+    for figures in table.values()]
 
 
 def _passes(limits: policy_module.ProbeThresholds, mean: float, worst: float, top1: float) -> bool:
@@ -77,17 +88,19 @@ def _passes(limits: policy_module.ProbeThresholds, mean: float, worst: float, to
             and top1 >= limits.top1_agreement_min)
 
 
-@pytest.mark.parametrize("dtype, mean, worst, top1", CPU_PROBE.values(), ids=CPU_PROBE.keys())
+@pytest.mark.parametrize("arch, dtype, mean, worst, top1, broken", CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_probe_thresholds_pass_the_measured_healthy_paths_and_fail_the_broken_one(
-        dtype: str, mean: float, worst: float, top1: float, matrix: matrix_module.Matrix) -> None:
-    limits = policy_module.load(matrix=matrix).probe.thresholds(dtype, "cpu")
+        arch: str, dtype: str, mean: float, worst: float, top1: float, broken: tuple[float, float, float],
+        matrix: matrix_module.Matrix) -> None:
+    limits = policy_module.load(matrix=matrix).probe.thresholds(dtype, arch)
     assert _passes(limits, mean, worst, top1)
     # headroom: the healthy figure is at least 1.5x inside each limit (top-1 by its disagreement) ...
     assert mean * 1.5 <= limits.mean_abs_logprob_diff_max or mean == 0
     assert worst * 1.5 <= limits.max_abs_logprob_diff_max or worst == 0
     assert (1 - top1) * 1.5 <= 1 - limits.top1_agreement_min or top1 == 1
     # ... and a broken path (int8 through the same check) misses every one of the three limits by 1.4x+
-    bad_mean, bad_worst, bad_top1 = BROKEN_INT8
+    bad_mean, bad_worst, bad_top1 = broken
     assert bad_mean > 1.4 * limits.mean_abs_logprob_diff_max
     assert bad_worst > 1.4 * limits.max_abs_logprob_diff_max
     assert 1 - bad_top1 > 1.4 * (1 - limits.top1_agreement_min)
