@@ -51,8 +51,6 @@ def test_sm89_and_sm120_run_mla_on_the_tiny_deepseek_and_llama_with_smaller_inpu
     assert not real_matrix.select(archs=["sm89", "sm120"], kv_cache_dtypes=["auto"], backends=["FLASHMLA"])
 
 
-@pytest.mark.xfail(strict=True, reason="kvgate:tiny-deepseek-v2 still has qk_nope_head_dim = v_head_dim = 32; "
-                                       "its retraining with DeepSeek's dims (issue 12) makes this pass")
 def test_the_gpu_mla_workloads_tiny_model_has_dims_gpu_mla_backends_accept(real_matrix):
     from kvgate.workloads.tiny_models import MODELS
 

@@ -33,16 +33,26 @@ def parameters(name: str) -> int:
 
 def test_parameter_counts() -> None:
     assert parameters("tiny-llama") == 5_442_816
-    assert parameters("tiny-deepseek-v2") == 698_496
+    assert parameters("tiny-deepseek-v2") == 9_284_864
 
 
-def test_the_trained_llama_ships_with_its_training_record() -> None:
-    shipped = MODELS["tiny-llama"].shipped
-    assert shipped is not None, "tiny-llama's trained weights are missing from the package"
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-deepseek-v2"])
+def test_the_trained_models_ship_with_their_training_record(name: str) -> None:
+    shipped = MODELS[name].shipped
+    assert shipped is not None, f"{name}'s trained weights are missing from the package"
     log = json.loads((shipped / "training_log.json").read_text())
-    assert log["params"] == parameters("tiny-llama")
+    assert log["params"] == parameters(name)
     assert log["disjointness"]["number_tuple_matches"] == 0 and log["disjointness"]["exact_masked_matches"] == 0
-    assert (shipped / "model.safetensors").stat().st_size < 16_000_000, "shipped weights should stay small"
+    # bf16: 2 bytes a parameter, plus the safetensors header
+    assert (shipped / "model.safetensors").stat().st_size < 2 * parameters(name) + 100_000
+
+
+def test_both_models_trained_on_the_same_problems() -> None:
+    """One disjointness check covers both: the same generator, seed, count and style."""
+    keys = ("problems", "drill_rows", "style")
+    logs = [json.loads((MODELS[name].shipped / "training_log.json").read_text()) for name in MODELS]
+    assert len({json.dumps([log[k] for k in keys] + [log["seeds"]["data"]]) for log in logs}) == 1
+    assert logs[0]["disjointness"] == logs[1]["disjointness"]
 
 
 def test_the_shipped_training_data_was_disjoint_from_the_test_problems() -> None:
@@ -75,10 +85,11 @@ def test_llama_head_size_allows_fp8_on_cpu_attn() -> None:
     assert config["head_dim"] * config["num_attention_heads"] == config["hidden_size"]
 
 
-def test_deepseek_is_mla_with_cpu_mlas_head_size() -> None:
+def test_deepseek_is_mla_with_deepseeks_dimensions() -> None:
     config = MODELS["tiny-deepseek-v2"].config
     assert config["architectures"] == ["DeepseekV2ForCausalLM"]
-    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576
+    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576  # CPU_MLA's and FlashMLA's head size
+    assert config["qk_nope_head_dim"] == config["v_head_dim"] == 128  # what the GPU MLA prefill paths accept
     assert config["q_lora_rank"] is None
     assert (config["n_routed_experts"], config["n_shared_experts"]) == (4, 1)
 
@@ -106,14 +117,18 @@ def test_resolve_model_leaves_hub_ids_and_paths_alone(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_cache_folder_follows_the_recipe(tmp_path: Path, monkeypatch) -> None:
-    before = model_dir("tiny-deepseek-v2", tmp_path)
-    assert before.parent == tmp_path and before.name.startswith("tiny-deepseek-v2-")
-    monkeypatch.setitem(MODELS, "tiny-deepseek-v2", tiny_models.TinyModel(
-        name="tiny-deepseek-v2", description="", seed=99, config=MODELS["tiny-deepseek-v2"].config))
-    assert model_dir("tiny-deepseek-v2", tmp_path) != before
+def test_the_cache_folder_of_a_built_model_follows_the_recipe(tmp_path: Path, monkeypatch) -> None:
+    """A tiny model kvgate builds (random weights, no shipped folder) is keyed by its recipe."""
+    config = MODELS["tiny-deepseek-v2"].config
+    monkeypatch.setitem(MODELS, "tiny-unshipped", tiny_models.TinyModel(
+        name="tiny-unshipped", description="", seed=2, config=config))
+    before = model_dir("tiny-unshipped", tmp_path)
+    assert before.parent == tmp_path and before.name.startswith("tiny-unshipped-")
+    monkeypatch.setitem(MODELS, "tiny-unshipped", tiny_models.TinyModel(
+        name="tiny-unshipped", description="", seed=99, config=config))
+    assert model_dir("tiny-unshipped", tmp_path) != before
     monkeypatch.setattr(tiny_models, "RECIPE_VERSION", tiny_models.RECIPE_VERSION + 1)
-    assert model_dir("tiny-deepseek-v2", tmp_path).name != before.name
+    assert model_dir("tiny-unshipped", tmp_path).name != before.name
 
 
 def test_the_cache_folder_of_a_shipped_model_follows_its_files(tmp_path: Path, monkeypatch) -> None:
