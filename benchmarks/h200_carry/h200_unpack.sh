@@ -99,7 +99,7 @@ if lv != want_lmeval:
 print(f"h200_unpack: torch {torch.__version__} (cuda {torch.version.cuda}, available={torch.cuda.is_available()}), "
       f"numpy {numpy.__version__}, transformers {transformers.__version__}, lm_eval {lv}")
 # extra imports that the engine / lm-eval need; failures here are errors
-for name in ["vllm._C", "vllm.entrypoints.llm", "vllm.v1.engine.core", "lm_eval.evaluator", "lm_eval.models.vllm_causallms",
+for name in ["vllm._C_stable_libtorch", "vllm.entrypoints.llm", "vllm.v1.engine.core", "lm_eval.evaluator", "lm_eval.models.vllm_causallms",
              "msgspec", "zmq", "pydantic", "fastapi", "openai", "xgrammar", "llguidance", "outlines_core",
              "blake3", "cbor2", "datasets", "evaluate", "junitparser", "sqlitedict"]:
     try:

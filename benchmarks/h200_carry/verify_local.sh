@@ -14,10 +14,10 @@ t0=$(date +%s)
 
 mapfile -t PIECES < <(awk '$2 ~ /^site\.tar\.xz\.p[0-9][0-9]$/ {print $2}' "$P/SHA256SUMS" | sort)
 [ "${#PIECES[@]}" -gt 0 ] || die "SHA256SUMS lists no pieces"
-LIMIT=$((58*1024*1024))
+LIMIT=$((48*1024*1024))
 for p in "${PIECES[@]}"; do
   [ -f "$P/$p" ] || die "missing piece $p"
-  s=$(stat -c %s "$P/$p"); [ "$s" -le "$LIMIT" ] || die "$p is $s bytes > 58 MiB"
+  s=$(stat -c %s "$P/$p"); [ "$s" -le "$LIMIT" ] || die "$p is $s bytes > 48 MiB"
 done
 ( cd "$P" && awk '$2 ~ /^site\.tar\.xz\.p[0-9][0-9]$/' SHA256SUMS | sha256sum -c --strict ) || die "piece checksum mismatch"
 want=$(awk '$2 == "site.tar.xz" {print $1}' "$P/SHA256SUMS")
