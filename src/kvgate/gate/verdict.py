@@ -16,7 +16,7 @@ from typing import Any
 
 from kvgate import InputError
 
-VERDICT_VERSION = "1.2"  # major.minor; readers refuse a newer major
+VERDICT_VERSION = "1.3"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
 FAILING = frozenset({"fail", "error", "missing"})
 JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})
@@ -37,6 +37,7 @@ class WaiverNote:
 class Check:
     cell: str  # the cell id (e.g. flashinfer_mla-fp8-sm100)
     kind: str  # kernels | accuracy | accuracy_floor | throughput | probe | fp8_accuracy | baseline_accuracy | fp8_throughput | cell
+    #            | fp8_kv_cache (the FP8 cell's KV cache really was FP8)
     #            | baseline (the run had none to compare with)
     status: str
     detail: str = ""  # one line a reviewer reads

@@ -19,11 +19,11 @@ MULTIPLICITY = {
             "alarms this buys)",
 }
 MAX_ROWS_PER_SECTION = 400
-COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe")
+COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe", "fp8_kv_cache")
 OPEN_COMPARISONS = 40  # shown unfolded up to this many rows
 # which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
-HEADLINE_PRIORITY = ("fp8_accuracy", "baseline_accuracy", "probe", "kernels", "throughput", "fp8_throughput",
-                     "accuracy", "cell")  # GitHub step summaries hold 1 MiB
+HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe", "kernels", "throughput",
+                     "fp8_throughput", "accuracy", "cell")  # GitHub step summaries hold 1 MiB
 
 
 def headline(verdict: Verdict) -> str:
@@ -83,6 +83,11 @@ def render_markdown(verdict: Verdict) -> str:
                  "the data reject \"drop ≤ margin\" at alpha (its one-sided lower bound of the drop is above the "
                  "margin); the interval shown is [lower, upper], each bound one-sided at the decision's level. "
                  "Throughput: fails only when the upper bound of the ratio is below 1 - tolerance.")
+    if any(c.kind == "fp8_kv_cache" for c in verdict.checks):
+        lines.append("- KV cache: each FP8 cell's accuracy engine must have held an FP8 cache (status.json "
+                     "`accuracy.kv_cache`): 1-byte cache elements, attention layers built for an FP8 dtype, and "
+                     "about twice the auto cell's tokens in its KV cache; 2-byte elements or the auto cell's size mean "
+                     "the FP8 setting was ignored.")
     if verdict.baseline:
         lines.append(f"- Baseline: `{verdict.baseline}` (accuracy with the baseline margin; throughput as the "
                      "ratio of medians over repeats).")

@@ -12,7 +12,8 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.3"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.4"  # docs/results-folder.md; readers refuse a newer major, writers write this
+KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
 SIDES = (BASE, HEAD)
@@ -44,6 +45,26 @@ class CellIdentity:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class KvCacheEvidence:
+    """status.json `accuracy.kv_cache`: the KV cache the accuracy stage's engine really held (contract 1.4).
+
+    Every field is optional in the file (empty/None here when absent). `problem` says why the entry could not be
+    read (a malformed or hostile value): the figures are then empty and the gate's check errors."""
+
+    layers: int | None = None  # attention layers inspected
+    layer_kv_cache_dtypes: tuple[str, ...] = ()  # the kv_cache_dtype the layers were built for, e.g. ("fp8",)
+    tensor_dtypes: tuple[str, ...] = ()  # the dtypes of the cache tensors bound to them, e.g. ("uint8",)
+    element_bytes: tuple[int, ...] = ()  # their element sizes: (1,) for an FP8 cache, (2,) for bf16/fp16
+    tokens: int | None = None  # the KV cache size the engine log reported, in tokens
+    problem: str | None = None
+
+    @property
+    def has_layer_facts(self) -> bool:
+        """It says what the layers held (element sizes or the layers' cache dtype), not only a size."""
+        return bool(self.element_bytes or self.layer_kv_cache_dtypes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StageStatus:
     """One entry of status.json."""
 
@@ -51,6 +72,25 @@ class StageStatus:
     reason: str | None = None
     log_tail: str | None = None
     interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
+    kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
+
+
+def contract_version_tuple(value: Any) -> tuple[int, int] | None:
+    """(major, minor) of a cell.json/run.json `contract_version` (1, 1.0, "1", "1.4"); None when its minor part
+    cannot be read (the readers have already checked the major part)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return (value, 0)
+    if isinstance(value, float) and value.is_integer():
+        return (int(value), 0)
+    if not isinstance(value, str):
+        return None
+    major, _, rest = value.strip().partition(".")
+    minor = rest.split(".", 1)[0] if rest else "0"
+    if not all(part.isascii() and part.isdigit() and len(part) <= 6 for part in (major, minor)):
+        return None
+    return (int(major), int(minor))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

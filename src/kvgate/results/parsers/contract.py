@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from kvgate.results.records import (
     STAGE_STATUSES,
     STAGES,
     CellIdentity,
+    KvCacheEvidence,
     StageStatus,
 )
 
@@ -81,8 +83,82 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         interleaved = entry.get("interleaved")
         if interleaved is not None and not isinstance(interleaved, dict):
             raise InputError(source, f"expected an object, got {kind(interleaved)}", f"{stage}.interleaved")
-        out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None)
+        kv_cache = parse_kv_cache(entry["kv_cache"], f"{stage}.kv_cache") if stage == "accuracy" and \
+            "kv_cache" in entry else None
+        out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
+                                 kv_cache=kv_cache)
     return out
+
+
+# accuracy.kv_cache (contract 1.4): bounds far beyond any real engine, so that a hostile value is named, never used
+KV_CACHE_MAX_LAYERS = 100_000
+KV_CACHE_MAX_TOKENS = 10**15 - 1  # the engine log's figure, at most 15 digits (kvgate.runners.engine_log)
+KV_CACHE_MAX_ELEMENT_BYTES = 64
+KV_CACHE_MAX_NAMES = 64
+_DTYPE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def parse_kv_cache(value: Any, where: str) -> KvCacheEvidence:
+    """status.json accuracy.kv_cache -> KvCacheEvidence. Never raises: the evidence is optional and judged by one
+    check, so a malformed value becomes `problem` (every fault, each with its key path) and that check errors,
+    while the rest of the cell is still read. Keys beyond the five known ones are ignored (a newer minor)."""
+    if not isinstance(value, Mapping):
+        return KvCacheEvidence(problem=f"{where}: expected an object, got {_describe(value)}")
+    problems: list[str] = []
+    fields: dict[str, Any] = {}
+    if "layers" in value:
+        fields["layers"] = _count(value["layers"], f"{where}.layers", 0, KV_CACHE_MAX_LAYERS, problems)
+    for key in ("layer_kv_cache_dtypes", "tensor_dtypes"):
+        if key in value:
+            fields[key] = _names(value[key], f"{where}.{key}", problems)
+    if "element_bytes" in value:
+        items = _list(value["element_bytes"], f"{where}.element_bytes", problems)
+        fields["element_bytes"] = tuple(
+            _count(item, f"{where}.element_bytes[{i}]", 1, KV_CACHE_MAX_ELEMENT_BYTES, problems)
+            for i, item in enumerate(items))
+    if "tokens" in value:
+        fields["tokens"] = _count(value["tokens"], f"{where}.tokens", 1, KV_CACHE_MAX_TOKENS, problems)
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        return KvCacheEvidence(problem="; ".join(problems[:3]) + more)
+    return KvCacheEvidence(**fields)
+
+
+def _list(value: Any, where: str, problems: list[str]) -> list[Any]:
+    if not isinstance(value, list):
+        problems.append(f"{where}: expected a list, got {_describe(value)}")
+        return []
+    if len(value) > KV_CACHE_MAX_NAMES:
+        problems.append(f"{where}: {len(value)} entries, more than {KV_CACHE_MAX_NAMES}")
+        return []
+    return value
+
+
+def _names(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
+    names = []
+    for index, item in enumerate(_list(value, where, problems)):
+        if isinstance(item, str) and _DTYPE_NAME.fullmatch(item):
+            names.append(item)
+        else:
+            problems.append(f"{where}[{index}]: expected a dtype name (letters, digits, _ . : -; at most 64), got "
+                            f"{_describe(item)}")
+    return tuple(names)
+
+
+def _count(value: Any, where: str, low: int, high: int, problems: list[str]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        problems.append(f"{where}: expected a whole number from {low:,} to {high:,}, got {_describe(value)}")
+        return 0
+    return value
+
+
+def _describe(value: Any) -> str:
+    """A value in an error message, short and printable whatever it holds."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}" + ("…" if len(value) > 40 else "")
+    return kind(value)
 
 
 def parse_run(text: str, source: str) -> dict[str, Any]:

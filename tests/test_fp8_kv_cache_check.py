@@ -1,0 +1,441 @@
+"""The gate's fp8_kv_cache check: an FP8 cell whose FP8 was silently ignored fails.
+
+On a real H200 run of kvgate's sm90 cells (tests/fixtures/h200_run, see its README), its copies edited to show an
+ignored FP8 setting, malformed evidence, or none; and on the real CPU run of contract 1.3 (tests/fixtures/cpu_run),
+written before the evidence existed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.gate import checks as gate
+from kvgate.gate import policy as policy_module
+from kvgate.matrix import cells as matrix_module
+from kvgate.results.parsers.contract import parse_kv_cache, parse_status
+from kvgate.results.records import CONTRACT_VERSION, KvCacheEvidence, contract_version_tuple
+from kvgate.results.run_loader import KnownNames, load_run
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200_ARCHIVE = FIXTURES / "h200_run" / "run.tar.xz"
+CPU_ARCHIVE = FIXTURES / "cpu_run" / "test1.tar.xz"
+ROOT = Path(__file__).resolve().parents[1]
+TODAY = "2026-12-01"
+
+# (FP8 tokens, auto tokens) of the H200 run's FP8 cells that ran (status.json accuracy.kv_cache.tokens)
+H200_TOKENS = {
+    "flash_attn-fp8-sm90": (3_771_712, 1_891_648),
+    "flashinfer-fp8-sm90": (3_783_312, 1_732_320),
+    "flashmla-fp8-sm90": (3_324_864, 1_662_400),
+    "triton_attn-fp8-sm90": (3_772_384, 1_893_360),
+    "triton_mla-fp8-sm90": (3_324_912, 1_662_448),
+}
+AUTO_TOKENS_TRITON = 1_893_360
+
+
+@pytest.fixture(scope="module")
+def h200_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The matrix the H200 run was judged with: matrix/*.toml, benchmarks/h200_engine/workloads.toml in place of
+    workloads.toml with the MLA model at the run's local path, no per-model tax for DeepSeek-V2-Lite (absent)."""
+    folder = tmp_path_factory.mktemp("h200-matrix")
+    for path in (ROOT / "matrix").glob("*.toml"):
+        shutil.copy(path, folder / path.name)
+    workloads = (ROOT / "benchmarks" / "h200_engine" / "workloads.toml").read_text()
+    assert 'model = "kvgate:tiny-deepseek-v2"' in workloads
+    (folder / "workloads.toml").write_text(workloads.replace('model = "kvgate:tiny-deepseek-v2"',
+                                                             'model = "/tmp/h200/models/tiny-deepseek-v2"'))
+    policy = folder / "policy.toml"
+    policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True)
+                              if not line.startswith('"deepseek-ai/DeepSeek-V2-Lite-Chat" = ')))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def h200_unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("h200-run")
+    with tarfile.open(H200_ARCHIVE) as archive:
+        archive.extractall(folder, filter="data")
+    return folder / "run"
+
+
+@pytest.fixture
+def h200_run(h200_unpacked: Path, tmp_path: Path) -> Path:
+    """A copy of the whole run, to edit."""
+    return Path(shutil.copytree(h200_unpacked, tmp_path / "run"))
+
+
+def pair_run(h200_unpacked: Path, tmp_path: Path, backend: str = "triton_attn") -> Path:
+    """A copy of the run's auto and fp8 cells of one backend only (a fast gate)."""
+    run = tmp_path / f"run-{backend}"
+    for dtype in ("auto", "fp8"):
+        shutil.copytree(h200_unpacked / f"{backend}-{dtype}-sm90", run / f"{backend}-{dtype}-sm90")
+    return run
+
+
+def gate_cli(run: Path, matrix: Path, out: Path, *extra: str) -> int:
+    return main(["gate", str(run), "--matrix-dir", str(matrix), "--policy", str(matrix / "policy.toml"),
+                 "--out", str(out), "--today", TODAY, *extra])
+
+
+def verdict_checks(out: Path, kind: str = "fp8_kv_cache") -> dict[str, dict]:
+    verdict = json.loads((out / "verdict.json").read_text())
+    return {c["cell"]: c for c in verdict["checks"] if c["kind"] == kind}
+
+
+def judge(run: Path, matrix: Path, policy_file: Path | None = None) -> dict[str, gate.Check]:
+    """The gate through its public functions: the fp8_kv_cache checks by cell."""
+    loaded_matrix = matrix_module.load(matrix)
+    policy = policy_module.load(policy_file or matrix / "policy.toml", matrix=loaded_matrix)
+    results = load_run(run, KnownNames.from_matrix(loaded_matrix))
+    verdict = gate.evaluate(results, policy=policy, today=dt.date.fromisoformat(TODAY))
+    return {c.cell: c for c in verdict.checks if c.kind == "fp8_kv_cache"}
+
+
+def edit_status(cell_dir: Path, **kv_cache: object) -> None:
+    """Replace keys of the cell's accuracy.kv_cache (a value of ... deletes the key)."""
+    path = cell_dir / "status.json"
+    status = json.loads(path.read_text())
+    evidence = status["accuracy"].setdefault("kv_cache", {})
+    for key, value in kv_cache.items():
+        if value is ...:
+            evidence.pop(key, None)
+        else:
+            evidence[key] = value
+    path.write_text(json.dumps(status))
+
+
+def set_kv_cache(cell_dir: Path, value: object) -> None:
+    path = cell_dir / "status.json"
+    status = json.loads(path.read_text())
+    if value is ...:
+        status["accuracy"].pop("kv_cache", None)
+    else:
+        status["accuracy"]["kv_cache"] = value
+    path.write_text(json.dumps(status))
+
+
+def set_contract(run: Path, version: object) -> None:
+    """Rewrite contract_version in every cell.json and run.json of the copy (... deletes it)."""
+    for path in [*run.glob("*/cell.json"), run / "run.json"]:
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if version is ...:
+            data.pop("contract_version", None)
+        else:
+            data["contract_version"] = version
+        path.write_text(json.dumps(data))
+
+
+# ---------------------------------------------------------------------------------------------- the real run
+
+def test_the_real_h200_fp8_cells_held_an_fp8_cache(h200_run, h200_matrix, tmp_path, capsys):
+    out = tmp_path / "out"
+    gate_cli(h200_run, h200_matrix, out)
+    found = verdict_checks(out)
+    assert sorted(found) == sorted([*H200_TOKENS, "flashinfer-fp8_e5m2-sm90", "triton_attn-fp8_e5m2-sm90"])
+    for cell, (tokens, auto) in H200_TOKENS.items():
+        check = found[cell]
+        assert check["status"] == "pass", check
+        assert check["reference"] == "auto cell"
+        figures = check["figures"]
+        assert (figures["tokens"], figures["auto_tokens"]) == (tokens, auto)
+        assert figures["token_ratio"] == pytest.approx(tokens / auto, abs=1e-6)
+        assert figures["element_bytes"] == [1] and figures["tensor_dtypes"] == ["uint8"]
+        assert figures["layer_kv_cache_dtypes"] == ["fp8"] and figures["layers"] == 6
+        assert figures["auto_element_bytes"] == [2]
+        assert check["threshold"] == {"element_bytes": 1, "min_token_ratio": 1.5}
+    ratios = {cell: round(c["figures"]["token_ratio"], 2) for cell, c in found.items() if cell in H200_TOKENS}
+    assert ratios == {"flash_attn-fp8-sm90": 1.99, "flashinfer-fp8-sm90": 2.18, "flashmla-fp8-sm90": 2.0,
+                      "triton_attn-fp8-sm90": 1.99, "triton_mla-fp8-sm90": 2.0}
+    assert found["triton_attn-fp8-sm90"]["detail"] == ("1-byte cache elements (uint8), 3,772,384 tokens = 1.99x the "
+                                                       "auto cell's, 6 layers built for fp8")
+    # the e5m2 cells' accuracy stage failed before the engine was up: the accuracy checks fail them
+    for cell in ("flashinfer-fp8_e5m2-sm90", "triton_attn-fp8_e5m2-sm90"):
+        assert found[cell]["status"] == "not_run" and "accuracy stage is error" in found[cell]["detail"]
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["verdict_version"] == "1.3"
+    assert verdict["policy"]["fp8_kv_cache_min_token_ratio"] == 1.5
+    report = (out / "report.md").read_text()
+    assert "| `triton_attn-fp8-sm90` | fp8_kv_cache | 1-byte cache elements (uint8), 3,772,384 tokens = 1.99x" in report
+    assert 'classname="kvgate.fp8_kv_cache"' in (out / "junit.xml").read_text()
+    assert "fp8_kv_cache" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ({"element_bytes": [2], "tensor_dtypes": ["bfloat16"], "layer_kv_cache_dtypes": ["auto"],
+      "tokens": AUTO_TOKENS_TRITON},
+     "2-byte cache elements (bfloat16): the fp8 KV cache setting was ignored; the attention layers' kv_cache_dtype "
+     "is auto, not an FP8 type; 1,893,360 tokens = 1.00x the auto cell's (1,893,360), below 1.5x (an FP8 cache "
+     "holds about 2x in the same memory)"),
+    ({"element_bytes": [2], "tensor_dtypes": ["bfloat16"]},
+     "2-byte cache elements (bfloat16): the fp8 KV cache setting was ignored"),
+    ({"tokens": AUTO_TOKENS_TRITON},
+     "1,893,360 tokens = 1.00x the auto cell's (1,893,360), below 1.5x (an FP8 cache holds about 2x in the same "
+     "memory)"),
+    ({"element_bytes": [1, 2], "tensor_dtypes": ["bfloat16", "uint8"]},
+     "1/2-byte cache elements (bfloat16, uint8): the fp8 KV cache setting was ignored"),
+    ({"layer_kv_cache_dtypes": ["auto"]}, "the attention layers' kv_cache_dtype is auto, not an FP8 type"),
+])
+def test_an_fp8_cell_whose_fp8_was_ignored_fails_named(h200_run, h200_matrix, tmp_path, capsys, edit, expected):
+    edit_status(h200_run / "triton_attn-fp8-sm90", **edit)
+    out = tmp_path / "out"
+    assert gate_cli(h200_run, h200_matrix, out) == 1
+    check = verdict_checks(out)["triton_attn-fp8-sm90"]
+    assert check["status"] == "fail"
+    assert check["headline"] == expected
+    assert check["detail"] == f"{expected} ({h200_run}/triton_attn-fp8-sm90/status.json accuracy.kv_cache)"
+    # the first line of the report names the cell and the check (an ignored FP8 setting is named first)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("❌ kvgate: ") and f"— triton_attn-fp8-sm90 fp8_kv_cache {expected}" in first
+    others = verdict_checks(out)
+    assert all(others[cell]["status"] == "pass" for cell in H200_TOKENS if cell != "triton_attn-fp8-sm90")
+
+
+def test_the_policy_sets_the_token_ratio(h200_unpacked, h200_matrix, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text((h200_matrix / "policy.toml").read_text() + "\n[kv_cache]\nfp8_min_token_ratio = 2.1\n")
+    run = tmp_path / "run"
+    for backend in ("triton_attn", "flashinfer"):
+        shutil.copytree(pair_run(h200_unpacked, tmp_path, backend), run, dirs_exist_ok=True)
+    found = judge(run, h200_matrix, policy)
+    assert found["flashinfer-fp8-sm90"].status == "pass"  # 2.18x
+    assert found["triton_attn-fp8-sm90"].status == "fail"  # 1.99x
+    assert "below 2.1x" in found["triton_attn-fp8-sm90"].detail
+    assert found["triton_attn-fp8-sm90"].threshold_text == "1-byte elements, an FP8 layer dtype, tokens ≥ 2.1x auto's"
+
+
+@pytest.mark.parametrize("value", ['"x"', "0", "-1", "true", "{}"])
+def test_a_malformed_policy_ratio_is_an_input_error(h200_matrix, tmp_path, value):
+    from kvgate import InputErrors
+
+    matrix = matrix_module.load(h200_matrix)
+    policy = tmp_path / "policy.toml"
+    policy.write_text((h200_matrix / "policy.toml").read_text() + f"\n[kv_cache]\nfp8_min_token_ratio = {value}\n")
+    with pytest.raises(InputErrors) as error:
+        policy_module.load(policy, matrix=matrix)
+    assert "kv_cache.fp8_min_token_ratio" in str(error.value)
+
+
+def test_an_unknown_policy_key_under_kv_cache_is_an_input_error(h200_matrix, tmp_path):
+    from kvgate import InputErrors
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text((h200_matrix / "policy.toml").read_text() + "\n[kv_cache]\nfp8_min_tokens_ratio = 1.5\n")
+    with pytest.raises(InputErrors, match="unknown key 'fp8_min_tokens_ratio'"):
+        policy_module.load(policy, matrix=matrix_module.load(h200_matrix))
+
+
+# ---------------------------------------------------------------------------------------------- malformed evidence
+
+HUGE = 10**40
+MALFORMED = [
+    ("fp8", "accuracy.kv_cache: expected an object, got string 'fp8'"),
+    (None, "accuracy.kv_cache: expected an object, got null"),
+    ([1, 2], "accuracy.kv_cache: expected an object, got a list"),
+    ({"tokens": -5}, "accuracy.kv_cache.tokens: expected a whole number from 1 to 999,999,999,999,999, got number -5"),
+    ({"tokens": 0}, "accuracy.kv_cache.tokens: expected a whole number from 1 to 999,999,999,999,999, got number 0"),
+    ({"tokens": HUGE}, "accuracy.kv_cache.tokens: expected a whole number from 1 to 999,999,999,999,999, got an "
+                       "integer of about 41 digits"),
+    ({"tokens": 3.5}, "accuracy.kv_cache.tokens: expected a whole number from 1 to 999,999,999,999,999, got number "
+                      "3.5"),
+    ({"tokens": True}, "accuracy.kv_cache.tokens: expected a whole number from 1 to 999,999,999,999,999, got "
+                       "boolean true"),
+    ({"tokens": "3771712"}, "accuracy.kv_cache.tokens: expected a whole number from 1 to 999,999,999,999,999, got "
+                            "string '3771712'"),
+    ({"element_bytes": ["x", None, 2]},
+     "accuracy.kv_cache.element_bytes[0]: expected a whole number from 1 to 64, got string 'x'; "
+     "accuracy.kv_cache.element_bytes[1]: expected a whole number from 1 to 64, got null"),
+    ({"element_bytes": 1}, "accuracy.kv_cache.element_bytes: expected a list, got number 1"),
+    ({"element_bytes": [0]}, "accuracy.kv_cache.element_bytes[0]: expected a whole number from 1 to 64, got number 0"),
+    ({"element_bytes": [HUGE]}, "accuracy.kv_cache.element_bytes[0]: expected a whole number from 1 to 64, got an "
+                                "integer of about 41 digits"),
+    ({"element_bytes": [1] * 65}, "accuracy.kv_cache.element_bytes: 65 entries, more than 64"),
+    ({"layer_kv_cache_dtypes": [{"fp8": 1}, ["fp8"], 8]},
+     "accuracy.kv_cache.layer_kv_cache_dtypes[0]: expected a dtype name (letters, digits, _ . : -; at most 64), got "
+     "an object; accuracy.kv_cache.layer_kv_cache_dtypes[1]: expected a dtype name (letters, digits, _ . : -; at "
+     "most 64), got a list; accuracy.kv_cache.layer_kv_cache_dtypes[2]: expected a dtype name (letters, digits, _ . "
+     ": -; at most 64), got number 8"),
+    ({"tensor_dtypes": ["\x1b[31muint8\nFAIL"]},
+     "accuracy.kv_cache.tensor_dtypes[0]: expected a dtype name (letters, digits, _ . : -; at most 64), got string "
+     "'\\x1b[31muint8\\nFAIL'"),
+    ({"tensor_dtypes": ["u" * 5000]},
+     "accuracy.kv_cache.tensor_dtypes[0]: expected a dtype name (letters, digits, _ . : -; at most 64), got string "
+     f"'{'u' * 40}'…"),
+    ({"tensor_dtypes": "uint8"}, "accuracy.kv_cache.tensor_dtypes: expected a list, got string 'uint8'"),
+    ({"layers": -1, "tokens": -1, "element_bytes": [-1], "tensor_dtypes": [1]},
+     "accuracy.kv_cache.layers: expected a whole number from 0 to 100,000, got number -1; "
+     "accuracy.kv_cache.tensor_dtypes[0]: expected a dtype name (letters, digits, _ . : -; at most 64), got number 1; "
+     "accuracy.kv_cache.element_bytes[0]: expected a whole number from 1 to 64, got number -1 (+1 more)"),
+]
+
+
+@pytest.mark.parametrize(("value", "problem"), MALFORMED)
+def test_malformed_evidence_is_named_by_the_reader(value, problem):
+    status = parse_status(json.dumps({"accuracy": {"status": "ok", "kv_cache": value}}), "status.json")
+    evidence = status["accuracy"].kv_cache
+    assert evidence == KvCacheEvidence(problem=problem)
+
+
+def test_good_evidence_reads_and_unknown_keys_are_ignored():
+    status = parse_status(json.dumps({"accuracy": {"status": "ok", "kv_cache": {
+        "layers": 6, "layer_kv_cache_dtypes": ["fp8"], "tensor_dtypes": ["uint8"], "element_bytes": [1],
+        "tokens": 3771712, "from_a_newer_minor": {"x": 1}}}, "kernels": {"status": "ok", "kv_cache": "free"}}),
+        "status.json")
+    assert status["accuracy"].kv_cache == KvCacheEvidence(layers=6, layer_kv_cache_dtypes=("fp8",),
+                                                          tensor_dtypes=("uint8",), element_bytes=(1,), tokens=3771712)
+    assert status["kernels"].kv_cache is None  # only the accuracy stage's entry carries the evidence
+    assert parse_kv_cache({}, "k") == KvCacheEvidence()
+
+
+@pytest.mark.parametrize(("value", "problem"), [MALFORMED[0], MALFORMED[5], MALFORMED[9], MALFORMED[15]])
+def test_malformed_evidence_errors_the_check_cleanly(h200_unpacked, h200_matrix, tmp_path, capsys, value, problem):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_kv_cache(run / "triton_attn-fp8-sm90", value)
+    out = tmp_path / "out"
+    assert gate_cli(run, h200_matrix, out) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    check = verdict_checks(out)["triton_attn-fp8-sm90"]
+    assert check["status"] == "error"
+    assert check["headline"] == f"unreadable KV cache evidence: {problem}"
+    assert check["detail"] == f"unreadable KV cache evidence: {problem} ({run}/triton_attn-fp8-sm90/status.json)"
+    # the rest of the cell was still read and judged
+    assert verdict_checks(out, "accuracy")["triton_attn-fp8-sm90"]["status"] == "pass"
+
+
+def test_malformed_evidence_of_the_auto_cell_errors_the_comparison(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_kv_cache(run / "triton_attn-auto-sm90", {"tokens": -3})
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "error"
+    assert check.detail.startswith("the auto cell's KV cache evidence is unreadable: accuracy.kv_cache.tokens: "
+                                   "expected a whole number")
+
+
+def test_an_integer_beyond_json_readers_is_an_input_error_not_a_traceback(h200_unpacked, h200_matrix, tmp_path,
+                                                                          capsys):
+    run = pair_run(h200_unpacked, tmp_path)
+    path = run / "triton_attn-fp8-sm90" / "status.json"
+    path.write_text(path.read_text().replace('"tokens": 3772384', '"tokens": ' + "9" * 5000))
+    assert gate_cli(run, h200_matrix, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"{run}/triton_attn-fp8-sm90/status.json" in err and "4300 digits" in err
+
+
+# ---------------------------------------------------------------------------------------------- contract versions
+
+def test_the_contract_is_1_4():
+    assert CONTRACT_VERSION == "1.4"
+    assert contract_version_tuple(CONTRACT_VERSION) == (1, 4)
+
+
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("1.4", (1, 4)), ("1.3", (1, 3)), ("1.10", (1, 10)), ("1", (1, 0)), (1, (1, 0)), (1.0, (1, 0)),
+    ("1.4.2", (1, 4)), ("1.x", None), ("1.²", None), (True, None), (None, None), ([1], None), ("1." + "9" * 50, None),
+])
+def test_contract_versions_read(value, parsed):
+    assert contract_version_tuple(value) == parsed
+
+
+@pytest.mark.parametrize("where", ["cell.json", "run.json"])
+def test_a_1_4_cell_without_evidence_errors(h200_unpacked, h200_matrix, tmp_path, where):
+    run = pair_run(h200_unpacked, tmp_path)
+    (run / "run.json").write_text(json.dumps({"contract_version": "1.4"}))
+    set_contract(run, "1.4")
+    if where == "run.json":  # cell.json silent: run.json's version applies
+        for path in run.glob("*/cell.json"):
+            data = json.loads(path.read_text())
+            del data["contract_version"]
+            path.write_text(json.dumps(data))
+    set_kv_cache(run / "triton_attn-fp8-sm90", ...)
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "error"
+    assert check.headline == "no evidence the KV cache was FP8: status.json accuracy has no kv_cache"
+    assert check.detail == (f"no evidence the KV cache was FP8: {run}/triton_attn-fp8-sm90/status.json accuracy has "
+                            "no kv_cache; from contract 1.4 on the accuracy stage must record it")
+
+
+def test_a_1_4_cell_with_only_a_size_and_nothing_to_compare_it_with_errors(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_contract(run, "1.4")
+    set_kv_cache(run / "triton_attn-fp8-sm90", {"tokens": 3772384})
+    set_kv_cache(run / "triton_attn-auto-sm90", ...)
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "error"
+    assert check.headline == ("no evidence the KV cache was FP8: status.json accuracy.kv_cache has no element_bytes "
+                              "or layer_kv_cache_dtypes, and no KV cache size to compare with the auto cell's")
+    assert check.notes == ("KV cache size not compared with the auto cell's: the auto cell recorded no KV cache "
+                           "size",)
+
+
+def test_a_1_4_cell_judged_on_partial_evidence(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_contract(run, "1.4")
+    edit_status(run / "triton_attn-fp8-sm90", tokens=...)  # no size in the log: the element size still decides
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "pass"
+    assert check.detail == "1-byte cache elements (uint8), 6 layers built for fp8"
+    assert check.notes == ("KV cache size not compared with the auto cell's: this cell recorded no KV cache size",)
+    set_kv_cache(run / "triton_attn-fp8-sm90", {"tokens": 3772384})  # the size alone, against auto's
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "pass" and check.detail == "3,772,384 tokens = 1.99x the auto cell's"
+
+
+def test_a_1_4_cell_with_an_unreadable_minor_version_fails_closed(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_contract(run, "1.x")
+    set_kv_cache(run / "triton_attn-fp8-sm90", ...)
+    assert judge(run, h200_matrix)["triton_attn-fp8-sm90"].status == "error"
+
+
+@pytest.mark.parametrize(("version", "shown"), [("1.3", "contract 1.3"), (1, "contract 1"),
+                                                (..., "no contract_version (1)")])
+def test_older_results_without_evidence_are_not_judged(h200_unpacked, h200_matrix, tmp_path, version, shown):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_contract(run, version)
+    set_kv_cache(run / "triton_attn-fp8-sm90", ...)
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "not_run"
+    assert check.detail == (f"not judged: the results predate the KV cache evidence ({shown}, before 1.4; {run}/"
+                            "triton_attn-fp8-sm90/status.json accuracy has no kv_cache)")
+
+
+def test_older_results_with_evidence_are_judged(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_contract(run, "1.3")
+    edit_status(run / "triton_attn-fp8-sm90", element_bytes=[2])
+    assert judge(run, h200_matrix)["triton_attn-fp8-sm90"].status == "fail"
+
+
+def test_no_auto_cell_the_layers_still_decide(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    shutil.rmtree(run / "triton_attn-auto-sm90")
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "pass"
+    assert check.detail == "1-byte cache elements (uint8), 3,772,384 tokens, 6 layers built for fp8"
+    assert check.notes == ("KV cache size not compared with the auto cell's: no auto cell of the same backend, arch "
+                           "and model in this run",)
+
+
+# ---------------------------------------------------------------------------------------------- the CPU run (1.3)
+
+def test_the_real_cpu_run_of_contract_1_3_is_not_judged(tmp_path, capsys):
+    with tarfile.open(CPU_ARCHIVE) as archive:
+        archive.extractall(tmp_path, filter="data")
+    run = tmp_path / "test1"
+    assert json.loads((run / "cpu_attn-fp8-cpu" / "cell.json").read_text())["contract_version"] == "1.3"
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0  # its verdict is unchanged
+    check = verdict_checks(run / "gate")["cpu_attn-fp8-cpu"]
+    assert check["status"] == "not_run"
+    assert check["detail"] == (f"not judged: the results predate the KV cache evidence (contract 1.3, before 1.4; "
+                               f"{run}/cpu_attn-fp8-cpu/status.json accuracy has no kv_cache)")
+    assert list(verdict_checks(run / "gate")) == ["cpu_attn-fp8-cpu"]  # auto cells have no such check
