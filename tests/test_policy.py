@@ -62,7 +62,7 @@ def test_per_model_fp8_tax_overrides_the_default(document: dict[str, Any], matri
 
 
 # Probe figures (mean abs prompt-logprob diff, max abs diff, top-1 agreement) vs a first auto run, 16 prompts.
-# The default limits: the random tiny Llama of ../shared/facts/cpu.md (no GPU figures yet).
+# The default limits (archs without their own, e.g. sm100): the random tiny Llama of ../shared/facts/cpu.md.
 RANDOM_MODEL_PROBE = {
     "auto again": ("auto", 0.0, 0.0, 1.00),
     "fp8": ("fp8", 0.050, 0.145, 0.81),
@@ -78,8 +78,18 @@ TRAINED_CPU_PROBE = {
     "fp8_e5m2": ("fp8_e5m2", 0.3971, 4.2984, 0.923),
 }
 TRAINED_CPU_BROKEN_INT8 = (2.6237, 16.4521, 0.468)
+# The sm90 arch's limits: the trained tiny models on the H200 (tests/fixtures/h200_run/), each FP8 backend's figures;
+# no broken FP8 engine was measured on a GPU, so the CPU's broken path stands in for one.
+H200_FP8_PROBE = {
+    "FLASH_ATTN": ("fp8", 0.129669, 2.051938, 0.978351),
+    "FLASHINFER": ("fp8", 0.12533, 2.065232, 0.974227),
+    "TRITON_ATTN": ("fp8", 0.134394, 1.939015, 0.978351),
+    "FLASHMLA": ("fp8", 0.004634, 0.41997, 1.0),
+    "TRITON_MLA": ("fp8", 0.0, 0.0, 1.0),
+}
 CASES = [(arch, *figures, broken) for arch, table, broken in (
-    ("sm90", RANDOM_MODEL_PROBE, RANDOM_MODEL_BROKEN_INT8), ("cpu", TRAINED_CPU_PROBE, TRAINED_CPU_BROKEN_INT8))
+    ("sm100", RANDOM_MODEL_PROBE, RANDOM_MODEL_BROKEN_INT8), ("cpu", TRAINED_CPU_PROBE, TRAINED_CPU_BROKEN_INT8),
+    ("sm90", H200_FP8_PROBE, TRAINED_CPU_BROKEN_INT8))
     for figures in table.values()]
 
 
@@ -89,7 +99,7 @@ def _passes(limits: policy_module.ProbeThresholds, mean: float, worst: float, to
 
 
 @pytest.mark.parametrize("arch, dtype, mean, worst, top1, broken", CASES,
-                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+                         ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])
 def test_probe_thresholds_pass_the_measured_healthy_paths_and_fail_the_broken_one(
         arch: str, dtype: str, mean: float, worst: float, top1: float, broken: tuple[float, float, float],
         matrix: matrix_module.Matrix) -> None:
