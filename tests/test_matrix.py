@@ -277,7 +277,9 @@ def test_a_workload_declares_its_expected_accuracy(real_matrix):
     assert expected.source.startswith("vLLM CI")
     trained = real_matrix.workloads["tiny-llama"].expected_accuracy  # the trained CPU default has a floor too
     assert trained is not None and dict(trained.values)["strict-match"] == 0.85
-    assert real_matrix.workloads["tiny-deepseek-v2"].expected_accuracy is None  # random weights: no floor
+    for name in ("tiny-deepseek-v2", "tiny-deepseek-v2-gpu"):  # trained: the MLA cells have a floor as well
+        floor = real_matrix.workloads[name].expected_accuracy
+        assert floor is not None and dict(floor.values)["strict-match"] == 0.767, name
 
 
 BAD_EXPECTED_ACCURACY = {
