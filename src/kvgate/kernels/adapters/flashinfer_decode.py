@@ -27,6 +27,11 @@ vLLM passes ``q_scale`` although the decode query is not quantised; it is 1.0 un
 ``calculate_kv_scales`` sets it. `prepare(..., q_scale=...)` passes another value (test_attention_decode.py
 pins what that does). The first plan JIT-compiles the kernel (tens of seconds per kv dtype); warnings
 raised while planning are kept in the provenance.
+
+fp8_e5m2 is pinned, not tested (test_attention_decode.PINNED). On the H200 (FlashInfer 0.6.14) this decode
+returned garbage against the same e5m2 bytes (rel-L2 0.82-0.87). vLLM's engine with an e5m2 cache fails
+earlier still, in prefill: that query is quantised to e4m3 but planned as e5m2. The adapter's bf16 decode
+query is not involved in that mismatch.
 """
 
 from __future__ import annotations
