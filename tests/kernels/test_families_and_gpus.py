@@ -67,7 +67,7 @@ def test_storage_kinds() -> None:
     assert families.storage_kinds(families.FAMILIES["vllm_triton_attn"]) == ("auto", "fp8_e4m3", "fp8_e5m2")
     assert families.storage_kinds(families.FAMILIES["vllm_flash_attn"]) == ("auto", "fp8_e4m3")
     assert families.storage_kinds(families.FAMILIES["vllm_flex_attn"]) == ("auto",)
-    assert [f.name for f in families.FAMILIES.values() if f.fp8_pv] == ["vllm_flash_attn", "vllm_triton_attn"]
+    assert [f.name for f in families.FAMILIES.values() if f.fp8_pv] == ["vllm_flashmla", "vllm_flash_attn", "vllm_triton_attn"]
 
 
 @pytest.mark.parametrize(("worker", "devices", "expected"), [

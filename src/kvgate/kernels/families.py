@@ -22,7 +22,8 @@ kernel that only a CUDA build of vLLM ships and runs on SM100 only). The non-MLA
 backend's own vLLM cache op; the MLA ones by test_mla_decode.py on kvgate's latent cache.
 
 `fp8_pv` marks a kernel that, with an FP8 cache, also takes an FP8 query and multiplies P.V in FP8 (the
-softmax weights rounded to e4m3): FA3 FP8 and vLLM's Triton attention with a quantised query. Its error
+softmax weights rounded to e4m3): FA3 FP8, vLLM's Triton attention with a quantised query, and vLLM's
+FlashMLA dense FP8 decode (Q.K and P.V both e4m3 WGMMAs; adapters/vllm_flashmla.py cites the source). Its error
 against the dequantised reference is larger than a kernel that keeps P in bf16, so it gets
 `tolerance.FP8_PV` instead of `tolerance.FP8` (the reasons are there).
 
@@ -66,7 +67,7 @@ FAMILIES = {
                      archs=("sm80", "sm89", "sm90", "sm100", "sm120"), kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
                      page_sizes=(16, 32, 64), description="vLLM Triton MLA decode (vLLM TRITON_MLA)"),
         KernelFamily(name="vllm_flashmla", module=f"{ADAPTERS}.vllm_flashmla", archs=("sm90",),
-                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(64,),
+                     kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(64,), fp8_pv=True,
                      description="vLLM FlashMLA dense decode flash_mla_with_kvcache / flash_mla_with_kvcache_fp8 "
                                  "(vLLM FLASHMLA)"),
         KernelFamily(name="vllm_flash_attn_mla", module=f"{ADAPTERS}.vllm_flash_attn_mla", archs=("sm90",),

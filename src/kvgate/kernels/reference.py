@@ -113,9 +113,15 @@ def page_requests(rows: list[torch.Tensor], *, page_size: int, kv_lora_rank: int
     return PagedLatentCache(kv=kv, block_table=block_table, seq_lens=seq_lens, kv_lora_rank=kv_lora_rank)
 
 
-def mla_decode(q: torch.Tensor, cache: PagedLatentCache, sm_scale: float) -> torch.Tensor:
-    """Reference decode on the dequantised cache: q [batch, heads, D] -> float32 [batch, heads, kv_lora_rank]."""
-    return _decode(q, cache, lambda b: cache.rows(b), qk_scale=sm_scale, v_scale=1.0)
+def mla_decode(q: torch.Tensor, cache: PagedLatentCache, sm_scale: float, *,
+               round_p_to: torch.dtype | None = None) -> torch.Tensor:
+    """Reference decode on the dequantised cache: q [batch, heads, D] -> float32 [batch, heads, kv_lora_rank].
+
+    `round_p_to` is not part of the reference: it models a kernel that multiplies P.V in FP8 (vLLM's
+    FlashMLA FP8 decode), exactly as `gqa_decode`'s does: exp(s - max) rounded to that dtype before P.V,
+    the normaliser summed unrounded.
+    """
+    return _decode(q, cache, lambda b: cache.rows(b), qk_scale=sm_scale, v_scale=1.0, round_p_to=round_p_to)
 
 
 def mla_decode_bmm_scales(q: torch.Tensor, cache: PagedLatentCache, bmm1_scale: float,
@@ -124,7 +130,8 @@ def mla_decode_bmm_scales(q: torch.Tensor, cache: PagedLatentCache, bmm1_scale: 
     return _decode(q, cache, lambda b: cache.rows(b, dequantize=False), qk_scale=bmm1_scale, v_scale=bmm2_scale)
 
 
-def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: float, v_scale: float) -> torch.Tensor:
+def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: float, v_scale: float,
+            round_p_to: torch.dtype | None = None) -> torch.Tensor:
     batch, heads, width = q.shape
     if batch != cache.batch or width != cache.kv.shape[-1]:
         raise ValueError(f"query {tuple(q.shape)} does not match the cache (batch {cache.batch}, "
@@ -133,8 +140,12 @@ def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: floa
     for b in range(batch):
         rows = rows_of(b).to(q.device)  # [seq_len, D]
         scores = (q[b].float() @ rows.T) * qk_scale  # [heads, seq_len]
-        probs = torch.softmax(scores, dim=-1)
-        out[b] = (probs @ rows[:, : cache.kv_lora_rank]) * v_scale
+        values = rows[:, : cache.kv_lora_rank]
+        if round_p_to is None:
+            out[b] = (torch.softmax(scores, dim=-1) @ values) * v_scale
+        else:
+            weights = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+            out[b] = (weights.to(round_p_to).float() @ values) / weights.sum(dim=-1, keepdim=True) * v_scale
     return out
 
 

@@ -17,9 +17,23 @@ vllm/v1/attention/ops/flashmla.py:
 
 Page (block) size 64 only (``FlashMLABackend.get_supported_kernel_block_sizes``). Dense FlashMLA is
 Hopper-only (``is_flashmla_dense_supported``); on an SM90 GPU whose vLLM lacks it, `KernelMismatch`.
-The reference is computed on the dequantised FP8 query (``PreparedDecode.reference_query``). vLLM's own
-test (tests/kernels/attention/test_flashmla.py) bounds the FP8 cosine difference by 1e-4, which an FP8
-P.V would not meet, so this family is judged by tolerance.FP8.
+
+What the FP8 kernel computes (vllm-project/FlashMLA csrc/extension/sm90/dense_fp8, last changed 2025-10-19,
+FlashMLA PR 54; built into vLLM's ``_flashmla_extension_C``): it is instantiated for
+``<cutlass::float_e4m3_t, cutlass::bfloat16_t, 576>`` (flash_fwd_mla_fp8_sm90.cu:9), so ``Element`` is e4m3
+(flash_fwd_mla_kernel.h:55 ``Is_FP8``). Q.K is an e4m3 x e4m3 WGMMA into float (``TiledMma``, :76-79; the
+gemm at :353); the softmax weights exp2(s*scale - running max) are converted to e4m3 (``tOrP =
+make_tensor_like<Element>``, ``convert_type_out``, :383-385) and P.V is an e4m3 x e4m3 WGMMA (``TiledMmaO``,
+:82-85; :398) while the row sum is taken on the unrounded float weights (softmax.h:157-176).
+``descale_q * descale_k`` folds into the softmax scale (:569-572) and the output is multiplied by
+``descale_k / row_sum`` (softmax.h:182-192). So the kernel reads the FP8 query (the reference takes it
+dequantised: ``PreparedDecode.reference_query``) and the FP8 cache (the reference reads it dequantised),
+and its own error is the e4m3 rounding of P: this family is ``fp8_pv`` and judged by tolerance.FP8_PV.
+The CPU model of that rounding (reference.mla_decode(round_p_to=e4m3)) reproduces the H200's 2026-12-01
+figures: max |err| 0.0421 / 0.0577 / 0.0332 / 0.062 and 21 / 343 / 8 / 333 elements outside
+tolerance.FP8's 2e-2 (measured: the same maxima, 21 / 339 / 8 / 333) for ragged_short / ragged_long x
+heads 16 / 128; rel-L2 0.0092-0.0123 modelled, 0.0088-0.0110 measured (the kernel's running max rounds
+larger weights than the model's global max).
 """
 
 from __future__ import annotations
