@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate.cli import main
 from kvgate.gate import checks as gate
 from kvgate.gate import policy as policy_module
@@ -25,7 +26,6 @@ from kvgate.results.run_loader import KnownNames, load_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200_ARCHIVE = FIXTURES / "h200_run" / "run.tar.xz"
-CPU_ARCHIVE = FIXTURES / "cpu_run" / "test1.tar.xz"
 ROOT = Path(__file__).resolve().parents[1]
 TODAY = "2026-12-01"
 
@@ -428,10 +428,9 @@ def test_no_auto_cell_the_layers_still_decide(h200_unpacked, h200_matrix, tmp_pa
 
 # ---------------------------------------------------------------------------------------------- the CPU run (1.3)
 
-def test_the_real_cpu_run_of_contract_1_3_is_not_judged(tmp_path, capsys):
-    with tarfile.open(CPU_ARCHIVE) as archive:
-        archive.extractall(tmp_path, filter="data")
-    run = tmp_path / "test1"
+def test_the_real_cpu_run_of_contract_1_3_is_not_judged(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVGATE_MATRIX_DIR", str(matrix_of_the_run(tmp_path / "matrix")))
+    run = extract(tmp_path)
     assert json.loads((run / "cpu_attn-fp8-cpu" / "cell.json").read_text())["contract_version"] == "1.3"
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0  # its verdict is unchanged
     check = verdict_checks(run / "gate")["cpu_attn-fp8-cpu"]

@@ -3,37 +3,21 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
+from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate.cli import main
 from synthetic_run import write_status
-
-ARCHIVE = Path(__file__).parent / "fixtures" / "cpu_run" / "test1.tar.xz"
 
 
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch) -> Path:
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(tmp_path, filter="data")
     monkeypatch.setenv("KVGATE_MATRIX_DIR", str(matrix_of_the_run(tmp_path / "matrix")))
-    return tmp_path / "test1"
+    return extract(tmp_path)
 
 
-def matrix_of_the_run(folder: Path) -> Path:
-    """The repository's matrix as the run was judged by: its CPU_MLA cell ran the tiny DeepSeek-V2 before it was
-    trained (it scored 0), so that workload has no accuracy floor here."""
-    folder.mkdir()
-    for toml in (Path(__file__).parents[1] / "matrix").glob("*.toml"):
-        (folder / toml.name).write_text(toml.read_text(encoding="utf-8"), encoding="utf-8")
-    workloads = (folder / "workloads.toml").read_text(encoding="utf-8")
-    head, mla = workloads.split("[workloads.tiny-deepseek-v2]\n", 1)
-    kept = [line for line in mla.splitlines(keepends=True) if not line.startswith("expected_accuracy")]
-    assert len(kept) == len(mla.splitlines(keepends=True)) - 1
-    (folder / "workloads.toml").write_text(head + "[workloads.tiny-deepseek-v2]\n" + "".join(kept), encoding="utf-8")
-    return folder
 
 
 def checks(run: Path) -> dict[tuple[str, str, str | None], dict]:
