@@ -59,7 +59,7 @@ def test_bench_throughput_argv(cells):
     text = " ".join(argv)
     for expected in ("--model /models/tiny-deepseek", "--dataset-name random", "--random-input-len 128",
                      "--random-output-len 32", "--num-prompts 20", "--kv-cache-dtype auto",
-                     "--attention-backend CPU_MLA", "--max-model-len 4096", "--no-trust-remote-code",
+                     "--attention-backend CPU_MLA", "--max-model-len 1024", "--no-trust-remote-code",
                      "--no-enforce-eager", "--output-json /o/repeat-1.json"):
         assert expected in text, expected
     warmup = bench_throughput_argv("/py", cells["cpu_mla-auto-cpu"], "/m", None, ["--num-prompts", "4"])
