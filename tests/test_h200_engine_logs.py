@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.runners.backend_check import backend_mismatch
-from kvgate.runners.engine_log import read_backend_evidence, read_kv_cache_tokens
+from kvgate.runners.engine_log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -71,3 +71,20 @@ def test_fp8_cells_hold_one_byte_caches_with_twice_the_tokens(h200_run: Path) ->
     for fp8 in [n for n in tokens if "-fp8-" in n]:
         ratio = tokens[fp8] / tokens[fp8.replace("-fp8-", "-auto-")]
         assert 1.9 < ratio < 2.3, (fp8, ratio)
+
+
+@pytest.mark.parametrize(("cell", "log", "cause"), [
+    ("triton_attn-fp8_e5m2-sm90", "accuracy.log", 'AssertionError: assert self.kv_cache_dtype in {"fp8", "fp8_e4m3", "nvfp4"}'),
+    ("flashinfer-fp8_e5m2-sm90", "accuracy.log", "ValueError: The dtype of q torch.float8_e4m3fn does not match the "
+                                                 "q_data_type torch.float8_e5m2 specified in plan function."),
+    ("flex_attention-auto-sm90", "throughput.log", "AssertionError: Error in memory profiling. Initial free memory "
+                                                   "136.49 GiB, current free memory 138.27 GiB."),
+])
+def test_a_failed_engines_root_cause_is_read_from_its_log(h200_run: Path, cell: str, log: str, cause: str) -> None:
+    text = (h200_run / cell / "logs" / log).read_text(errors="replace")
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in text
+    assert failure_cause(text).startswith(cause)
+
+
+def test_a_healthy_engines_log_names_no_cause(h200_run: Path) -> None:
+    assert failure_cause((h200_run / "triton_mla-fp8-sm90" / "logs" / "accuracy.log").read_text()) is None

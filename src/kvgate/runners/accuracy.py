@@ -20,7 +20,7 @@ from kvgate.runners.accuracy_worker import EXIT_BACKEND_MISMATCH
 from kvgate.runners.backend_check import backend_mismatch
 from kvgate.runners.commands import lm_eval_arguments
 from kvgate.runners.context import CellContext
-from kvgate.runners.engine_log import read_backend_evidence, read_kv_cache_tokens
+from kvgate.runners.engine_log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stage_files import commit_stage, fresh_log
 from kvgate.runners.stage_process import describe_exit, run_logged
@@ -59,7 +59,9 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         elif result.returncode == EXIT_BACKEND_MISMATCH or (result.ok and mismatch):
             status, reason = "error", f"wrong attention backend: {mismatch or 'the engine ran another backend'}"
         elif not result.ok:
-            status, reason = "error", f"the accuracy run {describe_exit(result.returncode)} ({_last_step(report)})"
+            cause = failure_cause(_read_text(log))
+            status, reason = "error", (f"the accuracy run {describe_exit(result.returncode)} ({_last_step(report)})"
+                                       + (f": {cause}" if cause else ""))
         elif not list(output.rglob("results_*.json")):
             status, reason = "error", "lm-eval wrote no results_*.json"
         else:

@@ -78,6 +78,31 @@ def read_kv_cache_tokens(log_text: str) -> list[int]:
     return sizes
 
 
+_EXCEPTION = re.compile(r"\b(?P<name>[A-Z]\w*(?:Error|Exception))\b(?::\s*(?P<message>.*))?$")
+_WRAPPERS = ("Engine core initialization failed", "EngineDeadError", "EngineGenerateError")
+_PREFIX = re.compile(r"^(?:\([\w ]+ pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO|DEBUG) \d\d-\d\d [\d:]+ \[[^\]]*\]\s?)?")
+
+
+def failure_cause(log_text: str) -> str | None:
+    """The root cause of a failed engine, from its whole log: the last exception line that is not one of vLLM's
+    wrappers ("RuntimeError: Engine core initialization failed. See root cause above."), without the process and
+    logger prefix; a bare `AssertionError` gets the assert statement above it. None when the log names none."""
+    lines = [_PREFIX.sub("", _strip_ansi(raw)).rstrip() for raw in log_text.replace("\r", "\n").splitlines()]
+    found = None
+    for index, line in enumerate(lines):
+        match = _EXCEPTION.match(line.strip())
+        if not match or any(wrapper in line for wrapper in _WRAPPERS):
+            continue
+        text = line.strip()
+        if not match["message"]:
+            previous = next((lines[j].strip() for j in range(index - 1, max(index - 4, -1), -1)
+                             if lines[j].strip() and not lines[j].strip().startswith(("^", "~"))), "")
+            if not previous.startswith(("File ", "Traceback")):
+                text = f"{text}: {previous}" if previous else text
+        found = text
+    return found[:300] if found else None
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 

@@ -17,7 +17,7 @@ from kvgate.runners.backend_check import backend_mismatch
 from kvgate.runners.bench_log import BenchFigures, read_bench_figures
 from kvgate.runners.commands import bench_throughput_argv
 from kvgate.runners.context import CellContext
-from kvgate.runners.engine_log import read_backend_evidence
+from kvgate.runners.engine_log import failure_cause, read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stage_files import commit_stage, fresh_log
 from kvgate.runners.stage_process import describe_exit, read_tail, run_logged
@@ -138,8 +138,9 @@ def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, lo
         raise _StageFailed("timeout", f"{label} killed at the stage timeout of {ctx.timeout:.0f} s",
                            result.log_tail)
     if not result.ok:
-        raise _StageFailed("error", f"{label}: vllm bench throughput {describe_exit(result.returncode)}",
-                           result.log_tail)
+        cause = failure_cause(text)
+        raise _StageFailed("error", f"{label}: vllm bench throughput {describe_exit(result.returncode)}"
+                           + (f": {cause}" if cause else ""), result.log_tail)
     mismatch = backend_mismatch(cell.backend, cell.arch, read_backend_evidence(text))
     if mismatch:
         raise _StageFailed("error", f"wrong attention backend in {label}: {mismatch}", result.log_tail)
