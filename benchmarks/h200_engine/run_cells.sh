@@ -3,7 +3,10 @@
 # stays warm. Assumes .gpu/h200_unpack.sh unpacked vLLM 0.26.0 + lm-eval + FlashInfer into /tmp/site. Run from the
 # repository root:
 #   run_cells.sh start GROUP...    start `kvgate run cell` (every stage) for each GROUP (comma-separated backends
-#                                  or cell ids)
+#                                  or cell ids). Groups run at once; on ONE GPU that races vLLM's memory profiling
+#                                  ("Error in memory profiling ... other processes sharing the same container release
+#                                  GPU memory": 11 of 42 stages failed so on 2026-12-01), so give one GPU one group
+#                                  (all its cells in one comma list), or each group its own CUDA_VISIBLE_DEVICES
 #                                  in a process of its own session, all into one results folder (/tmp/h200/run)
 #   run_cells.sh install-mla [S]   wait up to S s for start_training.sh's DeepSeek-V2, make it the MLA workload's
 #                                  model (/tmp/h200/models/tiny-deepseek-v2, outside the tree that each call
