@@ -20,22 +20,11 @@ import time
 from pathlib import Path
 
 
-def clopper_pearson_upper(failures: int, runs: int, confidence: float = 0.95) -> float:
-    """Exact one-sided upper bound of a binomial rate (no scipy: bisection on the binomial tail)."""
-    from math import comb
+def false_alarm_upper_bound(alarms: int, runs: int, confidence: float = 0.95) -> float:
+    """Exact one-sided (Clopper-Pearson) upper bound of the per-run false-alarm rate (kvgate.gate.stats)."""
+    from kvgate.gate.stats import floor_test
 
-    if failures >= runs:
-        return 1.0
-    alpha = 1 - confidence
-
-    def tail(p: float) -> float:  # P(X <= failures | p)
-        return sum(comb(runs, k) * p ** k * (1 - p) ** (runs - k) for k in range(failures + 1))
-
-    lo, hi = failures / runs, 1.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if tail(mid) > alpha else (lo, mid)
-    return hi
+    return floor_test(alarms, runs, floor=0.5, alpha=1 - confidence).upper
 
 
 def one_run(index: int, args: argparse.Namespace, root: Path) -> dict:
@@ -91,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     broken = [r for r in results if r["gate_rc"] == 2 or r["run_rc"] not in (0, 1)]
     valid = [r for r in results if r not in broken]
     alarms = sum(1 for r in valid if r["gate_rc"] == 1)
-    print(f"\nfalse alarms: {alarms} of {len(valid)} valid A/A runs "
-          f"(exact 95 % upper bound {100 * clopper_pearson_upper(alarms, len(valid)):.1f} %)"
+    bound = f"{100 * false_alarm_upper_bound(alarms, len(valid)):.1f} %" if valid else "none: no valid run"
+    print(f"\nfalse alarms: {alarms} of {len(valid)} valid A/A runs (exact 95 % upper bound {bound})"
           + (f"; {len(broken)} broken run(s) not counted" if broken else ""))
     return 0
 

@@ -236,19 +236,10 @@ def _health_check(cell: CellResults, stage: str, kind: str, require: Sequence[st
     return Check(**base, status="missing", detail=result.missing or f"{stage} outputs are missing")
 
 
-_EXCEPTION_LINE = re.compile(r"\b(?:[A-Z]\w*(?:Error|Exception)|AssertionError)\b: \S")
-_WRAPPER_LINES = ("Engine core initialization failed", "See root cause above", "EngineDeadError")
-_LOG_PREFIX = re.compile(r"^(?:\([\w ]+ pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
-
-
 def _last_line(text: str | None) -> str:
-    """The log tail's most telling line: the last exception that is not a wrapper (vLLM's "Engine core
-    initialization failed. See root cause above." names none), without the process and logger prefix; else
-    the last line."""
+    """The log tail's last line (the runner's reason already names a failed engine's root cause)."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    causes = [line for line in lines if _EXCEPTION_LINE.search(line) and not any(w in line for w in _WRAPPER_LINES)]
-    chosen = causes[-1] if causes else (lines[-1] if lines else "")
-    return _LOG_PREFIX.sub("", chosen)[:200]
+    return lines[-1][:160] if lines else ""
 
 
 def _kernels_check(cell: CellResults, policy: Policy, require: Sequence[str]) -> Check:
