@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from kvgate import InputError, InputErrors  # noqa: E402
 from kvgate.matrix import cells as kvmatrix  # noqa: E402
-from kvgate.runners import engine_env, hardware  # noqa: E402  (stdlib-only modules)
+from kvgate.runners import engine_env, hardware, host  # noqa: E402  (stdlib-only modules)
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"
@@ -57,6 +57,11 @@ def _default_run_dir() -> Path:
 
 
 RUN_DIR = _default_run_dir()
+
+
+def _host_cpu() -> host.HostCpu:
+    """The host's CPU from /proc/cpuinfo (nox has no torch; `kvgate run` asks torch again before it runs)."""
+    return host.read_host_cpu(use_torch=False)
 
 
 def _no_install(session: nox.Session) -> bool:
@@ -157,6 +162,9 @@ def cell(session: nox.Session, cell_id: str) -> None:
     if arch != LOCAL_ARCH:
         session.skip(f"cell {cell_id} needs {arch}; this machine is {LOCAL_ARCH} "
                      f"(set {hardware.ARCH_ENV} to override)")
+    planned_out = host.plan_for_host([MATRIX.cell(cell_id)], LOCAL_ARCH, read=_host_cpu).planned_out
+    if planned_out and not os.environ.get(host.RUNNER_LABEL_ENV):  # CI: kvgate records the misrouted cell as an error
+        session.skip(f"this host cannot run {cell_id}: {planned_out[0].reason}")
     _kvgate(session, _engine(session, arch), "run", "cell", "--cell", cell_id, "--run-dir", str(RUN_DIR))
 
 

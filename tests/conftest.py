@@ -27,6 +27,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.fixture
+def fp8_cpu_engine() -> None:
+    """Skips the test, with the reason, where the host cannot run the CPU FP8 engine (as GPU tests skip without a GPU)."""
+    from engine_hosts import fp8_cpu_engine_problem
+
+    problem = fp8_cpu_engine_problem()
+    if problem:
+        pytest.skip(problem)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

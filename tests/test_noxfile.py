@@ -57,6 +57,15 @@ def test_sessions_of_other_archs_skip_on_this_machine():
     assert "cell flashinfer_mla-fp8-sm100 needs sm100; this machine is cpu" in result.stderr
 
 
+def test_a_cell_session_this_hosts_cpu_cannot_run_skips_with_the_reason_unless_ci_sent_it():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    env["KVGATE_HOST_CPU_WITHOUT"] = "avx512,amx"
+    result = subprocess.run([sys.executable, "-m", "nox", "-s", "cell(cpu_attn-fp8-cpu)", "--no-install"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "this host cannot run cpu_attn-fp8-cpu: needs a CPU with AVX-512 or AMX" in result.stderr
+
+
 @pytest.mark.slow
 def test_matrix_session_prints_the_gha_matrix():
     result = nox("-s", "matrix", "--", "--format", "gha", "--arch", "sm90", timeout=600)

@@ -64,10 +64,13 @@ def edited_matrix(folder: Path, old: str, new: str, file: str = "workloads.toml"
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Run:
-    """cpu_attn-auto-cpu on 20 questions, with the ignored VLLM_ATTENTION_BACKEND set in the environment."""
+    """cpu_attn-auto-cpu on 20 questions, with the ignored VLLM_ATTENTION_BACKEND set in the environment; and
+    cpu_attn-fp8-cpu asked for on a CPU simulated without AVX-512 and AMX (what an AVX2 host is), so it is
+    planned out: said up front, not run, recorded in run.json."""
     run_dir = tmp_path_factory.mktemp("run") / "results"
-    proc = kvgate_run("accuracy", "--run-dir", str(run_dir), "--cell", CELL, "--", "--limit", "20",
-                      env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"})
+    proc = kvgate_run("accuracy", "--run-dir", str(run_dir), "--cell", CELL, "--cell", "cpu_attn-fp8-cpu", "--",
+                      "--limit", "20", env={"VLLM_ATTENTION_BACKEND": "FLASH_ATTN",
+                                            "KVGATE_HOST_CPU_WITHOUT": "avx512,amx"})
     run = Run(proc, run_dir)
     run.first_status = run.status()  # later tests re-run the cell into the same folder
     return run
@@ -98,6 +101,28 @@ def test_real_cell_end_to_end(real_run):
     assert f"{CELL} accuracy OK" in real_run.proc.stdout
 
 
+def test_a_cell_the_host_cannot_run_is_planned_out_and_the_gate_is_neutral_naming_why(real_run):
+    out = real_run.proc.stdout
+    assert out.startswith("kvgate: this host cannot run 1 of 2 cells; they are planned out (not run, not failed). "
+                          "Its CPU: ")
+    assert "simulated without AVX-512, AMX (KVGATE_HOST_CPU_WITHOUT)" in out.splitlines()[0]
+    assert ("kvgate: FP8 was not run here (cpu_attn-fp8-cpu): they need a CPU with AVX-512 or AMX, which this host "
+            "lacks.") in out
+    assert out.rstrip().splitlines()[-1].startswith("kvgate: next, judge them: `nox -s gate -- ")
+    assert not (real_run.run_dir / "cpu_attn-fp8-cpu").exists()
+    run_json = json.loads((real_run.run_dir / "run.json").read_text())
+    assert [p["cell"] for p in run_json["planned_out"]] == ["cpu_attn-fp8-cpu"]
+    assert run_json["host_cpu"]["simulated_without"] == ["avx512", "amx"]
+    assert run_json["host_cpu"]["read_from"].startswith("torch ")
+    gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(real_run.run_dir), "--out",
+                           str(real_run.run_dir.parent / "gate")], cwd=ROOT, capture_output=True, text=True,
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    print(gate.stdout, gate.stderr)
+    assert gate.returncode == 0
+    assert gate.stdout.startswith("⚪ kvgate: NEUTRAL — ")
+    assert "cpu_attn-fp8-cpu was not run: this host could not (needs a CPU with AVX-512 or AMX" in gate.stdout
+
+
 def test_ignored_backend_variable_is_unset_with_a_warning(real_run):
     assert ("kvgate: WARNING VLLM_ATTENTION_BACKEND=FLASH_ATTN is set, but vLLM >= 0.26 ignores it silently"
             in real_run.proc.stdout)
@@ -126,14 +151,17 @@ def test_crashed_cells_are_recorded_and_the_others_still_run(tmp_path):
     proc = kvgate_run("accuracy", "--matrix-dir", str(matrix_dir), "--run-dir", str(run_dir),
                       "--cell", "cpu_attn-auto-cpu", "--cell", "cpu_attn-fp8-cpu", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 1
-    for cell in ("cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"):
+    from engine_hosts import fp8_cpu_engine_problem
+
+    both = fp8_cpu_engine_problem() is None  # on a host without AVX-512/AMX the FP8 cell is planned out, not run
+    for cell in ("cpu_attn-auto-cpu", "cpu_attn-fp8-cpu")[:2 if both else 1]:
         status = json.loads((run_dir / cell / "status.json").read_text())
         assert status["accuracy"]["status"] == "error"
         assert "the accuracy run exited with status 1" in status["accuracy"]["reason"]
         assert "/nonexistent/kvgate-model" in status["accuracy"]["log_tail"]
         assert not (run_dir / cell / "accuracy").exists()
         assert (run_dir / cell / "logs" / "accuracy.log").stat().st_size > 0
-    assert "4 stage runs, 0 ok, 4 failed" in proc.stdout  # accuracy and probe of both cells
+    assert f"{4 if both else 2} stage runs, 0 ok, {4 if both else 2} failed" in proc.stdout  # accuracy and probe
 
 
 def test_silent_backend_fallback_fails_the_cell_naming_the_backend_that_ran(tmp_path):

@@ -22,6 +22,7 @@ from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
 from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, write_all
+from kvgate.results.parsers.contract import parse_planned_out
 from kvgate.results.records import BASE, HEAD, STAGES
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
 
@@ -145,9 +146,10 @@ def run(args: argparse.Namespace) -> int:
         results, baseline = results.side(HEAD), results.side(BASE)
     sides = planned_sides(results.run_info, ab)
     planned = [(cell, side) for cell in [*planned_cells(results.run_info), *expected] for side in sides]
+    planned_out = parse_planned_out(results.run_info, f"{args.run_dir}/run.json")
     verdict = gate.evaluate(results, policy=policy, baseline=baseline, waiver_for=matrix.waiver_for, today=today,
                             require=require, probe_compare=probe_agreement.compare, ab=ab,
-                            require_baseline=args.require_baseline, planned=planned)
+                            require_baseline=args.require_baseline, planned=planned, planned_out=planned_out)
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     paths = write_all(verdict, out_dir)
     print(headline(verdict))

@@ -22,6 +22,7 @@ from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
 from kvgate.kernels import gpus, runner
 from kvgate.results.records import SIDES
 from kvgate.runners import hardware
+from kvgate.runners.host import RUNNER_LABEL_ENV, misrouted_reason, plan_or_refuse
 from kvgate.runners.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run the decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) of the selected cells"
@@ -60,22 +61,33 @@ def run(args: argparse.Namespace) -> int:
     if args.side is not None and (args.vllm or args.base_vllm):
         raise InputError("kvgate kernels", "--side comes with the environment of that side's vLLM",
                          hint="Pass either --side or --vllm/--base-vllm")
+    plan = plan_or_refuse(cells, local_arch, "kvgate kernels")
+    for line in plan.start_lines(len(cells)):
+        print(line, flush=True)
+    label = os.environ.get(RUNNER_LABEL_ENV, "")
+    refused = {p.cell.id: misrouted_reason(p, label) for p in plan.planned_out} if label else {}
     warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU test runs
     if warning:
         print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)
     failed = False
-    runs = [(cell, side) for cell in cells for side in sides]
+    runnable = list(plan.runnable) + [p.cell for p in plan.planned_out if p.cell.id in refused]
+    runs = [(cell, side) for cell in runnable for side in sides]
     for cell, side in runs:
         name = args.side or (side.name if side.ab else None)
         env = side.vllm.environment(os.environ) if side.vllm is not None else None
-        outcome = runner.run_cell(cell, args.run_dir, local_arch=local_arch, workers=workers,
-                                  pytest_args=args.passthrough, timeout_s=args.timeout, side=name, env=env)
+        if cell.id in refused:  # CI sent it here: an error of the cell, never a pass without it
+            outcome = runner.refuse_cell(cell, args.run_dir, refused[cell.id], side=name)
+        else:
+            outcome = runner.run_cell(cell, args.run_dir, local_arch=local_arch, workers=workers,
+                                      pytest_args=args.passthrough, timeout_s=args.timeout, side=name, env=env)
         counts = outcome.counts
         figures = (f" ({counts.passed} passed, {counts.failures + counts.errors} failed, {counts.skipped} skipped"
                    f", {outcome.seconds:.0f} s)") if counts.tests else ""
         shown = cell.id if name is None else f"{cell.id} ({name})"
         print(f"{shown}: {outcome.status}{figures}" + (f" - {outcome.reason}" if outcome.reason else ""))
         failed |= outcome.status in ("error", "timeout")
-    print(f"kvgate kernels: {len(cells)} cells under {args.run_dir}", file=sys.stderr)
+    print(f"kvgate kernels: {len(runnable)} cells under {args.run_dir}", file=sys.stderr)
+    for line in ([] if refused else plan.end_lines()):
+        print(line, flush=True)
     return EXIT_FAILED if failed else EXIT_OK

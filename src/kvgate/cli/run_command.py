@@ -20,6 +20,7 @@ from kvgate import InputError
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.matrix.cells import load as load_matrix
 from kvgate.runners import hardware
+from kvgate.runners.host import plan_or_refuse
 from kvgate.runners.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"kvgate run {args.what}", "no cell matches these filters",
                          hint="List the cells with `kvgate matrix`")
 
+    plan = plan_or_refuse(cells, local_arch, f"kvgate run {args.what}")
     warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU cell runs
     if warning:
         print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
@@ -109,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
                          timeout=args.timeout,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
-                         matrix_dir=args.matrix_dir, local_arch=local_arch)
+                         matrix_dir=args.matrix_dir, local_arch=local_arch, host=plan)
     status, _ = run_cells(cells, options)
     return status
+

@@ -15,6 +15,8 @@ Checks, one per (cell, kind[, subject]):
                        cell's tokens (policy kv_cache.fp8_min_token_ratio); results of contract 1.4 on without
                        that evidence error, older ones are not judged
     cell               a cell of the baseline is absent from this run
+    host               a cell the host that wrote the run could not run (run.json planned_out): not_run, so the verdict
+                       is NEUTRAL; missing (failing) under require_baseline, which CI passes
 
 Stage health fails closed: a requested stage that is missing, marked error or timeout fails; a stage
 never requested is "not run" (missing, so failing, when the caller requires it). Comparisons are one-sided
@@ -52,7 +54,7 @@ from kvgate.results.records import (
     contract_version_tuple,
 )
 
-KIND_ORDER = ("baseline", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor", "fp8_accuracy",
+KIND_ORDER = ("baseline", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor", "fp8_accuracy",
               "baseline_accuracy", "throughput", "fp8_throughput", "probe")
 UNITS = {"requests_per_second": "req/s", "tokens_per_second": "tok/s", "output_tokens_per_second": "output tok/s"}
 WaiverLookup = Callable[[CellIdentity, str], Any]  # -> matrix.Waiver | None
@@ -74,15 +76,18 @@ class _Pending:
 def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = None,
              waiver_for: WaiverLookup | None = None, today: dt.date, require: Sequence[str] = (),
              probe_compare: Callable[[Any, Any], Any] | None = probe_agreement.compare, ab: bool = False,
-             require_baseline: bool = False, planned: Sequence[tuple[str, str]] = ()) -> Verdict:
+             require_baseline: bool = False, planned: Sequence[tuple[str, str]] = (),
+             planned_out: Sequence[tuple[str, str]] = ()) -> Verdict:
     """The verdict on `run` (its head cells).
 
     ab: `baseline` is the base side of the same A/B run (same machine, same job): every head cell must have its
     base counterpart, and a missing or failed one fails the comparison. require_baseline: with no baseline at
     all the run fails (a change compared with nothing is not a pass); without it the run is neutral.
     planned: (cell id, side) pairs the run was asked for (run.json, --expect-cells); an absent one fails.
+    planned_out: (cell id, reason) of cells the writing host could not run (run.json planned_out).
     """
     checks: list[Check] = _planned_checks(run, baseline if ab else None, planned)
+    checks += _planned_out_checks(run, planned_out, require_baseline)
     pending: list[_Pending] = []
     if baseline is None:
         checks.append(_no_baseline_check(require_baseline))
@@ -166,6 +171,25 @@ def _planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[
                   detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
                          f"it: the cell never started, or its results were lost on the way to the gate",
                   headline="planned, but absent from the run") for cell, side in missing]
+
+
+def _planned_out_checks(run: RunResults, planned_out: Sequence[tuple[str, str]], required: bool) -> list[Check]:
+    """Cells the host could not run: NEUTRAL (nothing failed, but they were not tested), or failing when the caller
+    requires a complete comparison (CI). A cell that another invocation did run into the same folder is judged as
+    usual instead."""
+    present = {c.identity.id for c in run.cells}
+    out = []
+    for cell, reason in planned_out:
+        if cell in present:
+            continue
+        detail = f"not run: the host that made this run could not run it ({reason})"
+        if required:
+            out.append(Check(cell=cell, kind="host", status="missing", detail=f"{detail}; --require-baseline needs "
+                             "every cell run", headline=f"not run on this host: {reason}"))
+        else:
+            out.append(Check(cell=cell, kind="host", status="not_run", headline=f"not run on this host: {reason}",
+                             detail=f"{detail}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)"))
+    return out
 
 
 def _no_baseline_check(required: bool) -> Check:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvgate import InputError
 
-VERDICT_VERSION = "1.3"  # major.minor; readers refuse a newer major
+VERDICT_VERSION = "1.4"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
 FAILING = frozenset({"fail", "error", "missing"})
 JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})
@@ -38,7 +38,7 @@ class Check:
     cell: str  # the cell id (e.g. flashinfer_mla-fp8-sm100)
     kind: str  # kernels | accuracy | accuracy_floor | throughput | probe | fp8_accuracy | baseline_accuracy | fp8_throughput | cell
     #            | fp8_kv_cache (the FP8 cell's KV cache really was FP8)
-    #            | baseline (the run had none to compare with)
+    #            | baseline (the run had none to compare with) | host (the host could not run the cell)
     status: str
     detail: str = ""  # one line a reviewer reads
     headline: str = ""  # the few words the report's first line quotes when this check fails (default: detail)
@@ -90,8 +90,14 @@ class Verdict:
 
     @property
     def neutral(self) -> bool:
-        """Nothing failed, but nothing was compared with the vLLM before the change either (no baseline)."""
-        return self.passed and any(c.kind == "baseline" and c.status == "not_run" for c in self.checks)
+        """Nothing failed, but not everything was tested: nothing was compared with the vLLM before the change (no
+        baseline), or the host could not run some cells (planned out)."""
+        return self.passed and bool(self.untested)
+
+    @property
+    def untested(self) -> list[Check]:
+        """The checks that make a passing verdict NEUTRAL."""
+        return [c for c in self.checks if c.kind in ("baseline", "host") and c.status == "not_run"]
 
     def counts(self) -> dict[str, int]:
         counts = Counter(c.status for c in self.checks)

@@ -173,6 +173,15 @@ def run_cell(cell: Cell, run_dir: Path, *, local_arch: str, workers: int = 0, py
                        seconds=seconds)
 
 
+def refuse_cell(cell: Cell, run_dir: Path, reason: str, *, side: str | None = None) -> CellOutcome:
+    """A cell this host must not run (CI sent it to the wrong runner): its kernels stage is an error with the
+    reason, and no test runs."""
+    record = cell.as_record() if side is None else {**cell.as_record(), "side": side}
+    cell_dir = cell_folder.prepare_cell(run_dir, record)
+    cell_folder.write_status(cell_dir, STAGE, "error", reason=reason)
+    return CellOutcome(cell_id=cell.id, status="error", reason=reason)
+
+
 def _judge(returncode: int, timed_out: bool, counts: JUnitCounts | None, problem: str | None,
            timeout_s: float) -> tuple[str, str | None]:
     if timed_out:

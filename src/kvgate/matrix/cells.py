@@ -10,18 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
-
 from kvgate import InputError, InputErrors, did_you_mean, unknown_name_hint
+from kvgate.matrix.host_requirements import HostRequirement, parse_host_requirements
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
@@ -53,6 +48,7 @@ class Backend:
     block_size_multiple: int | None = None
     sources: tuple[str, ...] = ()
     notes: str = ""
+    host_requirements: tuple[HostRequirement, ...] = ()  # what its cells need from the host beyond the arch
 
     def supports(self, arch: str, kv_cache_dtype: str) -> bool:
         if arch not in self.archs:
@@ -142,6 +138,7 @@ class Cell:
     arch: str
     workload: Workload
     mla: bool
+    host_requirements: tuple[HostRequirement, ...] = ()  # what this cell needs from the host beyond its arch
 
     @property
     def id(self) -> str:
@@ -233,6 +230,11 @@ class Matrix:
             name for name, backend in self.backends.items()
             if any(glob_matches(pattern, path) for pattern in backend.sources for path in paths)
         }
+
+    def runner_for(self, cell: Cell) -> str:
+        """The CI runner label of hosts that can run the cell: its host requirement's, else its arch's."""
+        labels = [r.runner for r in cell.host_requirements if r.cpu_isa_any]
+        return labels[0] if labels else self.archs[cell.arch].runner
 
     def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
         """The first waiver covering this cell's check, expired or not (the gate decides)."""
@@ -393,7 +395,8 @@ def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, 
 
 
 BACKEND_KEYS = ("mla", "kv_cache_dtypes", "archs")
-BACKEND_OPTIONAL_KEYS = ("arch_kv_cache_dtypes", "block_sizes", "block_size_multiple", "sources", "notes")
+BACKEND_OPTIONAL_KEYS = ("arch_kv_cache_dtypes", "block_sizes", "block_size_multiple", "sources", "notes",
+                         "host_requirements")
 
 
 def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str],
@@ -444,6 +447,8 @@ def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence
             archs=backend_archs, arch_kv_cache_dtypes=per_arch, block_sizes=tuple(blocks),
             block_size_multiple=multiple, sources=_globs(reader, spec.get("sources", []), f"{where}.sources"),
             notes=spec.get("notes", ""),
+            host_requirements=parse_host_requirements(reader, spec["host_requirements"], f"{where}.host_requirements",
+                                                      backend_dtypes, name) if "host_requirements" in spec else (),
         )
     shared = doc.get("shared", {})
     shared_sources: tuple[str, ...] = ()
@@ -671,7 +676,9 @@ def _expand(backends: Mapping[str, Backend], dtypes: Sequence[str], archs: Mappi
             for dtype in dtypes:
                 if backend.supports(arch, dtype):
                     cells.append(Cell(backend=backend.name, kv_cache_dtype=dtype, arch=arch,
-                                      workload=candidates[0], mla=backend.mla))
+                                      workload=candidates[0], mla=backend.mla,
+                                      host_requirements=tuple(r for r in backend.host_requirements
+                                                              if r.applies_to(dtype))))
     if reader.problems:
         raise InputErrors(reader.problems)
     return cells

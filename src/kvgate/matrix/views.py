@@ -24,7 +24,7 @@ def gha_matrix(matrix: Matrix, cells: Sequence[Cell]) -> dict[str, list[dict[str
                 "kv_cache_dtype": cell.kv_cache_dtype,
                 "arch": cell.arch,
                 "model": cell.model,
-                "runner": matrix.archs[cell.arch].runner,
+                "runner": matrix.runner_for(cell),
                 "sessions": [cell_session(cell)],
             }
             for cell in cells
@@ -35,7 +35,7 @@ def gha_matrix(matrix: Matrix, cells: Sequence[Cell]) -> dict[str, list[dict[str
 def cells_table(matrix: Matrix, cells: Sequence[Cell]) -> str:
     headers = ("cell", "backend", "kv_cache_dtype", "arch", "runner", "model", "waived")
     rows = [
-        (cell.id, cell.backend, cell.kv_cache_dtype, cell.arch, matrix.archs[cell.arch].runner, cell.model,
+        (cell.id, cell.backend, cell.kv_cache_dtype, cell.arch, matrix.runner_for(cell), cell.model,
          ", ".join(w.where for w in matrix.waivers if w.match.matches(cell)) or "")
         for cell in cells
     ]

@@ -23,12 +23,15 @@ COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "thro
 OPEN_COMPARISONS = 40  # shown unfolded up to this many rows
 # which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
 HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe", "kernels", "throughput",
-                     "fp8_throughput", "accuracy", "cell")  # GitHub step summaries hold 1 MiB
+                     "fp8_throughput", "accuracy", "cell", "host")  # GitHub step summaries hold 1 MiB
 
 
 def headline(verdict: Verdict) -> str:
     judged = verdict.judged
-    failed = sorted(verdict.failed, key=lambda c: (STATUSES.index(c.status), HEADLINE_PRIORITY.index(c.kind)
+    # a comparison that could not run because its stage failed ("cannot compare: ...") names the stage's failure
+    # second-hand: the stage's own check goes first
+    failed = sorted(verdict.failed, key=lambda c: (STATUSES.index(c.status), c.detail.startswith("cannot compare"),
+                                                   HEADLINE_PRIORITY.index(c.kind)
                                                    if c.kind in HEADLINE_PRIORITY else len(HEADLINE_PRIORITY),
                                                    sort_key(c)))
     waived = sum(c.status == "waived" for c in judged)
@@ -45,11 +48,24 @@ def headline(verdict: Verdict) -> str:
         return (f"⚠️ kvgate: nothing was checked ({not_run} stages not run); pass --require to make missing stages "
                 "fail")
     if verdict.neutral:
-        return (f"⚪ kvgate: NEUTRAL — {len(judged)} check{'s' if len(judged) != 1 else ''} passed{tail}, but the change "
-                f"was compared with nothing (no base side, no --baseline)")
+        return (f"⚪ kvgate: NEUTRAL — {len(judged)} check{'s' if len(judged) != 1 else ''} passed{tail}, but "
+                f"{neutral_reasons(verdict)}")
     if len(judged) == 1:
         return f"✅ kvgate: the 1 check passed{tail}"
     return f"✅ kvgate: all {len(judged)} checks passed{tail}"
+
+
+def neutral_reasons(verdict: Verdict) -> str:
+    """Why a passing verdict is NEUTRAL, in words: the cells the host could not run, and no baseline."""
+    parts = []
+    hosts = [c for c in verdict.untested if c.kind == "host"]
+    if hosts:
+        reasons = list(dict.fromkeys(c.headline.removeprefix("not run on this host: ") for c in hosts))
+        parts.append(f"{', '.join(c.cell for c in hosts)} {'was' if len(hosts) == 1 else 'were'} not run: this host "
+                     f"could not ({'; '.join(reasons)})")
+    if any(c.kind == "baseline" for c in verdict.untested):
+        parts.append("the change was compared with nothing (no base side, no --baseline)")
+    return "; and ".join(parts)
 
 
 def render_markdown(verdict: Verdict) -> str:

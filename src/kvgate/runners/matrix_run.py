@@ -25,6 +25,7 @@ from kvgate.runners.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine_environment import engine_environment
 from kvgate.runners.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
+from kvgate.runners.host import RUNNER_LABEL_ENV, HostPlan, head_size_problems, misrouted_reason
 from kvgate.runners.hub_cache import missing_from_cache
 from kvgate.runners.kernels import run_kernels
 from kvgate.runners.outcome import StageOutcome
@@ -50,6 +51,8 @@ class RunOptions:
     echo: bool = True
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     sides: Sequence[Side] = (Side(name=HEAD, vllm=None),)  # [head], or [base, head] for an A/B run
+    host: HostPlan | None = None  # which selected cells this host cannot run (kvgate.runners.host); None: all run
+    environ: dict[str, str] | None = None  # default os.environ
 
 
 @dataclass(kw_only=True)
@@ -59,6 +62,7 @@ class _CellSide:
     ctx: CellContext | None  # None: the cell is for another machine
     setup_error: str | None
     wrong_machine: str | None
+    misrouted: str | None = None  # CI sent the cell to a host that cannot run it: every stage is an error
 
 
 def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[StageOutcome]]:
@@ -67,9 +71,20 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     run_dir.mkdir(parents=True, exist_ok=True)
     started = now_utc()
     sides = list(options.sides)
+    environ = os.environ if options.environ is None else options.environ
+    plan = options.host
+    label = environ.get(RUNNER_LABEL_ENV, "")
+    misrouted = {p.cell.id: misrouted_reason(p, label) for p in plan.planned_out} if plan and label else {}
+    planned_out = [] if misrouted or plan is None else list(plan.planned_out)
+    for line in (plan.start_lines(len(cells)) if plan and not misrouted else []):
+        options.say(line)
+    skipped_here = {p.cell.id for p in planned_out}
+    cells = [c for c in cells if c.id not in skipped_here]
     record = dict(repo=REPO_ROOT, command=options.command, started_at=started, arch=options.arch,
                   cells=[c.id for c in cells], stages=list(options.stages),
-                  sides=[s.name for s in sides], vllm_under_test=sides_record(sides))
+                  sides=[s.name for s in sides], vllm_under_test=sides_record(sides),
+                  host_cpu=plan.host.as_record() if plan and plan.host else None,
+                  planned_out=[p.as_record() for p in planned_out])
     write_run_record(run_dir, run_record(**record, finished_at=None))
     point_latest(run_dir)
     for side in sides:
@@ -82,9 +97,10 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     previous_handler = _terminate_like_ctrl_c()
     try:
         for cell in cells:
-            parts = [_cell_side(cell, side, run_dir, options, warned) for side in sides]
+            parts = [_cell_side(cell, side, run_dir, options, warned, misrouted.get(cell.id)) for side in sides]
             for stage in options.stages:
-                if stage == "throughput" and len(parts) > 1 and all(p.ctx and not p.setup_error for p in parts):
+                if stage == "throughput" and len(parts) > 1 and all(p.ctx and not p.setup_error and not p.misrouted
+                                                                    for p in parts):
                     for part in parts:
                         index += 1
                         options.say(progress.start_line(index, total, part.ctx.label, stage))
@@ -98,7 +114,9 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     index += 1
                     label = part.ctx.label if part.ctx else cell.id
                     options.say(progress.start_line(index, total, label, stage))
-                    if part.ctx is None:
+                    if part.misrouted:
+                        stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.misrouted, status="error")
+                    elif part.ctx is None:
                         stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
                     else:
                         stage_outcomes = _guarded([part], stage, _run_stage, stage,
@@ -115,10 +133,14 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
             options.say("")
             options.say(progress.summary_table(outcomes))
             options.say(f"kvgate: results in {run_dir}")
+            for line in (plan.end_lines() if plan and planned_out else []):
+                options.say(line)
+            options.say(f"kvgate: next, judge them: `nox -s gate -- {run_dir}` (or `kvgate gate {run_dir}`)")
     return (EXIT_OK if outcomes and not any(o.failed for o in outcomes) else EXIT_FAILED), outcomes
 
 
-def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warned: set[str]) -> _CellSide:
+def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warned: set[str],
+               misrouted: str | None = None) -> _CellSide:
     """One side of one cell: its folder, its environment (the side's vLLM first on PYTHONPATH), its context."""
     cell_dir = cell_folder.prepare_cell(run_dir, side.record(cell_record(cell)))
     env, warnings = engine_environment(os.environ, arch=cell.arch, local_model=cell.workload.is_local_model,
@@ -129,6 +151,9 @@ def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warne
         if warning not in warned:
             warned.add(warning)
             options.say(f"kvgate: WARNING {warning}")
+    if misrouted:
+        return _CellSide(side=side, cell_dir=cell_dir, ctx=None, setup_error=None, wrong_machine=None,
+                         misrouted=misrouted)
     wrong_machine = _wrong_machine(cell, options.local_arch)
     if wrong_machine:
         return _CellSide(side=side, cell_dir=cell_dir, ctx=None, setup_error=None, wrong_machine=wrong_machine)
@@ -196,6 +221,9 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
         setup_error = f"setup failed: {type(error).__name__}: {error}"
     if needs_engine and setup_error is None:  # a model or dataset the offline engine cannot find: say so now
         setup_error = missing_from_cache(cell, options.stages, env)
+    if needs_engine and setup_error is None and cell.host_requirements:  # a head size the cell's kernels refuse
+        problem = head_size_problems(cell, str(model_path))
+        setup_error = f"setup failed: {problem}" if problem else None
     package_dir = vllm_package_dir(env) if cell.is_fp8 and needs_engine else None
     kv_scales, kv_scales_error = kv_scales_argument(cell, has_calculate_kv_scales(package_dir), package_dir)
     setup_error = setup_error or kv_scales_error
@@ -225,11 +253,11 @@ def _wrong_machine(cell: Cell, local_arch: str | None) -> str | None:
     return f"cell {cell.id} needs {cell.arch}; this machine is {local_arch} (set {hardware.ARCH_ENV} to override)"
 
 
-def _skip_stage(stage: str, cell: Cell, cell_dir: Path, reason: str) -> list[StageOutcome]:
+def _skip_stage(stage: str, cell: Cell, cell_dir: Path, reason: str, status: str = "skipped") -> list[StageOutcome]:
     reported = [stage, "probe"] if stage == "accuracy" else [stage]
     for name in reported:
-        cell_folder.write_status(cell_dir, name, "skipped", reason)
-    return [StageOutcome(cell_id=cell.id, stage=name, status="skipped", reason=reason) for name in reported]
+        cell_folder.write_status(cell_dir, name, status, reason)
+    return [StageOutcome(cell_id=cell.id, stage=name, status=status, reason=reason) for name in reported]
 
 
 def _run_stage(stage: str, ctx: CellContext, setup_error: str | None, cell: Cell,

@@ -84,7 +84,8 @@ def git_commit(repo: Path) -> str | None:
 
 def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_at: str | None,
                arch: str | None, cells: Sequence[str], stages: Sequence[str] = (), sides: Sequence[str] = ("head",),
-               vllm_under_test: dict[str, Any] | None = None) -> dict[str, Any]:
+               vllm_under_test: dict[str, Any] | None = None, host_cpu: dict[str, Any] | None = None,
+               planned_out: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     gpu_list = gpus()
     return {
         "contract_version": CONTRACT_VERSION,
@@ -103,6 +104,9 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         "stages": list(stages),
         "sides": list(sides),
         "vllm_under_test": dict(vllm_under_test or {}),
+        # the host's CPU as vLLM sees it (kvgate.runners.host), and the cells it could not run (not run, said so)
+        **({"host_cpu": dict(host_cpu)} if host_cpu else {}),
+        "planned_out": [dict(p) for p in planned_out],
         "started_at": started_at,
         "finished_at": finished_at,
         "command": list(command),
@@ -149,4 +153,4 @@ def _merge_run_record(path: Path, record: dict[str, Any]) -> Path:
 
 def _invocation(record: dict[str, Any]) -> dict[str, Any]:
     return {key: record.get(key) for key in ("command", "stages", "cells", "sides", "started_at", "finished_at",
-                                             "commit")}
+                                             "commit", "planned_out")}

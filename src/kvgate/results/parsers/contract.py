@@ -166,3 +166,37 @@ def parse_run(text: str, source: str) -> dict[str, Any]:
     data = expect_object(loads(text, source), source, "")
     check_contract_version(data, source)
     return dict(data)
+
+
+# run.json planned_out (contract 1.5): cells the writing host could not run, each with the reason
+PLANNED_OUT_MAX = 10_000
+_CELL_ID = re.compile(r"[a-z0-9_]{1,64}-[a-z0-9_]{1,32}-[a-z0-9]{1,16}")
+
+
+def parse_planned_out(run_info: Mapping[str, Any], source: str) -> list[tuple[str, str]]:
+    """(cell id, reason) of every run.json `planned_out` entry, its invocations' included; InputError naming the
+    place for a malformed one (the whole run is unusable: it cannot say what it left out)."""
+    found: dict[str, str] = {}
+    lists = [("planned_out", run_info.get("planned_out"))]
+    invocations = run_info.get("invocations")
+    if isinstance(invocations, list):
+        lists += [(f"invocations[{i}].planned_out", item.get("planned_out")) for i, item in enumerate(invocations)
+                  if isinstance(item, Mapping)]
+    for where, entries in lists:
+        if entries is None:
+            continue
+        if not isinstance(entries, list) or len(entries) > PLANNED_OUT_MAX:
+            raise InputError(source, f"expected a list of at most {PLANNED_OUT_MAX:,} entries, got {_describe(entries)}",
+                             where, "Write [{\"cell\": \"<id>\", \"reason\": \"...\"}, ...], or leave it out")
+        for index, entry in enumerate(entries):
+            at = f"{where}[{index}]"
+            if not isinstance(entry, Mapping):
+                raise InputError(source, f"expected an object, got {_describe(entry)}", at)
+            cell, reason = entry.get("cell"), entry.get("reason")
+            if not isinstance(cell, str) or not _CELL_ID.fullmatch(cell):
+                raise InputError(source, f"expected a cell id, got {_describe(cell)}", f"{at}.cell")
+            if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
+                raise InputError(source, f"expected a reason (a string of 1-2000 characters), got {_describe(reason)}",
+                                 f"{at}.reason")
+            found.setdefault(cell, " ".join(reason.split()))
+    return list(found.items())
