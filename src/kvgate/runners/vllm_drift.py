@@ -47,6 +47,7 @@ class SupportReport:
     per_backend: dict[str, Declared] = field(default_factory=dict)
     disagreements: list[str] = field(default_factory=list)
     unknowns: list[str] = field(default_factory=list)
+    host_requirements_checked: list[str] = field(default_factory=list)  # backends whose host needs were held up
 
 
 def compare(matrix: Matrix, declared: dict[str, Declared], vllm_version: str) -> SupportReport:
@@ -118,6 +119,9 @@ def format_report(report: SupportReport) -> str:
     lines = [f"kvgate: declared support vs vLLM {report.vllm_version}"]
     for name, info in report.per_backend.items():
         lines.append(f"  {name:<16} read by {info.route}" + (f" ({info.note})" if info.note else ""))
+    if report.host_requirements_checked:
+        lines.append(f"  host requirements of {', '.join(report.host_requirements_checked)} held against vLLM's "
+                     f"{ISA_CHOOSER} on {len(SIMULATED_CPUS)} simulated CPUs and its declared head sizes")
     lines.append(f"{len(report.disagreements)} disagreement(s):" if report.disagreements else "no disagreement")
     lines += [f"  DISAGREE {line}" for line in report.disagreements]
     if report.unknowns:
@@ -147,7 +151,12 @@ def check_installed_vllm(matrix: Matrix) -> SupportReport:
             declared[name] = Declared("unavailable", None, None, None, None, "not in AttentionBackendEnum")
             continue
         declared[name] = read_backend(member.get_path(), member.get_class)
-    return compare(matrix, declared, version)
+    report = compare(matrix, declared, version)
+    disagreements, unknowns = check_host_requirements(matrix)
+    report.disagreements += disagreements
+    report.unknowns += unknowns
+    report.host_requirements_checked = [name for name, b in matrix.backends.items() if b.host_requirements]
+    return report
 
 
 def _version() -> str:
@@ -290,3 +299,88 @@ def _compile_capability(node: ast.expr, argument: str) -> Callable[[Capability],
 
     return supports
 
+
+
+# ------------------------------------------------------------------------------------ host requirements
+
+# The CPUs a backend's ISA chooser is asked about: kvgate's ISA names, and vLLM's CpuArchEnum member.
+SIMULATED_CPUS = {
+    "x86 with AVX2 only": (frozenset({"avx2"}), "X86"),
+    "x86 with AVX-512": (frozenset({"avx2", "avx512"}), "X86"),
+    "x86 with AMX only": (frozenset({"amx"}), "X86"),
+    "Arm (NEON)": (frozenset({"neon"}), "ARM"),
+}
+ISA_CHOOSER = "_get_attn_isa"  # vLLM's CPU attention backends pick their kernels (or refuse) here
+
+
+def check_host_requirements(matrix: Matrix, load_module: Callable[[str], Any] | None = None) -> tuple[list[str], list[str]]:
+    """(disagreements, unknowns) between backends.toml's host_requirements and vLLM's own ISA chooser: for each
+    backend with requirements, `_get_attn_isa` of its module is called as vLLM calls it, on simulated CPUs (torch's
+    AVX-512/AMX answers and vLLM's CPU architecture patched) and head sizes, and whether it refuses each kv dtype is
+    held against what the matrix declares."""
+    disagreements: list[str] = []
+    unknowns: list[str] = []
+    for name, backend in matrix.backends.items():
+        if not backend.host_requirements:
+            continue
+        try:
+            chooser = _isa_chooser(name, load_module)
+        except Exception as error:  # not importable here (a GPU vLLM without the CPU backend): unknown
+            unknowns.append(f"{name} host_requirements: vLLM's {ISA_CHOOSER} not readable ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:90] if str(error) else ''})")
+            continue
+        for dtype in backend.kv_cache_dtypes:
+            requirements = [r for r in backend.host_requirements if r.applies_to(dtype)]
+            for label, (isa, arch) in SIMULATED_CPUS.items():
+                ours = any(r.unmet_by(isa) for r in requirements)
+                theirs = chooser(isa, arch, 64, dtype)
+                if ours != theirs:
+                    disagreements.append(f"{name} {dtype} on {label}: vLLM's {ISA_CHOOSER} "
+                                         f"{'refuses' if theirs else 'accepts'} it, matrix/backends.toml host_requirements "
+                                         f"{'refuse' if ours else 'accept'} it")
+            for head_size in _head_sizes(name):
+                ours = any(r.head_size_problem(head_size) for r in requirements)
+                theirs = chooser(frozenset({"avx2", "avx512"}), "X86", head_size, dtype)
+                if ours != theirs:
+                    disagreements.append(f"{name} {dtype} with head size {head_size}: vLLM's {ISA_CHOOSER} "
+                                         f"{'refuses' if theirs else 'accepts'} it, matrix/backends.toml "
+                                         f"host_requirements {'refuse' if ours else 'accept'} it")
+    return disagreements, unknowns
+
+
+def _isa_chooser(backend_name: str, load_module: Callable[[str], Any] | None) -> Callable[..., bool]:
+    """A function (isa names, CpuArchEnum member name, head size, kv dtype) -> whether vLLM refuses the cell."""
+    import importlib
+    from unittest import mock
+
+    import torch
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    class_path = AttentionBackendEnum[backend_name].get_path()
+    module_name = class_path.rpartition(".")[0]
+    module = (load_module or importlib.import_module)(module_name)
+    choose = getattr(module, ISA_CHOOSER)
+    platform_enum = module.CpuArchEnum
+
+    def refuses(isa: frozenset[str], arch: str, head_size: int, dtype: str) -> bool:
+        with mock.patch.object(torch.cpu, "_is_avx512_supported", lambda: "avx512" in isa), \
+                mock.patch.object(torch.cpu, "_is_amx_tile_supported", lambda: "amx" in isa), \
+                mock.patch.object(module.current_platform, "get_cpu_architecture",
+                                  lambda: platform_enum[arch]):
+            try:
+                choose(torch.bfloat16, 32, head_size, dtype)
+            except NotImplementedError:
+                return True
+        return False
+
+    return refuses
+
+
+def _head_sizes(backend_name: str) -> tuple[int, ...]:
+    """The head sizes the backend class declares (vLLM's get_supported_head_sizes); () where unreadable."""
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        return tuple(AttentionBackendEnum[backend_name].get_class().get_supported_head_sizes())
+    except Exception:
+        return ()
