@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from kvgate import InputError, InputErrors  # noqa: E402
 from kvgate.matrix import cells as kvmatrix  # noqa: E402
-from kvgate.runners import engine_env, hardware, host  # noqa: E402  (stdlib-only modules)
+from kvgate.runners.environment import cpu, engine_venv, gpu  # noqa: E402  (stdlib-only modules)
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"
@@ -40,7 +40,7 @@ def _load_matrix() -> kvmatrix.Matrix:
 
 
 MATRIX = _load_matrix()
-LOCAL_ARCH = hardware.local_arch()
+LOCAL_ARCH = gpu.local_arch()
 
 
 def _default_run_dir() -> Path:
@@ -59,9 +59,9 @@ def _default_run_dir() -> Path:
 RUN_DIR = _default_run_dir()
 
 
-def _host_cpu() -> host.HostCpu:
+def _host_cpu() -> cpu.HostCpu:
     """The host's CPU from /proc/cpuinfo (nox has no torch; `kvgate run` asks torch again before it runs)."""
-    return host.read_host_cpu(use_torch=False)
+    return cpu.read_host_cpu(use_torch=False)
 
 
 def _no_install(session: nox.Session) -> bool:
@@ -75,20 +75,20 @@ def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
     flavour = "cpu" if arch == "cpu" else "gpu"
     if flavour == "gpu" and arch == LOCAL_ARCH:  # before CUDA 13 wheels are installed on a driver that cannot run them
         try:
-            warning = hardware.check_gpu_driver()
+            warning = gpu.check_gpu_driver()
         except InputError as error:
             session.error(f"ERROR {error}")
         if warning:
             session.warn(f"kvgate: WARNING {warning}")
-    if _no_install(session) and engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)).exists():
-        return str(engine_env.venv_python(engine_env.venv_dir(ROOT, flavour)))
+    if _no_install(session) and engine_venv.venv_python(engine_venv.venv_dir(ROOT, flavour)).exists():
+        return str(engine_venv.venv_python(engine_venv.venv_dir(ROOT, flavour)))
 
     def run(argv, env=None):
         session.run(*argv, external=True, env=env, silent=False)
 
     try:
-        return str(engine_env.ensure(ROOT, flavour, run=run, log=session.log))
-    except engine_env.EngineEnvError as error:
+        return str(engine_venv.ensure(ROOT, flavour, run=run, log=session.log))
+    except engine_venv.EngineEnvError as error:
         session.error(str(error))
 
 
@@ -161,9 +161,9 @@ def cell(session: nox.Session, cell_id: str) -> None:
     arch = MATRIX.cell(cell_id).arch
     if arch != LOCAL_ARCH:
         session.skip(f"cell {cell_id} needs {arch}; this machine is {LOCAL_ARCH} "
-                     f"(set {hardware.ARCH_ENV} to override)")
-    planned_out = host.plan_for_host([MATRIX.cell(cell_id)], LOCAL_ARCH, read=_host_cpu).planned_out
-    if planned_out and not os.environ.get(host.RUNNER_LABEL_ENV):  # CI: kvgate records the misrouted cell as an error
+                     f"(set {gpu.ARCH_ENV} to override)")
+    planned_out = cpu.plan_for_host([MATRIX.cell(cell_id)], LOCAL_ARCH, read=_host_cpu).planned_out
+    if planned_out and not os.environ.get(cpu.RUNNER_LABEL_ENV):  # CI: kvgate records the misrouted cell as an error
         session.skip(f"this host cannot run {cell_id}: {planned_out[0].reason}")
     _kvgate(session, _engine(session, arch), "run", "cell", "--cell", cell_id, "--run-dir", str(RUN_DIR))
 

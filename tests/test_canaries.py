@@ -16,7 +16,7 @@ import pytest
 
 from kvgate import InputErrors
 from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries
-from kvgate.runners.vllm_patch import classify, parse_patch
+from kvgate.change.patch import classify, parse_patch
 
 CANARIES = REPO_ROOT / "canaries"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.runners.backend_check import backend_mismatch
-from kvgate.runners.engine_log import failure_cause, read_backend_evidence, read_kv_cache_tokens
+from kvgate.runners.engine.backend_check import backend_mismatch
+from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

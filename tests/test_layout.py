@@ -23,9 +23,10 @@ MAY_IMPORT = {
     "gate": {"matrix", "results"},
     "report": {"matrix", "results", "gate"},
     "workloads": {"matrix"},
+    "change": {"matrix", "results"},
     "kernels": {"matrix", "results"},
-    "runners": {"matrix", "results", "workloads", "kernels"},
-    "cli": {"matrix", "results", "gate", "report", "workloads", "kernels", "runners"},
+    "runners": {"matrix", "change", "results", "workloads", "kernels"},
+    "cli": {"matrix", "change", "results", "gate", "report", "workloads", "kernels", "runners"},
 }
 PURE_CORE = ("matrix", "results", "gate", "report")
 ENGINES = ("vllm", "torch", "lm_eval", "transformers", "flashinfer", "triton", "tokenizers", "safetensors")

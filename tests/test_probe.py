@@ -12,7 +12,7 @@ import pytest
 from kvgate import InputError
 from kvgate.gate import probe_agreement
 from kvgate.results import probe_file
-from kvgate.runners import probe
+from kvgate.runners.stages import probe
 
 
 def make_record(prompts: int = 2, prompt_len: int = 5, generated: int = 4) -> dict:

@@ -1,5 +1,5 @@
-"""Which attention backend really ran: kvgate.runners.engine_log on real engine logs, and
-kvgate.runners.backend_check's verdict (a silent fallback fails the cell, naming the backend that ran)."""
+"""Which attention backend really ran: kvgate.runners.engine.log on real engine logs, and
+kvgate.runners.engine.backend_check's verdict (a silent fallback fails the cell, naming the backend that ran)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.runners.backend_check import backend_mismatch
-from kvgate.runners.engine_log import BackendEvidence, read_backend_evidence
+from kvgate.runners.engine.backend_check import backend_mismatch
+from kvgate.runners.engine.log import BackendEvidence, read_backend_evidence
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 

@@ -1,4 +1,4 @@
-"""kvgate.runners.bench_log: the figures `vllm bench throughput` prints (output tokens/s is not in its JSON)."""
+"""kvgate.runners.engine.bench_output: the figures `vllm bench throughput` prints (output tokens/s is not in its JSON)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.runners.bench_log import BenchFigures, read_bench_figures
+from kvgate.runners.engine.bench_output import BenchFigures, read_bench_figures
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 

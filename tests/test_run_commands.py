@@ -1,4 +1,4 @@
-"""kvgate.runners.commands: the argv each tool gets for a cell (built, not run)."""
+"""kvgate.runners.stages.commands: the argv each tool gets for a cell (built, not run)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.matrix import cells as matrix
-from kvgate.runners.commands import bench_throughput_argv, engine_flags, engine_model_args, lm_eval_arguments
+from kvgate.runners.stages.commands import bench_throughput_argv, engine_flags, engine_model_args, lm_eval_arguments
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""kvgate.runners.engine_environment, including the VLLM_ATTENTION_BACKEND guard."""
+"""kvgate.runners.environment.process_env, including the VLLM_ATTENTION_BACKEND guard."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.runners.engine_environment import engine_environment
+from kvgate.runners.environment.process_env import engine_environment
 
 HOME = Path("/home/u")
 
@@ -112,10 +112,10 @@ import re  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 
-from kvgate.runners import engine_env  # noqa: E402
+from kvgate.runners.environment import engine_venv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_LOCK = ROOT / engine_env.GPU_LOCK
+GPU_LOCK = ROOT / engine_venv.GPU_LOCK
 REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ ;\\]+)(?: ;[^\\]*)? \\$")
 
 
@@ -184,8 +184,8 @@ def recording_run(venv: Path, calls: list[list[str]]):
     def run(argv, env=None):
         calls.append([str(a) for a in argv])
         if "venv" in argv:  # `python -m venv [--clear] DIR`: what venv would leave behind
-            engine_env.venv_python(venv).parent.mkdir(parents=True, exist_ok=True)
-            engine_env.venv_python(venv).touch()
+            engine_venv.venv_python(venv).parent.mkdir(parents=True, exist_ok=True)
+            engine_venv.venv_python(venv).touch()
             (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3.final.0\n")
         if "-r" in argv:  # read the requirements file while it exists
             calls[-1].append((Path(argv[argv.index("-r") + 1])).read_text())
@@ -195,22 +195,22 @@ def recording_run(venv: Path, calls: list[list[str]]):
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     (tmp_path / "ci" / "locks").mkdir(parents=True)
-    shutil.copy(GPU_LOCK, tmp_path / engine_env.GPU_LOCK)
+    shutil.copy(GPU_LOCK, tmp_path / engine_venv.GPU_LOCK)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
 
 def test_the_gpu_environment_installs_the_lock_with_hashes_and_nothing_unpinned(checkout):
-    venv = engine_env.venv_dir(checkout, "gpu")
-    python = str(engine_env.venv_python(venv))
+    venv = engine_venv.venv_dir(checkout, "gpu")
+    python = str(engine_venv.venv_python(venv))
     calls: list[list[str]] = []
 
-    assert engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None,
-                             base_python="/opt/python3.12") == engine_env.venv_python(venv)
+    assert engine_venv.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None,
+                             base_python="/opt/python3.12") == engine_venv.venv_python(venv)
 
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    lock = str(checkout / engine_env.GPU_LOCK)
-    setuptools = engine_env.lock_block(GPU_LOCK.read_text(), "setuptools")
+    lock = str(checkout / engine_venv.GPU_LOCK)
+    setuptools = engine_venv.lock_block(GPU_LOCK.read_text(), "setuptools")
     assert calls[0] == ["/opt/python3.12", "-m", "venv", "--clear", str(venv)]
     assert calls[1][:-1] == [*pip, "--require-hashes", "--no-deps", "-r", calls[1][-2]]
     assert calls[1][-1] == setuptools and setuptools.startswith("setuptools==") and "--hash=sha256:" in setuptools
@@ -219,21 +219,21 @@ def test_the_gpu_environment_installs_the_lock_with_hashes_and_nothing_unpinned(
     assert len(calls) == 4  # no `pip install --upgrade pip`, nothing from an index without a hash
 
     calls.clear()
-    engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/x")
+    engine_venv.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/x")
     assert calls == []  # current: nothing to do
-    with open(checkout / engine_env.GPU_LOCK, "a") as handle:
+    with open(checkout / engine_venv.GPU_LOCK, "a") as handle:
         handle.write("# changed\n")
-    engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/x")
+    engine_venv.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/x")
     assert len(calls) == 3 and calls[0][:4] == [python, "-m", "pip", "install"]  # a new lock: reinstall, same venv
 
 
 def test_a_gpu_venv_of_another_python_is_made_anew(checkout):
-    venv = engine_env.venv_dir(checkout, "gpu")
-    engine_env.venv_python(venv).parent.mkdir(parents=True)
-    engine_env.venv_python(venv).touch()
+    venv = engine_venv.venv_dir(checkout, "gpu")
+    engine_venv.venv_python(venv).parent.mkdir(parents=True)
+    engine_venv.venv_python(venv).touch()
     (venv / "pyvenv.cfg").write_text("version_info = 3.11.7.final.0\n")
     calls: list[list[str]] = []
-    engine_env.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/py312")
+    engine_venv.ensure(checkout, "gpu", run=recording_run(venv, calls), log=lambda _: None, base_python="/py312")
     assert calls[0] == ["/py312", "-m", "venv", "--clear", str(venv)]
 
 
@@ -249,20 +249,20 @@ def test_a_gpu_venv_of_another_python_is_made_anew(checkout):
      "the GPU cells on a Linux x86-64 runner"),
 ])
 def test_no_python_for_the_gpu_lock_is_one_clear_error(environ, versions, system, message):
-    with pytest.raises(engine_env.EngineEnvError) as error:
-        engine_env.gpu_base_python(environ, which=lambda _: None, version_of=lambda p: versions.get(p, (3, 11)),
+    with pytest.raises(engine_venv.EngineEnvError) as error:
+        engine_venv.gpu_base_python(environ, which=lambda _: None, version_of=lambda p: versions.get(p, (3, 11)),
                                    system=system)
     assert str(error.value) == message.format(here=sys.version.split()[0])
 
 
 def test_the_gpu_python_is_found_on_path():
-    assert engine_env.gpu_base_python({}, which=lambda name: f"/usr/bin/{name}",
+    assert engine_venv.gpu_base_python({}, which=lambda name: f"/usr/bin/{name}",
                                       version_of=lambda p: (3, 12) if p == "/usr/bin/python3.12" else (3, 11),
                                       system=("linux", "x86_64")) == "/usr/bin/python3.12"
 
 
 def test_a_package_missing_from_the_lock_is_one_clear_error():
-    with pytest.raises(engine_env.EngineEnvError) as error:
-        engine_env.lock_block("vllm==0.26.0 \\\n    --hash=sha256:00\n", "setuptools")
+    with pytest.raises(engine_venv.EngineEnvError) as error:
+        engine_venv.lock_block("vllm==0.26.0 \\\n    --hash=sha256:00\n", "setuptools")
     assert str(error.value) == ("ci/locks/gpu-py312-x86_64.txt: no setuptools in the lock. Recompile it with "
                                 "`bash ci/compile_locks.sh`")

@@ -1,4 +1,4 @@
-"""kvgate.runners.stage_files: a re-run's stage replaces the old folder whole; a failed one leaves it as it was."""
+"""kvgate.runners.stages.output_files: a re-run's stage replaces the old folder whole; a failed one leaves it as it was."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from kvgate.runners.stage_files import commit_stage, fresh_log
+from kvgate.runners.stages.output_files import commit_stage, fresh_log
 
 
 def test_rerun_replaces_the_stage_folder_whole(tmp_path):

@@ -1,4 +1,4 @@
-"""kvgate.runners.stage_process: output teed to the log, the whole process group killed on timeout."""
+"""kvgate.runners.stages.tool_process: output teed to the log, the whole process group killed on timeout."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from kvgate.runners.stage_process import describe_exit, read_tail, run_logged
+from kvgate.runners.stages.tool_process import describe_exit, read_tail, run_logged
 
 ENV = dict(os.environ)
 

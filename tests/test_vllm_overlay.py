@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvgate import InputError
-from kvgate.runners.vllm_overlay import MARKER, Release, prepare
-from kvgate.runners.vllm_spec import parse_spec
+from kvgate.change.overlay import MARKER, Release, prepare
+from kvgate.change.spec import parse_spec
 
 CPU_ATTN = "vllm/v1/attention/backends/cpu_attn.py"
 ORIGINAL = "def write(k_scale):\n    return k_scale\n\n\ndef read(k_scale):\n    return k_scale\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvgate import InputError
-from kvgate.runners.vllm_patch import apply_file_patch, changed_paths, classify, parse_patch
-from kvgate.runners.vllm_spec import parse_spec
+from kvgate.change.patch import apply_file_patch, changed_paths, classify, parse_patch
+from kvgate.change.spec import parse_spec
 
 
 def git(repo: Path, *args: str) -> str:

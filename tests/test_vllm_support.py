@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.matrix import cells as kvmatrix
-from kvgate.runners.vllm_drift import Declared, check_installed_vllm, compare, declarations_from_source
+from kvgate.change.declared_support import Declared, check_installed_vllm, compare, declarations_from_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_source_route_reads_the_declarations():
     assert declared.kv_cache_dtypes == {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3"}
     assert declared.block_sizes == (32, 64)
     assert declared.block_size_multiple is None
-    from kvgate.runners.vllm_drift import Capability
+    from kvgate.change.declared_support import Capability
 
     assert declared.supports_capability(Capability(10, 0)) is True
     assert declared.supports_capability(Capability(9, 0)) is False
@@ -95,7 +95,7 @@ def test_real_vllm_cpu_declarations(real_matrix):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs the engine environment (vllm-cpu)")
 def test_host_requirements_are_held_against_vllms_own_isa_chooser(tmp_path):
     """vllm-cpu's `_get_attn_isa`, called on simulated CPUs: the shipped requirement agrees; a wrong one does not."""
-    from kvgate.runners.vllm_drift import check_host_requirements
+    from kvgate.change.declared_support import check_host_requirements
 
     assert check_host_requirements(kvmatrix.load(ROOT / "matrix")) == ([], [])
     folder = tmp_path / "matrix"

@@ -55,9 +55,9 @@ def test_a_cell_of_another_arch_is_skipped_without_running_pytest(tmp_path: Path
 
 
 def runner_local_arch() -> str:
-    from kvgate.runners import hardware
+    from kvgate.runners.environment import gpu
 
-    return hardware.local_arch()
+    return gpu.local_arch()
 
 
 def test_a_cell_without_a_kernel_family_is_skipped_with_its_reason(tmp_path: Path, capsys) -> None:

@@ -155,15 +155,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cannot_run_here(canaries: Sequence[Canary]) -> dict[str, str]:
-    """Canary name -> why this host cannot run one of its cells (kvgate.runners.host), for those it cannot."""
+    """Canary name -> why this host cannot run one of its cells (kvgate.runners.environment.cpu), for those it cannot."""
     from kvgate.matrix.cells import load as load_matrix
-    from kvgate.runners import hardware
-    from kvgate.runners.host import plan_for_host
+    from kvgate.runners.environment import gpu
+    from kvgate.runners.environment.cpu import plan_for_host
 
     matrix = load_matrix()
     known = {cell.id: cell for cell in matrix.cells}
     cells = list({cell_id: known[cell_id] for c in canaries for cell_id in c.cells if cell_id in known}.values())
-    plan = plan_for_host(cells, hardware.local_arch())
+    plan = plan_for_host(cells, gpu.local_arch())
     out_by_cell = {p.cell.id: p.reason for p in plan.planned_out}
     cannot: dict[str, str] = {}
     for canary in canaries:

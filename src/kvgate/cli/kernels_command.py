@@ -7,7 +7,7 @@ Without filters it selects the cells of --arch-default (the noxfile passes this 
 cell's JUnit lands in <run dir>/<cell id>/kernels/junit.xml, its timings in kernels/timings.json
 (kvgate.kernels.runner). Unknown flags go to pytest. Exit status 1 when any cell's kernels stage
 errored or timed out, 0 otherwise (skipped cells included). With --vllm the tests import the vLLM under
-test (kvgate.runners.vllm_spec); with --base-vllm too, each cell runs once per side (A/B folders).
+test (kvgate.change.spec); with --base-vllm too, each cell runs once per side (A/B folders).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
 from kvgate.kernels import gpus, runner
 from kvgate.results.records import SIDES
-from kvgate.runners import hardware
-from kvgate.runners.host import RUNNER_LABEL_ENV, misrouted_reason, plan_or_refuse
-from kvgate.runners.sides import add_vllm_arguments, prepare_sides
+from kvgate.runners.environment import gpu
+from kvgate.runners.environment.cpu import RUNNER_LABEL_ENV, misrouted_reason, plan_or_refuse
+from kvgate.change.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run the decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) of the selected cells"
 PASSES_THROUGH = True
@@ -46,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    local_arch = hardware.local_arch()
+    local_arch = gpu.local_arch()
     if not (args.cell or args.arch or args.backend or args.kv_cache_dtype):
         args.arch = [args.arch_default or local_arch]
     _, cells = selected_cells(args)
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print(line, flush=True)
     label = os.environ.get(RUNNER_LABEL_ENV, "")
     refused = {p.cell.id: misrouted_reason(p, label) for p in plan.planned_out} if label else {}
-    warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU test runs
+    warning = gpu.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU test runs
     if warning:
         print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)

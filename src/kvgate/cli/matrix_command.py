@@ -48,8 +48,8 @@ def selected_cells(args: argparse.Namespace) -> tuple[matrix_module.Matrix, list
     matrix = matrix_module.load(args.matrix_dir)
     changed = read_changed_files(args.changed_files) if getattr(args, "changed_files", None) else None
     if getattr(args, "changed_by_vllm", None):
-        from kvgate.runners.vllm_overlay import changed_paths_of
-        from kvgate.runners.vllm_spec import parse_spec
+        from kvgate.change.overlay import changed_paths_of
+        from kvgate.change.spec import parse_spec
 
         changed = [*(changed or []), *changed_paths_of(parse_spec(args.changed_by_vllm, "--changed-by-vllm"))]
     cells = matrix.select(archs=args.arch, backends=args.backend, kv_cache_dtypes=args.kv_cache_dtype,
@@ -60,7 +60,7 @@ def selected_cells(args: argparse.Namespace) -> tuple[matrix_module.Matrix, list
 def run(args: argparse.Namespace) -> int:
     matrix, cells = selected_cells(args)
     if args.check_vllm:
-        from kvgate.runners.vllm_drift import check_installed_vllm, format_report
+        from kvgate.change.declared_support import check_installed_vllm, format_report
 
         report = check_installed_vllm(matrix)
         print(format_report(report))

@@ -14,8 +14,8 @@ import sys
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
-from kvgate.runners.hub_cache import environment_summary, hub_is_offline, token_file
-from kvgate.runners.prefetch import prefetch, prefetch_plan
+from kvgate.runners.environment.hub_cache import environment_summary, hub_is_offline, token_file
+from kvgate.runners.environment.prefetch import prefetch, prefetch_plan
 
 HELP = "fill the Hugging Face cache GPU runners read offline: the selected cells' models and lm-eval datasets"
 

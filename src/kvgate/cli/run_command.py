@@ -19,9 +19,9 @@ from pathlib import Path
 from kvgate import InputError
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.matrix.cells import load as load_matrix
-from kvgate.runners import hardware
-from kvgate.runners.host import plan_or_refuse
-from kvgate.runners.sides import add_vllm_arguments, prepare_sides
+from kvgate.runners.environment import gpu
+from kvgate.runners.environment.cpu import plan_or_refuse
+from kvgate.change.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
 PASSES_THROUGH = True
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--timeout", f"expected a positive number of seconds, got {args.timeout:g}")
     matrix = load_matrix(args.matrix_dir)
     filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
-    local_arch = hardware.local_arch()
+    local_arch = gpu.local_arch()
     arch_default = args.arch_default or local_arch
     archs = list(args.arch) if filtered else [arch_default]
     if not filtered and arch_default not in matrix.archs:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                          hint="List the cells with `kvgate matrix`")
 
     plan = plan_or_refuse(cells, local_arch, f"kvgate run {args.what}")
-    warning = hardware.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU cell runs
+    warning = gpu.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU cell runs
     if warning:
         print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)  # every spec checked before a folder is touched

@@ -1,4 +1,4 @@
-"""Stage 4 of kvgate's flow, the gate: a run's results + the policy -> one verdict, pure.
+"""Stage 5 of kvgate's flow, the gate: a run's results + the policy -> one verdict, pure.
 
 Owns
     checks      the evaluation: one check per (cell, kind[, subject]), decided together (`evaluate`)

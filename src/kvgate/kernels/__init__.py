@@ -1,6 +1,6 @@
 """Decode-kernel unit tests: does a backend's kernel compute attention correctly with an FP8 KV cache?
 
-Stage 2 of kvgate's flow, beside the runners: the first stage of every cell (`kvgate kernels`,
+Stage 3 of kvgate's flow, beside the runners: the first stage of every cell (`kvgate kernels`,
 tests/kernels/). Modules, each owning one noun:
 
     fp8        FP8 quantisation with per-tensor scales; vLLM's bmm1/bmm2 scales <-> FlashInfer's ckv/kpe scales

@@ -8,7 +8,7 @@
     reason = "..."                                      # why, in words
     source = "..."                                      # where vLLM says so
 
-Pure and stdlib only (the noxfile imports the matrix). The host's CPU is read elsewhere (kvgate.runners.host);
+Pure and stdlib only (the noxfile imports the matrix). The host's CPU is read elsewhere (kvgate.runners.environment.cpu);
 here a requirement only answers "is it met by these ISA names?".
 """
 

@@ -1,4 +1,4 @@
-"""Stage 5 of kvgate's flow, the report: verdict -> what people and CI read (report.md, report.html,
+"""Stage 6 of kvgate's flow, the report: verdict -> what people and CI read (report.md, report.html,
 junit.xml, verdict.json).
 
 `render_all` is pure (file name -> bytes); `write_all` writes them into the output folder atomically:

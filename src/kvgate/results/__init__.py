@@ -1,4 +1,4 @@
-"""Stage 3 of kvgate's flow, the results: the folder runners write and the gate reads.
+"""Stage 4 of kvgate's flow, the results: the folder runners write and the gate reads.
 
 The folder is a public format that other tools write too (docs/results-folder.md, versioned). This package
 owns

@@ -1,6 +1,6 @@
 """kvgate's probe output format: `probe/probe.json` in a cell folder (kvgate's own, versioned).
 
-The probe (kvgate.runners.probe) runs fixed prompts greedy through a cell's engine with prompt and top-k
+The probe (kvgate.runners.stages.probe) runs fixed prompts greedy through a cell's engine with prompt and top-k
 logprobs; the gate compares an FP8 cell's file with the auto cell's (kvgate.gate.probe_agreement). This
 module owns the format, its writer and its checked reader.
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.matrix.cells import Cell
-from kvgate.runners.vllm_overlay import VllmUnderTest
+from kvgate.change.overlay import VllmUnderTest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -17,7 +17,7 @@ class CellContext:
     run_dir: Path
     model_path: str  # a local folder for "kvgate:<name>" models, else the hub id
     python: str  # the interpreter that has vLLM and lm-eval (this one)
-    env: Mapping[str, str]  # kvgate.runners.engine_environment's
+    env: Mapping[str, str]  # kvgate.runners.environment.process_env's
     timeout: float | None  # per stage, seconds
     passthrough: tuple[str, ...] = ()  # flags after `--`: lm_eval's (accuracy) or vllm bench's (throughput)
     include_path: Path | None = None  # folder of kvgate's local gsm8k task, when the workload uses it
@@ -25,7 +25,7 @@ class CellContext:
     echo: bool = True  # stream the tools' output to the terminal too
     side: str | None = None  # the side of an A/B run (base | head); None: a run of one side
     vllm: VllmUnderTest | None = None  # what this side runs, when kvgate was told (--vllm / --base-vllm)
-    calculate_kv_scales: bool | None = None  # passed to the engine when not None (FP8 cells, kvgate.runners.engine_options)
+    calculate_kv_scales: bool | None = None  # passed to the engine when not None (FP8 cells, kvgate.runners.environment.engine_options)
 
     @property
     def label(self) -> str:

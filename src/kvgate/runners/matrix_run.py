@@ -19,19 +19,20 @@ from kvgate import EXIT_FAILED, EXIT_OK
 from kvgate.matrix.cells import Cell
 from kvgate.results import cell_folder
 from kvgate.results.records import HEAD
-from kvgate.runners import hardware, progress
-from kvgate.runners.accuracy import run_accuracy
-from kvgate.runners.commands import LOCAL_GSM8K_TASK
+from kvgate.runners import progress
+from kvgate.runners.environment import gpu
+from kvgate.runners.stages.accuracy import run_accuracy
+from kvgate.runners.stages.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.context import CellContext
-from kvgate.runners.engine_environment import engine_environment
-from kvgate.runners.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
-from kvgate.runners.host import RUNNER_LABEL_ENV, HostPlan, head_size_problems, misrouted_reason
-from kvgate.runners.hub_cache import missing_from_cache
-from kvgate.runners.kernels import run_kernels
+from kvgate.runners.environment.process_env import engine_environment
+from kvgate.runners.environment.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
+from kvgate.runners.environment.cpu import RUNNER_LABEL_ENV, HostPlan, head_size_problems, misrouted_reason
+from kvgate.runners.environment.hub_cache import missing_from_cache
+from kvgate.runners.stages.kernels import run_kernels
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
-from kvgate.runners.sides import Side, sides_record
-from kvgate.runners.throughput import run_throughput, run_throughput_interleaved
+from kvgate.change.sides import Side, sides_record
+from kvgate.runners.stages.throughput import run_throughput, run_throughput_interleaved
 
 STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # a stage whose workload declares no timeout, and the kernels stage
@@ -51,7 +52,7 @@ class RunOptions:
     echo: bool = True
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     sides: Sequence[Side] = (Side(name=HEAD, vllm=None),)  # [head], or [base, head] for an A/B run
-    host: HostPlan | None = None  # which selected cells this host cannot run (kvgate.runners.host); None: all run
+    host: HostPlan | None = None  # which selected cells this host cannot run (kvgate.runners.environment.cpu); None: all run
     environ: dict[str, str] | None = None  # default os.environ
 
 
@@ -250,7 +251,7 @@ def _local_task_folder(run_dir: Path) -> Path:
 def _wrong_machine(cell: Cell, local_arch: str | None) -> str | None:
     if local_arch is None or cell.arch == local_arch:
         return None
-    return f"cell {cell.id} needs {cell.arch}; this machine is {local_arch} (set {hardware.ARCH_ENV} to override)"
+    return f"cell {cell.id} needs {cell.arch}; this machine is {local_arch} (set {gpu.ARCH_ENV} to override)"
 
 
 def _skip_stage(stage: str, cell: Cell, cell_dir: Path, reason: str, status: str = "skipped") -> list[StageOutcome]:

@@ -104,7 +104,7 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         "stages": list(stages),
         "sides": list(sides),
         "vllm_under_test": dict(vllm_under_test or {}),
-        # the host's CPU as vLLM sees it (kvgate.runners.host), and the cells it could not run (not run, said so)
+        # the host's CPU as vLLM sees it (kvgate.runners.environment.cpu), and the cells it could not run (not run, said so)
         **({"host_cpu": dict(host_cpu)} if host_cpu else {}),
         "planned_out": [dict(p) for p in planned_out],
         "started_at": started_at,

@@ -92,7 +92,7 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
 
 # accuracy.kv_cache (contract 1.4): bounds far beyond any real engine, so that a hostile value is named, never used
 KV_CACHE_MAX_LAYERS = 100_000
-KV_CACHE_MAX_TOKENS = 10**15 - 1  # the engine log's figure, at most 15 digits (kvgate.runners.engine_log)
+KV_CACHE_MAX_TOKENS = 10**15 - 1  # the engine log's figure, at most 15 digits (kvgate.runners.engine.log)
 KV_CACHE_MAX_ELEMENT_BYTES = 64
 KV_CACHE_MAX_NAMES = 64
 _DTYPE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")

@@ -23,7 +23,7 @@ def engine_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool 
 
     The backend is chosen by the engine argument `attention_backend`, never the environment variable
     VLLM_ATTENTION_BACKEND, which vLLM >= 0.26 silently ignores. calculate_kv_scales is passed when given
-    (FP8 cells, against a vLLM that has the option: kvgate.runners.engine_options).
+    (FP8 cells, against a vLLM that has the option: kvgate.runners.environment.engine_options).
     """
     workload_args = dict(cell.workload.model_args)
     args: dict[str, Any] = {

@@ -4,7 +4,7 @@ datasets of their lm-eval tasks (`kvgate prefetch`).
 Run it on a trusted machine with network access, with the HF_HOME the runners will get a copy of. A gated model
 (meta-llama/Llama-3.1-8B-Instruct) needs a token there, from an account that accepted its licence: HF_TOKEN in
 that environment. Never on a runner: a runner's engines run the vLLM under test, so they get no token and no
-network (kvgate.runners.engine_environment), and read only this cache (kvgate.runners.hub_cache checks it
+network (kvgate.runners.environment.process_env), and read only this cache (kvgate.runners.environment.hub_cache checks it
 before an engine starts).
 
 Models come through huggingface_hub.snapshot_download (the main revision, safetensors weights; never the
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kvgate.matrix.cells import Cell
-from kvgate.runners.hub_cache import (
+from kvgate.runners.environment.hub_cache import (
     HUB_TASK_DATASETS,
     HubDataset,
     dataset_cached,

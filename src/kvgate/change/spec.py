@@ -7,7 +7,7 @@
                              Python over the release's compiled parts; compiled changes are refused
     patch:PATH               a unified diff applied to the release's Python sources
 
-Pure: parsing only. kvgate.runners.vllm_overlay builds what a spec names.
+Pure: parsing only. kvgate.change.overlay builds what a spec names.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import argparse
 from dataclasses import dataclass
 
 from kvgate.results.records import BASE, HEAD
-from kvgate.runners.vllm_overlay import VllmUnderTest, installed_release, prepare
-from kvgate.runners.vllm_spec import DEFAULT_SPEC, parse_spec
+from kvgate.change.overlay import VllmUnderTest, installed_release, prepare
+from kvgate.change.spec import DEFAULT_SPEC, parse_spec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,6 +1,6 @@
 """What runs inside one cell's accuracy subprocess: lm-eval's gsm8k on vLLM, then kvgate's probe.
 
-    python -m kvgate.runners.accuracy_worker --report R.json --probe-dir DIR --backend B --arch A \
+    python -m kvgate.runners.stages.eval_process --report R.json --probe-dir DIR --backend B --arch A \
         -- <arguments of `lm_eval run`>
 
 The lm-eval arguments are parsed by lm-eval's own parser (so pass-through flags mean what lm-eval says);
@@ -26,11 +26,11 @@ EXIT_BACKEND_MISMATCH = 3
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: python -m kvgate.runners.accuracy_worker [options] -- <lm_eval run arguments>",
+        print("usage: python -m kvgate.runners.stages.eval_process [options] -- <lm_eval run arguments>",
               file=sys.stderr)
         return 2
     split = argv.index("--")
-    own = argparse.ArgumentParser(prog="kvgate.runners.accuracy_worker")
+    own = argparse.ArgumentParser(prog="kvgate.runners.stages.eval_process")
     own.add_argument("--report", type=Path, required=True)
     own.add_argument("--probe-dir", type=Path, default=None)
     own.add_argument("--backend", required=True)
@@ -45,8 +45,8 @@ def main(argv: list[str]) -> int:
         tmp.write_text(json.dumps(report, indent=2, sort_keys=True), encoding="utf-8")
         os.replace(tmp, options.report)
 
-    # Before vLLM is imported: its engine process inherits it (see kvgate.runners.engine_backends).
-    from kvgate.runners.engine_backends import INSECURE_SERIALIZATION_VARIABLE
+    # Before vLLM is imported: its engine process inherits it (see kvgate.runners.engine.layers).
+    from kvgate.runners.engine.layers import INSECURE_SERIALIZATION_VARIABLE
 
     os.environ[INSECURE_SERIALIZATION_VARIABLE] = "1"
     save("started", pid=os.getpid())
@@ -63,9 +63,9 @@ def main(argv: list[str]) -> int:
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.utils import make_table
 
-    from kvgate.runners.backend_check import backend_mismatch
-    from kvgate.runners.engine_backends import engine_backend_names, engine_kv_cache_facts
-    from kvgate.runners.engine_log import BackendEvidence
+    from kvgate.runners.engine.backend_check import backend_mismatch
+    from kvgate.runners.engine.layers import engine_backend_names, engine_kv_cache_facts
+    from kvgate.runners.engine.log import BackendEvidence
 
     tracker = EvaluationTracker(output_path=cfg.output_path)
     task_manager = cfg.process_tasks(cfg.metadata)
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     if options.probe_dir is not None:
         try:
             from kvgate.results import probe_file
-            from kvgate.runners import probe
+            from kvgate.runners.stages import probe
 
             options.probe_dir.mkdir(parents=True, exist_ok=True)
             probe_file.write(probe.collect(engine), options.probe_dir)

@@ -1,6 +1,6 @@
 """Unified diffs against vLLM's sources: read them, sort their paths, apply them exactly. Pure (text in, text out).
 
-kvgate applies a change to the installed release's Python sources (kvgate.runners.vllm_overlay), so it must
+kvgate applies a change to the installed release's Python sources (kvgate.change.overlay), so it must
 know which paths of a vLLM change reach the installed package:
 
     package     vllm/** except compiled sources: applied to the release's copy

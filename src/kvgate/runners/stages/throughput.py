@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 from kvgate.results import cell_folder
-from kvgate.runners.backend_check import backend_mismatch
-from kvgate.runners.bench_log import BenchFigures, read_bench_figures
-from kvgate.runners.commands import bench_throughput_argv
+from kvgate.runners.engine.backend_check import backend_mismatch
+from kvgate.runners.engine.bench_output import BenchFigures, read_bench_figures
+from kvgate.runners.stages.commands import bench_throughput_argv
 from kvgate.runners.context import CellContext
-from kvgate.runners.engine_log import failure_cause, read_backend_evidence
+from kvgate.runners.engine.log import failure_cause, read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
-from kvgate.runners.stage_files import commit_stage, fresh_log
-from kvgate.runners.stage_process import describe_exit, read_tail, run_logged
+from kvgate.runners.stages.output_files import commit_stage, fresh_log
+from kvgate.runners.stages.tool_process import describe_exit, read_tail, run_logged
 
 DEFAULT_REPEATS = 3
 DEFAULT_WARMUPS = 1

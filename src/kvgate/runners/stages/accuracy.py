@@ -1,6 +1,6 @@
 """The accuracy stage of one cell (and its probe): lm-eval's gsm8k on the cell's vLLM engine.
 
-One subprocess (kvgate.runners.accuracy_worker) per cell, for fault isolation and a hard timeout. It
+One subprocess (kvgate.runners.stages.eval_process) per cell, for fault isolation and a hard timeout. It
 writes into a scratch folder; each stage's outputs are moved into place (kvgate.results.cell_folder.stage_output)
 only when complete and only when the backend that ran is the cell's, so a crashed, killed or mismatched
 run never leaves outputs that pass for whole ones.
@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.results import cell_folder
-from kvgate.runners.accuracy_worker import EXIT_BACKEND_MISMATCH
-from kvgate.runners.backend_check import backend_mismatch
-from kvgate.runners.commands import lm_eval_arguments
+from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
+from kvgate.runners.engine.backend_check import backend_mismatch
+from kvgate.runners.stages.commands import lm_eval_arguments
 from kvgate.runners.context import CellContext
-from kvgate.runners.engine_log import failure_cause, read_backend_evidence, read_kv_cache_tokens
+from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 from kvgate.runners.outcome import StageOutcome
-from kvgate.runners.stage_files import commit_stage, fresh_log
-from kvgate.runners.stage_process import describe_exit, run_logged
+from kvgate.runners.stages.output_files import commit_stage, fresh_log
+from kvgate.runners.stages.tool_process import describe_exit, run_logged
 
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
 
@@ -38,7 +38,7 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         output, probe_dir, report_path = scratch / "accuracy", scratch / "probe", scratch / "worker.json"
         lm_args = lm_eval_arguments(cell, ctx.model_path, output, include_path=ctx.include_path,
                                     passthrough=ctx.passthrough, calculate_kv_scales=ctx.calculate_kv_scales)
-        argv = [ctx.python, "-m", "kvgate.runners.accuracy_worker", "--report", str(report_path),
+        argv = [ctx.python, "-m", "kvgate.runners.stages.eval_process", "--report", str(report_path),
                 "--backend", cell.backend, "--arch", cell.arch]
         if with_probe:
             argv += ["--probe-dir", str(probe_dir)]

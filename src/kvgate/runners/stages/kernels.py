@@ -12,8 +12,8 @@ import time
 from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.outcome import StageOutcome
-from kvgate.runners.stage_files import fresh_log
-from kvgate.runners.stage_process import describe_exit, run_logged
+from kvgate.runners.stages.output_files import fresh_log
+from kvgate.runners.stages.tool_process import describe_exit, run_logged
 
 KERNELS_COMMAND_MODULE = "kvgate.cli.kernels_command"
 OWN_TIMEOUT_MARGIN_SECONDS = 120.0

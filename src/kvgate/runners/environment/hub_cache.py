@@ -7,9 +7,9 @@ dataset are in it. Stdlib only; read as huggingface_hub and datasets lay it out 
                                                      only these: datasets/load.py CachedDatasetModuleFactory)
     $HF_HOME defaults to $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface.
 
-A runner never downloads: the engines run with HF_HUB_OFFLINE=1 (kvgate.runners.engine_environment), so a
+A runner never downloads: the engines run with HF_HUB_OFFLINE=1 (kvgate.runners.environment.process_env), so a
 model or dataset missing from the cache is reported before any engine starts, with how to fill the cache
-(`kvgate prefetch`, on a trusted machine: kvgate.runners.prefetch).
+(`kvgate prefetch`, on a trusted machine: kvgate.runners.environment.prefetch).
 """
 
 from __future__ import annotations
