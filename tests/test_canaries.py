@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvgate import InputErrors
-from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries
 from kvgate.change.patch import classify, parse_patch
+from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries
 
 CANARIES = REPO_ROOT / "canaries"
 

@@ -12,8 +12,8 @@ import pytest
 from fake_vllm import read_calls, write_fake_hf_cache, write_fake_vllm
 from kvgate import InputErrors
 from kvgate.matrix import cells as kvmatrix
-from kvgate.runners.stages.commands import bench_throughput_argv, lm_eval_arguments
 from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS, RunOptions, run_cells, stage_timeout
+from kvgate.runners.stages.commands import bench_throughput_argv, lm_eval_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30

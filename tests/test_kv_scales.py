@@ -13,9 +13,13 @@ import pytest
 from fake_vllm import read_calls, write_fake_hf_cache, write_fake_vllm
 from kvgate import InputErrors
 from kvgate.matrix import cells as kvmatrix
-from kvgate.runners.stages.commands import bench_throughput_argv, lm_eval_arguments
-from kvgate.runners.environment.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
+from kvgate.runners.environment.engine_options import (
+    has_calculate_kv_scales,
+    kv_scales_argument,
+    vllm_package_dir,
+)
 from kvgate.runners.matrix_run import RunOptions, run_cells
+from kvgate.runners.stages.commands import bench_throughput_argv, lm_eval_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 

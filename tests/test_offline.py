@@ -14,8 +14,8 @@ from kvgate.cli import main
 from kvgate.matrix import cells as kvmatrix
 from kvgate.runners.environment import hub_cache
 from kvgate.runners.environment.hub_cache import HubDataset, missing_from_cache
-from kvgate.runners.matrix_run import RunOptions, run_cells
 from kvgate.runners.environment.prefetch import prefetch_plan
+from kvgate.runners.matrix_run import RunOptions, run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA, DEEPSEEK = "meta-llama/Llama-3.1-8B-Instruct", "deepseek-ai/DeepSeek-V2-Lite-Chat"

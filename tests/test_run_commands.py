@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from kvgate.matrix import cells as matrix
-from kvgate.runners.stages.commands import bench_throughput_argv, engine_flags, engine_model_args, lm_eval_arguments
+from kvgate.runners.stages.commands import (
+    bench_throughput_argv,
+    engine_flags,
+    engine_model_args,
+    lm_eval_arguments,
+)
 
 
 @pytest.fixture(scope="module")

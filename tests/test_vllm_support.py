@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.matrix import cells as kvmatrix
 from kvgate.change.declared_support import Declared, check_installed_vllm, compare, declarations_from_source
+from kvgate.matrix import cells as kvmatrix
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from kvgate.results.records import BASE, HEAD
 from kvgate.change.overlay import VllmUnderTest, installed_release, prepare
 from kvgate.change.spec import DEFAULT_SPEC, parse_spec
+from kvgate.results.records import BASE, HEAD
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

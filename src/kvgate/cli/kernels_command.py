@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError
+from kvgate.change.sides import add_vllm_arguments, prepare_sides
 from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
 from kvgate.kernels import gpus, runner
 from kvgate.results.records import SIDES
 from kvgate.runners.environment import gpu
 from kvgate.runners.environment.cpu import RUNNER_LABEL_ENV, misrouted_reason, plan_or_refuse
-from kvgate.change.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run the decode-kernel tests (FP8 and bf16 KV vs a PyTorch reference) of the selected cells"
 PASSES_THROUGH = True

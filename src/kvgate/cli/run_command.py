@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 from kvgate import InputError
+from kvgate.change.sides import add_vllm_arguments, prepare_sides
 from kvgate.cli.matrix_command import add_filter_arguments
 from kvgate.matrix.cells import load as load_matrix
 from kvgate.runners.environment import gpu
 from kvgate.runners.environment.cpu import plan_or_refuse
-from kvgate.change.sides import add_vllm_arguments, prepare_sides
 
 HELP = "run lm-eval gsm8k (+ probe), vllm bench throughput or every stage of cells into a results folder"
 PASSES_THROUGH = True

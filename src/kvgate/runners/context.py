@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.matrix.cells import Cell
 from kvgate.change.overlay import VllmUnderTest
+from kvgate.matrix.cells import Cell
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -16,22 +16,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK
+from kvgate.change.sides import Side, sides_record
 from kvgate.matrix.cells import Cell
 from kvgate.results import cell_folder
 from kvgate.results.records import HEAD
 from kvgate.runners import progress
-from kvgate.runners.environment import gpu
-from kvgate.runners.stages.accuracy import run_accuracy
-from kvgate.runners.stages.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.context import CellContext
-from kvgate.runners.environment.process_env import engine_environment
-from kvgate.runners.environment.engine_options import has_calculate_kv_scales, kv_scales_argument, vllm_package_dir
+from kvgate.runners.environment import gpu
 from kvgate.runners.environment.cpu import RUNNER_LABEL_ENV, HostPlan, head_size_problems, misrouted_reason
+from kvgate.runners.environment.engine_options import (
+    has_calculate_kv_scales,
+    kv_scales_argument,
+    vllm_package_dir,
+)
 from kvgate.runners.environment.hub_cache import missing_from_cache
-from kvgate.runners.stages.kernels import run_kernels
+from kvgate.runners.environment.process_env import engine_environment
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
-from kvgate.change.sides import Side, sides_record
+from kvgate.runners.stages.accuracy import run_accuracy
+from kvgate.runners.stages.commands import LOCAL_GSM8K_TASK
+from kvgate.runners.stages.kernels import run_kernels
 from kvgate.runners.stages.throughput import run_throughput, run_throughput_interleaved
 
 STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.results import cell_folder
-from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
-from kvgate.runners.engine.backend_check import backend_mismatch
-from kvgate.runners.stages.commands import lm_eval_arguments
 from kvgate.runners.context import CellContext
+from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.stages.commands import lm_eval_arguments
+from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
 from kvgate.runners.stages.tool_process import describe_exit, run_logged
 

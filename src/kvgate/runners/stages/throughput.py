@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 from kvgate.results import cell_folder
+from kvgate.runners.context import CellContext
 from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.bench_output import BenchFigures, read_bench_figures
-from kvgate.runners.stages.commands import bench_throughput_argv
-from kvgate.runners.context import CellContext
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
+from kvgate.runners.stages.commands import bench_throughput_argv
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
 from kvgate.runners.stages.tool_process import describe_exit, read_tail, run_logged
 
