@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of contract-format folders
 
-from kvgate.gate import checks as gate  # noqa: E402
+from kvgate.gate import evaluation as gate  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
 from kvgate.gate import probe_agreement  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402

@@ -37,8 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of contract-format folders
 
 from kvgate.cli import main as kvgate  # noqa: E402
-from kvgate.gate import checks, sequential, stats  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
+from kvgate.gate import sequential, stats  # noqa: E402
+from kvgate.gate.checks import pending as pending_checks  # noqa: E402
+from kvgate.gate.checks import throughput as throughput_checks  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402
 from kvgate.results.run_loader import KnownNames, load_run  # noqa: E402
 from synthetic_run import (  # noqa: E402
@@ -309,8 +311,8 @@ def judge_throughput(gate: Gate, base: np.ndarray, head: np.ndarray, interleaved
     known = KnownNames.from_matrix(matrix)
     started = time.perf_counter()
     head_run, base_run = load_run(run, known), load_run(stored, known)
-    check, pending = checks._throughput_check(head_run.cells[0], base_run, POLICY, (), ab=True, interleaved=True)
-    decided = checks._decide(pending, None) if pending else check
+    check, pending = throughput_checks.throughput_check(head_run.cells[0], base_run, POLICY, (), ab=True, interleaved=True)
+    decided = pending_checks.decide(pending, None) if pending else check
     gate.seconds += time.perf_counter() - started
     gate.calls += 1
     shutil.rmtree(run)

@@ -17,7 +17,7 @@ import pytest
 
 from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate.cli import main
-from kvgate.gate import checks as gate
+from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.matrix import cells as matrix_module
 from kvgate.results.parsers.contract import parse_kv_cache, parse_status

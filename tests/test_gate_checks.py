@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.gate import checks as gate
+from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
+from kvgate.gate.checks import pending, throughput
 from kvgate.gate.verdict import Verdict
 from kvgate.matrix import cells as matrix_module
 from kvgate.results.run_loader import KnownNames, load_run
@@ -334,19 +335,19 @@ def test_interleaved_repeats_are_paired_by_round(tmp_path):
     figures without the pairing (the run-to-run SD added) cannot tell it from two runs 3 % apart."""
     head = [round(v * 0.91 * (1 + 0.003 * (-1) ** i), 4) for i, v in enumerate(BASE_ROUNDS)]
     cell, base = _ab_throughput(tmp_path, BASE_ROUNDS, head)
-    _, pending = gate._throughput_check(cell, base, POLICY, (), ab=True, interleaved=True)
-    paired = gate._decide(pending, None)
+    _, waiting = throughput.throughput_check(cell, base, POLICY, (), ab=True, interleaved=True)
+    paired = pending.decide(waiting, None)
     print(paired.detail)
     assert paired.status == "fail" and paired.method == "paired t over interleaved rounds, log throughput, " \
                                                        "against the tolerance"
     assert paired.interval[1] < 0.95 and paired.notes[0] == "interleaved A/B: paired by round (7 rounds)"
-    _, pending = gate._throughput_check(cell, base, POLICY, (), ab=True, interleaved=False)
-    assert gate._decide(pending, None).status == "pass"
+    _, waiting = throughput.throughput_check(cell, base, POLICY, (), ab=True, interleaved=False)
+    assert pending.decide(waiting, None).status == "pass"
 
 
 def test_interleaved_rounds_that_do_not_match_are_an_error(tmp_path):
     cell, base = _ab_throughput(tmp_path, BASE_ROUNDS, BASE_ROUNDS[:6])
-    check, pending = gate._throughput_check(cell, base, POLICY, (), ab=True, interleaved=True)
-    assert pending is None
+    check, waiting = throughput.throughput_check(cell, base, POLICY, (), ab=True, interleaved=True)
+    assert waiting is None
     assert (check.status, check.detail) == ("error", "cannot test: the interleaved rounds differ: round 7 only on the "
                                                      "baseline side, none only on the current side")

@@ -11,7 +11,7 @@ import pytest
 from junitparser import JUnitXml
 
 from kvgate import InputError
-from kvgate.gate import checks as gate
+from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate.verdict import VERDICT_VERSION, Verdict, check_version
 from kvgate.matrix import cells as matrix_module

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError, InputErrors, problems_of
-from kvgate.gate import checks as gate
+from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
 from kvgate.matrix import cells as matrix_module

@@ -1,7 +1,9 @@
 """Stage 5 of kvgate's flow, the gate: a run's results + the policy -> one verdict, pure.
 
 Owns
-    checks      the evaluation: one check per (cell, kind[, subject]), decided together (`evaluate`)
+    evaluation  one check per (cell, kind[, subject]), decided together (`evaluate`); the checks about the run
+    checks/     the check families: health, accuracy (+ pairing), throughput, probe, kv_cache, waivers, and what
+                they share (pending decisions, formatting)
     stats       the statistical tests (margin tests for paired accuracy and throughput, the floor, multiplicity)
     sequential  group-sequential comparisons: the boundaries, the runner's decide(), the gate's replay()
     policy      matrix/policy.toml: every threshold with what it buys

@@ -1,7 +1,7 @@
 """Typed records of one results run (docs/results-folder.md), as the parsers read them.
 
 Plain frozen dataclasses, no I/O: the parsers (kvgate.results.parsers) build them at the edge, the run loader
-(kvgate.results.run_loader) assembles a `RunResults`, and the gate (kvgate.gate.checks) judges it.
+(kvgate.results.run_loader) assembles a `RunResults`, and the gate (kvgate.gate.evaluation) judges it.
 """
 
 from __future__ import annotations

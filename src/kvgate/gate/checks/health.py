@@ -1,0 +1,80 @@
+"""Stage health: a requested stage that is missing, marked error or timeout fails; one never requested is "not run"
+(missing, so failing, when the caller requires it). The kernels and accuracy checks of a cell."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvgate.gate.policy import Policy
+from kvgate.gate.verdict import Check
+from kvgate.results.records import AccuracyResult, CellResults
+
+
+def health_check(cell: CellResults, stage: str, kind: str, require: Sequence[str]) -> Check | None:
+    """The check for an unhealthy stage (None when the stage is ok)."""
+    result = cell.stage(stage)
+    health = result.health
+    base = dict(cell=cell.identity.id, kind=kind, model=cell.identity.model)
+    if health == "ok":
+        return None
+    if health in ("not_run", "skipped"):
+        why = "never requested" if health == "not_run" else f"skipped ({result.status.reason or 'no reason given'})"
+        if stage in require:
+            return Check(**base, status="missing", detail=f"{stage} stage {why}, but the gate requires it",
+                         headline=f"stage {why}, but the gate requires it")
+        return Check(**base, status="not_run", detail=f"{stage} stage {why}")
+    if health in ("error", "timeout"):
+        reason = result.status.reason if result.status and result.status.reason else "no reason given"
+        tail = last_line(result.status.log_tail if result.status else None)
+        return Check(**base, status="error", detail=f"{stage} stage {health}: {reason}" + (f" | {tail}" if tail else ""),
+                     headline=f"stage {health}: {reason}")
+    return Check(**base, status="missing", detail=result.missing or f"{stage} outputs are missing")
+
+
+def last_line(text: str | None) -> str:
+    """The log tail's last line (the runner's reason already names a failed engine's root cause)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:160] if lines else ""
+
+
+def kernels_check(cell: CellResults, policy: Policy, require: Sequence[str]) -> Check:
+    unhealthy = health_check(cell, "kernels", "kernels", require)
+    if unhealthy:
+        return unhealthy
+    junit = cell.stage("kernels").data
+    total = len(junit.cases)
+    passed, skipped = junit.count("passed"), junit.count("skipped")
+    failed, errors = junit.count("failed"), junit.count("error")
+    figures = {"tests": total, "passed": passed, "failed": failed, "errors": errors, "skipped": skipped}
+    base = dict(cell=cell.identity.id, kind="kernels", model=cell.identity.model, figures=figures,
+                threshold={"failed": 0, "errors": 0}, threshold_text="0 failed, 0 errors")
+    if junit.problems:
+        first = junit.problems[0]
+        more = f" (+{len(junit.problems) - 1} more)" if len(junit.problems) > 1 else ""
+        return Check(**base, status="fail",
+                     detail=f"{failed} failed, {errors} errors of {total}: {first.name}: {first.message}{more}",
+                     headline=f"{failed + errors} of {total} kernel tests failed or errored, first {first.name}")
+    minimum = policy.kernels.min_executed_tests
+    if passed < minimum:
+        return Check(**base, status="fail", detail=f"{passed} kernel tests ran ({skipped} skipped of {total}); "
+                                                    f"the policy needs at least {minimum}")
+    return Check(**base, status="pass", detail=f"{passed} passed, {skipped} skipped")
+
+
+def accuracy_check(cell: CellResults, require: Sequence[str]) -> Check:
+    unhealthy = health_check(cell, "accuracy", "accuracy", require)
+    if unhealthy:
+        return unhealthy
+    result: AccuracyResult = cell.stage("accuracy").data
+    figures: dict[str, Any] = {"n": result.n}
+    parts = []
+    for name, score in result.scores.items():
+        figures[f"{name}"] = score.mean
+        figures[f"{name}_stderr"] = score.stderr
+        parts.append(f"{name} {score.mean:.4f}" + (f" ± {score.stderr:.4f}" if score.stderr is not None else ""))
+    notes = () if result.samples else ("no per-question sample log (lm-eval --log_samples): comparisons of this "
+                                       "cell cannot be paired and fail closed",)
+    return Check(cell=cell.identity.id, kind="accuracy", status="pass", model=cell.identity.model, figures=figures,
+                 detail=f"{result.task} {', '.join(parts)} (n={result.n if result.n is not None else '?'})",
+                 notes=notes)

@@ -1,0 +1,116 @@
+"""fp8_kv_cache: was an FP8 cell's KV cache FP8? The accuracy stage's engine evidence (status.json accuracy.kv_cache)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvgate.gate.policy import Policy
+from kvgate.gate.verdict import Check
+from kvgate.results.records import (
+    KV_CACHE_EVIDENCE_SINCE,
+    CellResults,
+    KvCacheEvidence,
+    RunResults,
+    contract_version_tuple,
+)
+
+
+def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunResults, policy: Policy) -> Check:
+    """Was the FP8 cell's KV cache FP8? The accuracy stage's evidence (status.json accuracy.kv_cache): the cache
+    tensors' element size (1 byte; 2 means the FP8 setting was ignored), the layers' cache dtype (an FP8 one), and
+    the KV cache size in tokens against the auto cell's (an FP8 cache holds about twice as many in the same
+    memory; below the policy's ratio fails). Without evidence: an error for results of contract 1.4 on (their
+    writers must record it), not judged for older ones."""
+    base = dict(cell=cell.identity.id, kind="fp8_kv_cache", model=cell.identity.model, reference="auto cell")
+    dtype = cell.identity.kv_cache_dtype
+    own = cell.stage("accuracy")
+    if own.health != "ok":
+        return Check(**base, status="not_run", detail=f"the accuracy stage is {own.health.replace('_', ' ')}: no "
+                                                      "engine evidence to judge (the accuracy checks judge that stage)")
+    source = f"{cell.folder}/status.json accuracy.kv_cache"
+    evidence = own.status.kv_cache if own.status is not None else None
+    if evidence is not None and evidence.problem:
+        what = f"unreadable KV cache evidence: {evidence.problem}"
+        return Check(**base, status="error", detail=f"{what} ({cell.folder}/status.json)", headline=what)
+    minimum = policy.kv_cache.fp8_min_token_ratio
+    threshold = {"element_bytes": 1, "min_token_ratio": minimum}
+    threshold_text = f"1-byte elements, an FP8 layer dtype, tokens ≥ {minimum:g}x auto's"
+    evidence = evidence or KvCacheEvidence()
+    figures: dict[str, Any] = {"layers": evidence.layers, "layer_kv_cache_dtypes": list(evidence.layer_kv_cache_dtypes),
+                               "tensor_dtypes": list(evidence.tensor_dtypes),
+                               "element_bytes": list(evidence.element_bytes), "tokens": evidence.tokens}
+    broken: list[str] = []
+    notes: list[str] = []
+    tensors = f" ({', '.join(evidence.tensor_dtypes)})" if evidence.tensor_dtypes else ""
+    if evidence.element_bytes:
+        sizes = "/".join(str(b) for b in evidence.element_bytes)
+        if set(evidence.element_bytes) != {1}:
+            broken.append(f"{sizes}-byte cache elements{tensors}: the {dtype} KV cache setting was ignored")
+    not_fp8 = [name for name in evidence.layer_kv_cache_dtypes if not is_fp8_name(name)]
+    if not_fp8:
+        broken.append(f"the attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type")
+    # the size against the auto cell's: judged where both engine logs reported one
+    ratio_text, compared, problem = "", False, ""
+    auto = partner.stage("accuracy") if partner is not None else None
+    auto_evidence = auto.status.kv_cache if auto is not None and auto.health == "ok" and auto.status else None
+    if auto_evidence is not None and auto_evidence.problem:
+        problem = (f"the auto cell's KV cache evidence is unreadable: {auto_evidence.problem} "
+                   f"({partner.folder}/status.json)")
+    elif evidence.tokens is not None and auto_evidence is not None and auto_evidence.tokens is not None:
+        ratio = evidence.tokens / auto_evidence.tokens
+        figures.update({"auto_tokens": auto_evidence.tokens, "token_ratio": ratio,
+                        "auto_element_bytes": list(auto_evidence.element_bytes)})
+        compared = True
+        ratio_text = f"{evidence.tokens:,} tokens = {ratio:.2f}x the auto cell's"
+        if ratio < minimum:
+            broken.append(f"{ratio_text} ({auto_evidence.tokens:,}), below {minimum:g}x (an FP8 cache holds about "
+                          "2x in the same memory)")
+    else:
+        why = ("no auto cell of the same backend, arch and model in this run" if partner is None else
+               f"the auto cell's accuracy stage is {auto.health.replace('_', ' ')}" if auto.health != "ok" else
+               "the auto cell recorded no KV cache size" if evidence.tokens is not None else
+               "this cell recorded no KV cache size")
+        notes.append(f"KV cache size not compared with the auto cell's: {why}")
+        if evidence.tokens is not None:
+            ratio_text = f"{evidence.tokens:,} tokens"
+    if broken:
+        return Check(**base, status="fail", figures=figures, threshold=threshold, threshold_text=threshold_text,
+                     notes=tuple(notes), detail="; ".join(broken) + f" ({source})", headline="; ".join(broken))
+    if problem:
+        return Check(**base, status="error", figures=figures, threshold=threshold, threshold_text=threshold_text,
+                     detail=problem, headline=problem)
+    if not evidence.has_layer_facts and not compared:
+        declared = cell.extra.get("contract_version", run.run_info.get("contract_version"))
+        version = (1, 0) if declared is None else contract_version_tuple(declared)
+        lacking = ("accuracy has no kv_cache" if own.status is None or own.status.kv_cache is None else
+                   "accuracy.kv_cache has no element_bytes or layer_kv_cache_dtypes, and no KV cache size to "
+                   "compare with the auto cell's")
+        since = ".".join(map(str, KV_CACHE_EVIDENCE_SINCE))
+        if version is not None and version < KV_CACHE_EVIDENCE_SINCE:
+            shown = "no contract_version (1)" if declared is None else f"contract {declared}"
+            return Check(**base, status="not_run", figures=figures, notes=tuple(notes),
+                         detail=f"not judged: the results predate the KV cache evidence ({shown}, before {since}; "
+                                f"{cell.folder}/status.json {lacking})")
+        what = "no evidence the KV cache was FP8"
+        return Check(**base, status="error", figures=figures, threshold=threshold, threshold_text=threshold_text,
+                     notes=tuple(notes), headline=f"{what}: status.json {lacking}",
+                     detail=f"{what}: {cell.folder}/status.json {lacking}; from contract {since} on the accuracy "
+                            "stage must record it")
+    parts = []
+    if evidence.element_bytes:
+        parts.append(f"1-byte cache elements{tensors}")
+    elif evidence.layer_kv_cache_dtypes:
+        notes.append("the cache tensors' element size was not recorded")
+    if ratio_text:
+        parts.append(ratio_text)
+    if evidence.layer_kv_cache_dtypes:
+        layers = f"{evidence.layers} layers" if evidence.layers is not None else "layers"
+        parts.append(f"{layers} built for {', '.join(evidence.layer_kv_cache_dtypes)}")
+    return Check(**base, status="pass", figures=figures, threshold=threshold, threshold_text=threshold_text,
+                 notes=tuple(notes), detail=", ".join(parts))
+
+
+def is_fp8_name(name: str) -> bool:
+    """vLLM's FP8 cache dtype names (fp8, fp8_e4m3, fp8_e5m2, fp8_inc, fp8_ds_mla, ...) and torch's float8_*."""
+    lowered = name.lower()
+    return lowered.startswith("fp8") or lowered.startswith("float8")

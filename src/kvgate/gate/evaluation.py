@@ -1,0 +1,198 @@
+"""The gate's evaluation, pure: run results (+ baseline) + policy + waivers + today -> Verdict. No I/O.
+
+One check per (cell, kind[, subject]), each family in its module under kvgate.gate.checks:
+    health      kernels (any failed or errored test fails it; none run fails it), accuracy (the stage ran and
+                parsed), and every stage's health: a requested stage that is missing, error or timeout fails
+    accuracy    accuracy_floor (an auto cell against its workload's expected accuracy), fp8_accuracy (FP8 vs the
+                auto cell: the margin test on the policy's primary filter, the other filters reported as info),
+                baseline_accuracy (a cell vs its baseline or the A/B run's base side)
+    throughput  throughput (with a baseline, the margin test of current/baseline req/s), fp8_throughput (judged
+                only where the policy declares an expectation)
+    probe       logprob agreement of an FP8 cell with its auto cell
+    kv_cache    fp8_kv_cache: the FP8 cell's engine really held an FP8 cache
+Here, about the run as a whole: cell (a planned cell or a baseline cell absent from the run), host (a cell the
+run's host could not run: NEUTRAL, missing under require_baseline), baseline (the run was compared with nothing).
+
+Comparisons are one-sided tests of "within the margin" (kvgate.gate.stats), each at the policy's alpha; the
+policy's multiplicity method (none by default, see matrix/policy.toml) adjusts the p-values of each family before
+deciding. A check covered by a live waiver reads WAIVED whatever it measured; an expired waiver does not apply.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from kvgate.gate import probe_agreement, stats
+from kvgate.gate.checks.accuracy import accuracy_floor_check, baseline_accuracy_checks, fp8_accuracy_checks
+from kvgate.gate.checks.health import accuracy_check, kernels_check
+from kvgate.gate.checks.kv_cache import fp8_kv_cache_check
+from kvgate.gate.checks.pending import Pending, decide
+from kvgate.gate.checks.probe import probe_check
+from kvgate.gate.checks.throughput import fp8_throughput_check, interleaved, throughput_check
+from kvgate.gate.checks.waivers import WaiverLookup, apply_waiver
+from kvgate.gate.policy import Policy
+from kvgate.gate.verdict import Check, Verdict
+from kvgate.results.records import BASE, HEAD, RunResults
+
+KIND_ORDER = ("baseline", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor", "fp8_accuracy",
+              "baseline_accuracy", "throughput", "fp8_throughput", "probe")
+
+
+def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = None,
+             waiver_for: WaiverLookup | None = None, today: dt.date, require: Sequence[str] = (),
+             probe_compare: Callable[[Any, Any], Any] | None = probe_agreement.compare, ab: bool = False,
+             require_baseline: bool = False, planned: Sequence[tuple[str, str]] = (),
+             planned_out: Sequence[tuple[str, str]] = ()) -> Verdict:
+    """The verdict on `run` (its head cells).
+
+    ab: `baseline` is the base side of the same A/B run (same machine, same job): every head cell must have its
+    base counterpart, and a missing or failed one fails the comparison. require_baseline: with no baseline at
+    all the run fails (a change compared with nothing is not a pass); without it the run is neutral.
+    planned: (cell id, side) pairs the run was asked for (run.json, --expect-cells); an absent one fails.
+    planned_out: (cell id, reason) of cells the writing host could not run (run.json planned_out).
+    """
+    checks: list[Check] = planned_checks(run, baseline if ab else None, planned)
+    checks += planned_out_checks(run, planned_out, require_baseline)
+    pending: list[Pending] = []
+    if baseline is None:
+        checks.append(no_baseline_check(require_baseline))
+    for cell in run.cells:
+        checks.append(kernels_check(cell, policy, require))
+        checks.append(accuracy_check(cell, require))
+        floor = accuracy_floor_check(cell, policy)
+        if floor is not None:
+            (pending.append(floor) if isinstance(floor, Pending) else checks.append(floor))
+        tput_check, tput_pending = throughput_check(cell, baseline, policy, require, ab=ab,
+                                                    interleaved=ab and interleaved(cell, baseline))
+        if tput_pending:
+            pending.append(tput_pending)
+        else:
+            checks.append(tput_check)
+        checks.append(probe_check(cell, run, policy, require, probe_compare))
+        if cell.identity.is_fp8:
+            partner = run.find(cell.identity.with_dtype("auto"))
+            for item in fp8_accuracy_checks(cell, partner, policy):
+                (pending.append(item) if isinstance(item, Pending) else checks.append(item))
+            item = fp8_throughput_check(cell, partner, policy)
+            if isinstance(item, Pending):
+                pending.append(item)
+            elif item is not None:
+                checks.append(item)
+            checks.append(fp8_kv_cache_check(cell, partner, run, policy))
+        if baseline is not None:
+            for item in baseline_accuracy_checks(cell, baseline.find(cell.identity), policy, ab=ab):
+                (pending.append(item) if isinstance(item, Pending) else checks.append(item))
+    if baseline is not None:
+        for old in baseline.cells:
+            if run.find(old.identity) is None:
+                checks.append(Check(cell=old.identity.id, kind="cell", status="missing", model=old.identity.model,
+                                    reference="baseline",
+                                    detail=f"in the baseline ({old.folder}) but not in this run"))
+    # Multiplicity: the decisions are margin tests, each at alpha (policy.toml says why no adjustment is needed);
+    # a method other than none adjusts the p-values of each family. Sequential comparisons decide by their
+    # boundaries (family "sequential") and are never adjusted.
+    adjusted_by_id: dict[int, float] = {}
+    family_sizes = {}
+    for family, method in (("accuracy", policy.accuracy.multiplicity), ("throughput", policy.throughput.multiplicity)):
+        members = [p for p in pending if p.family == family and getattr(p.test, "p_value", None) is not None]
+        family_sizes[family] = len(members)
+        if members:
+            adjusted = stats.adjust_p_values([p.test.p_value for p in members], method)
+            adjusted_by_id.update({id(p): a for p, a in zip(members, adjusted, strict=True)})
+    for item in pending:
+        checks.append(decide(item, adjusted_by_id.get(id(item))))
+    if waiver_for is not None:
+        identities = {(c.identity.id, c.identity.model): c.identity
+                      for results in (baseline, run) if results is not None for c in results.cells}
+        checks = [apply_waiver(c, identities.get((c.cell, c.model)), waiver_for, today) for c in checks]
+    checks = name_models_where_ids_repeat(checks)
+    checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
+    return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
+                   today=today.isoformat(), multiplicity={
+                       "accuracy": {"method": policy.accuracy.multiplicity, "alpha": policy.accuracy.alpha,
+                                    "family_size": family_sizes["accuracy"]},
+                       "throughput": {"method": policy.throughput.multiplicity, "alpha": policy.throughput.alpha,
+                                      "family_size": family_sizes["throughput"]}},
+                   policy=policy_summary(policy), run_info=dict(run.run_info), required_stages=tuple(require))
+
+
+RUN = "(run)"  # the `cell` of checks about the run as a whole
+
+
+def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[tuple[str, str]]) -> list[Check]:
+    """A planned cell that left no folder (a run killed between cells, an artifact lost) fails, named."""
+    present = {(c.identity.id, HEAD) for c in run.cells}
+    if base is not None:
+        present |= {(c.identity.id, BASE) for c in base.cells}
+    missing = [(cell, side) for cell, side in dict.fromkeys(planned) if (cell, side) not in present]
+    return [Check(cell=cell, kind="cell", status="missing", reference=side if side != HEAD else None,
+                  detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
+                         f"it: the cell never started, or its results were lost on the way to the gate",
+                  headline="planned, but absent from the run") for cell, side in missing]
+
+
+def planned_out_checks(run: RunResults, planned_out: Sequence[tuple[str, str]], required: bool) -> list[Check]:
+    """Cells the host could not run: NEUTRAL (nothing failed, but they were not tested), or failing when the caller
+    requires a complete comparison (CI). A cell that another invocation did run into the same folder is judged as
+    usual instead."""
+    present = {c.identity.id for c in run.cells}
+    out = []
+    for cell, reason in planned_out:
+        if cell in present:
+            continue
+        detail = f"not run: the host that made this run could not run it ({reason})"
+        if required:
+            out.append(Check(cell=cell, kind="host", status="missing", detail=f"{detail}; --require-baseline needs "
+                             "every cell run", headline=f"not run on this host: {reason}"))
+        else:
+            out.append(Check(cell=cell, kind="host", status="not_run", headline=f"not run on this host: {reason}",
+                             detail=f"{detail}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)"))
+    return out
+
+
+def no_baseline_check(required: bool) -> Check:
+    what = ("compared with nothing: the run has no base side (kvgate run --base-vllm) and no --baseline was "
+            "given, so no check could see a regression that the change itself caused")
+    if required:
+        return Check(cell=RUN, kind="baseline", status="missing", detail=f"{what}; --require-baseline makes it fail",
+                     headline="no baseline: the change was compared with nothing")
+    return Check(cell=RUN, kind="baseline", status="not_run",
+                 detail=f"{what}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)")
+
+
+def name_models_where_ids_repeat(checks: list[Check]) -> list[Check]:
+    """A cell id names backend, dtype and arch; where one id holds several models, add the model to the name."""
+    models: dict[str, set[str]] = {}
+    for check in checks:
+        models.setdefault(check.cell, set()).add(check.model)
+    shared = {cell for cell, names in models.items() if len(names) > 1}
+    if not shared:
+        return checks
+    every_model = {m for cell in shared for m in models[cell]}
+    short = {m: m.rstrip("/").rsplit("/", 1)[-1] for m in every_model}
+    if len(set(short.values())) < len(short):
+        short = {m: m for m in every_model}
+    return [replace(c, cell=f"{c.cell} [{short[c.model]}]") if c.cell in shared else c for c in checks]
+
+
+def policy_summary(policy: Policy) -> dict[str, Any]:
+    """The thresholds a verdict was judged with (verdict.json)."""
+    acc, tput = policy.accuracy, policy.throughput
+    return {"source": policy.source, "fp8_tax_points": acc.fp8_tax_points,
+            "fp8_tax_points_by_model": dict(acc.fp8_tax_points_by_model),
+            "baseline_margin_points": acc.baseline_margin_points, "accuracy_alpha": acc.alpha,
+            "accuracy_multiplicity": acc.multiplicity, "primary_filter": acc.primary_filter,
+            "filters": list(acc.filters), "min_n": acc.min_n, "questions": acc.questions,
+            "sequential_looks": list(acc.sequential.looks), "throughput_tolerance": tput.tolerance,
+            "throughput_alpha": tput.alpha, "throughput_alpha_unpaired": tput.alpha_unpaired,
+            "throughput_multiplicity": tput.multiplicity,
+            "throughput_metric": tput.metric, "run_to_run_sd": tput.run_to_run_sd, "rounds": tput.rounds,
+            "fp8_over_auto": [{"where": e.where, "min_ratio": e.min_ratio, "reason": e.reason}
+                              for e in tput.fp8_over_auto],
+            "accuracy_floors": [{"workload": f.workload, "model": f.model, "expected": dict(f.expected),
+                                 "rtol": f.rtol} for f in policy.floors],
+            "kernels_min_executed_tests": policy.kernels.min_executed_tests,
+            "fp8_kv_cache_min_token_ratio": policy.kv_cache.fp8_min_token_ratio}
