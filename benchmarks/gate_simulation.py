@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of contract-format folders
 
 from kvgate.cli import main as kvgate  # noqa: E402
+from kvgate.gate import distributions, sequential, stats  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
-from kvgate.gate import sequential, stats  # noqa: E402
 from kvgate.gate.checks import pending as pending_checks  # noqa: E402
 from kvgate.gate.checks import throughput as throughput_checks  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402
@@ -214,11 +214,11 @@ def sequential_decisions(design: sequential.Design, reference: np.ndarray,
         bk, ck = b[:, n - 1], c[:, n - 1]
         log_p = stats.margin_log_p(bk, ck, n, design.margin_points / 100)
         log_q = stats.reverse_margin_log_p(bk, ck, n, (design.margin_points + design.gap_points) / 100)
-        fail = alive & (log_p <= float(stats.log_normal_sf(bounds.efficacy[k])))
+        fail = alive & (log_p <= float(distributions.log_normal_sf(bounds.efficacy[k])))
         if k == len(design.looks) - 1:
             stop = alive
         else:
-            stop = fail | (alive & (-stats.z_from_log_p(log_q) <= bounds.futility[k]))
+            stop = fail | (alive & (-distributions.z_from_log_p(log_q) <= bounds.futility[k]))
         used[alive & stop] = n
         failed |= fail
         alive &= ~stop

@@ -16,18 +16,22 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "kvgate"
 
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+
+
+def import_rules(text: str) -> dict[str, set[str]]:
+    """stage -> the stages it may import, from the table "What each folder may import" of docs/architecture.md."""
+    section = text.split("## What each folder may import", 1)[1].split("\n## ", 1)[0]
+    rules = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        if len(cells) == 2:
+            rules[cells[0].strip("`")] = set() if cells[1] == "nothing" else {c.strip(" `") for c in cells[1].split(",")}
+    return rules
+
+
 # stage -> the stages it may import (the package root, kvgate itself, is open to all: version and errors)
-MAY_IMPORT = {
-    "matrix": set(),
-    "results": {"matrix"},
-    "gate": {"matrix", "results"},
-    "report": {"matrix", "results", "gate"},
-    "workloads": {"matrix"},
-    "change": {"matrix", "results"},
-    "kernels": {"matrix", "results"},
-    "runners": {"matrix", "change", "results", "workloads", "kernels"},
-    "cli": {"matrix", "change", "results", "gate", "report", "workloads", "kernels", "runners"},
-}
+MAY_IMPORT = import_rules(ARCHITECTURE.read_text(encoding="utf-8"))
 PURE_CORE = ("matrix", "results", "gate", "report")
 ENGINES = ("vllm", "torch", "lm_eval", "transformers", "flashinfer", "triton", "tokenizers", "safetensors")
 
@@ -116,3 +120,34 @@ def test_the_rules_catch_a_forbidden_import(tmp_path):
     module = tmp_path / "sneaky.py"
     module.write_text("def f():\n    from vllm import LLM\n    return LLM\n", encoding="utf-8")
     assert [(line, name) for line, name, _ in imports(module)] == [(2, "vllm")]
+
+
+def test_the_rules_are_read_from_docs_architecture():
+    assert MAY_IMPORT["matrix"] == set() and MAY_IMPORT["change"] == {"matrix", "results"}
+    assert MAY_IMPORT["runners"] == {"matrix", "change", "results", "workloads", "kernels"}
+    assert "gate" not in MAY_IMPORT["runners"] and "runners" not in MAY_IMPORT["gate"]
+
+
+MAX_LINES = 620  # "no module is much over 600 lines"
+MAX_FLAT_MODULES = 13  # "about a dozen modules flat", __init__.py not counted
+
+
+def test_no_module_is_much_over_600_lines():
+    long = [f"{shown(p)}: {n} lines" for p in modules() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    assert not long, "\n".join(long)
+
+
+def test_no_folder_holds_more_than_about_a_dozen_modules_flat():
+    folders = {p.parent for p in modules()}
+    crowded = [f"{f.relative_to(PACKAGE.parent)}: {n}" for f in sorted(folders)
+               if (n := len([p for p in f.glob("*.py") if p.name != "__init__.py"])) > MAX_FLAT_MODULES]
+    assert not crowded, "\n".join(crowded)
+
+
+def test_no_two_modules_of_one_folder_differ_only_by_a_suffix():
+    clashes = []
+    for folder in sorted({p.parent for p in modules()}):
+        stems = sorted(p.stem for p in folder.glob("*.py") if p.name != "__init__.py")
+        clashes += [f"{folder.relative_to(PACKAGE.parent)}: {a}, {b}" for a in stems for b in stems
+                    if b != a and b.startswith(a + "_")]
+    assert not clashes, "\n".join(clashes)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from kvgate.cli import main
+from kvgate.gate import distributions, power, sequential, stats
 from kvgate.gate import policy as policy_module
-from kvgate.gate import power, sequential, stats
 from synthetic_run import paired_outcomes, write_accuracy, write_cell
 
 POLICY = policy_module.load()
@@ -33,8 +33,8 @@ def test_efficacy_bounds_match_the_published_lan_demets_obrien_fleming_table() -
 
 def test_one_look_is_the_fixed_design() -> None:
     bounds = sequential.boundaries((1.0,), alpha=0.01, beta=0.1, rho=2.0)
-    assert bounds.efficacy[0] == pytest.approx(stats.normal_quantile(0.99), abs=1e-8)
-    assert bounds.drift == pytest.approx(stats.normal_quantile(0.99) + stats.normal_quantile(0.9), abs=1e-6)
+    assert bounds.efficacy[0] == pytest.approx(distributions.normal_quantile(0.99), abs=1e-8)
+    assert bounds.drift == pytest.approx(distributions.normal_quantile(0.99) + distributions.normal_quantile(0.9), abs=1e-6)
     assert bounds.inflation == pytest.approx(1.0, abs=1e-6)
 
 
@@ -152,8 +152,8 @@ def simulate_sequential(d: sequential.Design, flips: float, drop: float, runs: i
         c += draw[:, 1]
         log_p = stats.margin_log_p(b, c, n, d.margin_points / 100)
         log_q = stats.reverse_margin_log_p(b, c, n, (d.margin_points + d.gap_points) / 100)
-        fail = alive & (log_p <= float(stats.log_normal_sf(d.bounds.efficacy[k])))
-        z_futility = -stats.z_from_log_p(log_q)
+        fail = alive & (log_p <= float(distributions.log_normal_sf(d.bounds.efficacy[k])))
+        z_futility = -distributions.z_from_log_p(log_q)
         stop = fail | (alive & (z_futility <= d.bounds.futility[k])) if k < len(d.looks) - 1 else alive
         used[alive & stop] = n
         failed |= fail

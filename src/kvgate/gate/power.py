@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvgate.gate import sequential, stats
+from kvgate.gate import distributions, sequential, stats
 
 
 def paired_probabilities(*, flips: float, drop_points: float) -> tuple[float, float]:
@@ -131,7 +131,7 @@ def normal_questions(*, margin_points: float, target_points: float, flips: float
     r10, r01 = stats.restricted_estimates(p10, p01, 1.0, margin)
     v0 = float(r10 + r01) - margin**2
     v1 = p10 + p01 - (p10 - p01) ** 2
-    z_a, z_b = stats.normal_quantile(1 - alpha), stats.normal_quantile(power)
+    z_a, z_b = distributions.normal_quantile(1 - alpha), distributions.normal_quantile(power)
     gap = (target_points - margin_points) / 100
     return max(1, math.ceil(((z_a * math.sqrt(v0) + z_b * math.sqrt(v1)) / gap) ** 2))
 
@@ -209,7 +209,7 @@ def noncentral_t_cdf(x: float, df: float, ncp: float) -> float:
     s = np.linspace(1e-6, 1 + 12 / math.sqrt(2 * df) + 2, 4001)
     log_density = (math.log(2 * df) + np.log(s) + (df / 2 - 1) * np.log(df * s * s) - df * s * s / 2
                    - (df / 2) * math.log(2) - math.lgamma(df / 2))
-    values = np.exp(stats.log_normal_sf(-(x * s - ncp))) * np.exp(log_density)
+    values = np.exp(distributions.log_normal_sf(-(x * s - ncp))) * np.exp(log_density)
     h = s[1] - s[0]
     weights = np.full(s.size, 2.0)
     weights[1::2] = 4.0
@@ -224,7 +224,7 @@ def paired_rounds_power(rounds: int, *, repeat_sd: float, tolerance: float, slow
     df = rounds - 1
     se = math.sqrt(2) * repeat_sd / math.sqrt(rounds)
     ncp = (math.log(1 - slowdown) - math.log(1 - tolerance)) / se
-    return noncentral_t_cdf(-stats.student_t_ppf(1 - alpha, df), df, ncp)
+    return noncentral_t_cdf(-distributions.student_t_ppf(1 - alpha, df), df, ncp)
 
 
 def rounds_needed(*, repeat_sd: float, tolerance: float, slowdown: float, alpha: float, power: float,
@@ -245,4 +245,4 @@ def stored_power(repeats: int | None, *, repeat_sd: float, run_to_run_sd: float,
     if se == 0:
         return float(slowdown > tolerance)
     shift = (math.log(1 - tolerance) - math.log(1 - slowdown)) / se
-    return stats.normal_sf(stats.normal_quantile(1 - alpha) - shift)
+    return distributions.normal_sf(distributions.normal_quantile(1 - alpha) - shift)

@@ -32,7 +32,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvgate.gate import stats
+from kvgate.gate import distributions, stats
 
 DESIGN_NAME = "kvgate-gs/1"
 ACTIONS = ("continue", "fail", "pass")
@@ -71,7 +71,7 @@ def alpha_spending(t: float, alpha: float) -> float:
     """Lan-DeMets O'Brien-Fleming type, one-sided: 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))."""
     if t <= 0:
         return 0.0
-    return min(alpha, 2 * stats.normal_sf(stats.normal_quantile(1 - alpha / 2) / math.sqrt(t)))
+    return min(alpha, 2 * distributions.normal_sf(distributions.normal_quantile(1 - alpha / 2) / math.sqrt(t)))
 
 
 def beta_spending(t: float, beta: float, rho: float) -> float:
@@ -91,7 +91,7 @@ def boundaries(fractions: tuple[float, ...], *, alpha: float, beta: float, rho: 
     def mismatch(eta: float) -> float:
         return _futility(fractions, efficacy, eta, beta, rho)[1] - beta
 
-    z_sum = stats.normal_quantile(1 - alpha) + stats.normal_quantile(1 - beta)
+    z_sum = distributions.normal_quantile(1 - alpha) + distributions.normal_quantile(1 - beta)
     eta = _root(mismatch, 0.5 * z_sum, 2.0 * z_sum)  # beta-crossing falls as the drift grows
     lower, _ = _futility(fractions, efficacy, eta, beta, rho)
     futility = tuple(lk - eta * math.sqrt(t) for lk, t in zip(lower, fractions, strict=True))
@@ -186,21 +186,21 @@ def _propagate(state: _State, t0: float, t1: float, theta: float, low: float, hi
 def _upper(state: _State, t0: float, t1: float, theta: float, a: float) -> float:
     """P(still running at t0, Z(t1) >= a)."""
     if state is None:
-        return stats.normal_sf(a - theta * math.sqrt(t1))
+        return distributions.normal_sf(a - theta * math.sqrt(t1))
     zp, wp, gp = state
     dt = t1 - t0
     arg = (a * math.sqrt(t1) - zp * math.sqrt(t0) - theta * dt) / math.sqrt(dt)
-    return float(np.sum(wp * gp * np.exp(stats.log_normal_sf(arg))))
+    return float(np.sum(wp * gp * np.exp(distributions.log_normal_sf(arg))))
 
 
 def _lower(state: _State, t0: float, t1: float, theta: float, lk: float) -> float:
     """P(still running at t0, Z(t1) <= lk)."""
     if state is None:
-        return stats.normal_sf(theta * math.sqrt(t1) - lk)
+        return distributions.normal_sf(theta * math.sqrt(t1) - lk)
     zp, wp, gp = state
     dt = t1 - t0
     arg = (lk * math.sqrt(t1) - zp * math.sqrt(t0) - theta * dt) / math.sqrt(dt)
-    return float(np.sum(wp * gp * np.exp(stats.log_normal_sf(-arg))))
+    return float(np.sum(wp * gp * np.exp(distributions.log_normal_sf(-arg))))
 
 
 def _root(f: Callable[[float], float], low: float, high: float, tol: float = 1e-10) -> float:
@@ -279,12 +279,12 @@ def stagewise_log_p(bounds: Boundaries, look: int, z: float) -> float:
         previous_t = t
     t = bounds.fractions[look - 1]
     if state is None:
-        return float(stats.log_normal_sf(z))
+        return float(distributions.log_normal_sf(z))
     earlier = bounds.alpha_spent[look - 2]
     here = _upper(state, previous_t, t, 0.0, z)
     if here > 0:
         return math.log(earlier + here)
-    return math.log(earlier) if earlier > 0 else float(stats.log_normal_sf(z))
+    return math.log(earlier) if earlier > 0 else float(distributions.log_normal_sf(z))
 
 
 # ---------------------------------------------------------------------------------------------- a design in questions
@@ -344,9 +344,9 @@ def decide(design_: Design, only_reference: int, only_candidate: int, n: int) ->
     log_p = float(stats.margin_log_p(only_reference, only_candidate, n, design_.margin_points / 100))
     log_q = float(stats.reverse_margin_log_p(only_reference, only_candidate, n,
                                              min((design_.margin_points + design_.gap_points) / 100, 0.999)))
-    z = float(stats.z_from_log_p(log_p))
-    z_futility = -float(stats.z_from_log_p(log_q))
-    if log_p <= float(stats.log_normal_sf(bounds.efficacy[k])):
+    z = float(distributions.z_from_log_p(log_p))
+    z_futility = -float(distributions.z_from_log_p(log_q))
+    if log_p <= float(distributions.log_normal_sf(bounds.efficacy[k])):
         action = "fail"
     elif k == bounds.looks - 1 or z_futility <= bounds.futility[k]:
         action = "pass"
@@ -394,8 +394,8 @@ def replay(design_: Design, reference: Sequence[bool], candidate: Sequence[bool]
             k = look.look - 1
             counts = stats.PairedCounts.from_outcomes(ref[:n], cand[:n])
             log_p = stagewise_log_p(design_.bounds, look.look, look.z)
-            level = math.exp(float(stats.log_normal_sf(design_.bounds.efficacy[k])))
-            futility_level = math.exp(float(stats.log_normal_sf(-design_.bounds.futility[k])))
+            level = math.exp(float(distributions.log_normal_sf(design_.bounds.efficacy[k])))
+            futility_level = math.exp(float(distributions.log_normal_sf(-design_.bounds.futility[k])))
             lower = stats.drop_bounds(counts, level)[0]
             upper = stats.drop_bounds(counts, min(futility_level, 0.5))[1]
             return SequentialResult(decision=look.action, look=look, history=tuple(history), counts=counts,

@@ -26,7 +26,6 @@ p-values are computed in log space and never reported below TINY_P (the smallest
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -34,70 +33,19 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
+from kvgate.gate import distributions
+
 MULTIPLICITY_METHODS = ("holm", "bh", "none")
 MARGIN_METHOD = "paired margin test (restricted-MLE saddlepoint tail of b - c)"
 FLOOR_METHOD = "exact binomial test against the floor"
 PAIRED_RATIO_METHOD = "paired t over interleaved rounds, log throughput, against the tolerance"
 UNPAIRED_RATIO_METHOD = "t on mean log throughput with the policy's run-to-run SD, against the tolerance"
-TINY_P = sys.float_info.min  # 2.2e-308: a p-value below this is reported as this, never as 0
+TINY_P = distributions.TINY_P  # 2.2e-308: a p-value below this is reported as this, never as 0
 _LOG_TINY_P = math.log(TINY_P)
 _NORMAL = NormalDist()
-_SQRT_2PI = math.sqrt(2 * math.pi)
-_erfc = np.frompyfunc(math.erfc, 1, 1)
-_inv_cdf = np.frompyfunc(_NORMAL.inv_cdf, 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------- normal, log space
-
-def log_normal_sf(x: npt.ArrayLike) -> np.ndarray:
-    """log P(Z > x), elementwise, accurate far into the upper tail (no underflow to -inf before x ~ 1e154)."""
-    x = np.asarray(x, dtype=float)
-    out = np.empty_like(x)
-    far = x > 30
-    near = ~far
-    if near.any():
-        with np.errstate(divide="ignore"):
-            out[near] = np.log(0.5 * _erfc(x[near] / math.sqrt(2)).astype(float))
-    if far.any():
-        xf = x[far]
-        out[far] = -0.5 * xf * xf - np.log(_SQRT_2PI) + np.log(_mills_far(xf))
-    return out
-
-
-def normal_mills_ratio(x: npt.ArrayLike) -> np.ndarray:
-    """P(Z > x) / pdf(x), elementwise (finite for every finite x >= -37)."""
-    x = np.asarray(x, dtype=float)
-    out = np.empty_like(x)
-    far = x > 30
-    near = ~far
-    if near.any():
-        xn = x[near]
-        out[near] = 0.5 * _erfc(xn / math.sqrt(2)).astype(float) * _SQRT_2PI * np.exp(0.5 * xn * xn)
-    if far.any():
-        out[far] = _mills_far(x[far])
-    return out
-
-
-def _mills_far(x: np.ndarray) -> np.ndarray:
-    """Laplace's asymptotic series for x > 30 (relative error < 1e-12 there)."""
-    inv2 = 1.0 / (x * x)
-    return (1 - inv2 * (1 - 3 * inv2 * (1 - 5 * inv2 * (1 - 7 * inv2)))) / x
-
-
-def normal_quantile(probability: float) -> float:
-    return _NORMAL.inv_cdf(probability)
-
-
-def normal_sf(z: float) -> float:
-    """P(Z > z) for a standard normal Z."""
-    return _NORMAL.cdf(-z)
-
-
-def z_from_log_p(log_p: npt.ArrayLike) -> np.ndarray:
-    """The z with P(Z > z) = exp(log_p), elementwise (p clamped to [TINY_P, 1 - 1e-16])."""
-    log_p = np.asarray(log_p, dtype=float)
-    p = np.clip(np.exp(np.maximum(log_p, _LOG_TINY_P)), TINY_P, 1 - 1e-16)
-    return -np.asarray(_inv_cdf(p), dtype=float)
 
 
 def reported_p(log_p: float) -> float:
@@ -231,20 +179,20 @@ def _saddlepoint_log_tail(s: np.ndarray, n: np.ndarray, p10: np.ndarray, p01: np
     near = ~(np.abs(t) > 1e-3) | ~np.isfinite(w) | ~np.isfinite(u1) | (u1 == 0) | (w == 0)
     if near.any():  # within ~0.001 SD of the mean: the normal approximation, continuity-corrected
         z = (s[near] - 0.5 - mean[near]) / np.sqrt(np.maximum(var[near], 1e-300))
-        out[near] = log_normal_sf(z)
+        out[near] = distributions.log_normal_sf(z)
     far = ~near
     wf, uf = w[far], u1[far]
     upper = wf > 0
     result = np.empty_like(wf)
     if upper.any():  # P = pdf(w) (Mills(w) + 1/u1 - 1/w), kept in log space
         wu, uu = wf[upper], uf[upper]
-        bracket = normal_mills_ratio(wu) + 1 / uu - 1 / wu
-        result[upper] = np.where(bracket > 0, -0.5 * wu * wu - math.log(_SQRT_2PI) + np.log(np.maximum(bracket, 1e-300)),
-                                 log_normal_sf(wu))
+        bracket = distributions.normal_mills_ratio(wu) + 1 / uu - 1 / wu
+        result[upper] = np.where(bracket > 0, -0.5 * wu * wu - math.log(distributions.SQRT_2PI) + np.log(np.maximum(bracket, 1e-300)),
+                                 distributions.log_normal_sf(wu))
     lower = ~upper
     if lower.any():  # p > 1/2: no underflow, plain arithmetic
         wl, ul = wf[lower], uf[lower]
-        value = 1 - np.exp(log_normal_sf(-wl)) + np.exp(-0.5 * wl * wl) / _SQRT_2PI * (1 / ul - 1 / wl)
+        value = 1 - np.exp(distributions.log_normal_sf(-wl)) + np.exp(-0.5 * wl * wl) / distributions.SQRT_2PI * (1 / ul - 1 / wl)
         result[lower] = np.log(np.clip(value, 1e-300, 1.0))
     out[far] = result
     return np.minimum(out, 0.0)
@@ -339,33 +287,20 @@ def _log_tail_scalar(s: float, n: float, p10: float, p01: float) -> float:
         u = -p01 * (1 + y) / (y * p0) if y * p0 != 0 else math.inf
     t = math.log(u) if 0 < u < math.inf else -math.inf
     if not abs(t) > 1e-3 or math.isinf(t):
-        return _log_sf_scalar((s - 0.5 - mean) / math.sqrt(max(var, 1e-300)))
+        return distributions.log_normal_sf_scalar((s - 0.5 - mean) / math.sqrt(max(var, 1e-300)))
     m = p10 * u + p01 / u + p0
     k2 = (p10 * u + p01 / u) / m - y * y
     w = math.copysign(math.sqrt(max(2 * n * (t * y - math.log(m)), 0.0)), t)
     u1 = -math.expm1(-t) * math.sqrt(max(n * k2, 0.0))
     if w == 0 or u1 == 0:
-        return _log_sf_scalar((s - 0.5 - mean) / math.sqrt(max(var, 1e-300)))
+        return distributions.log_normal_sf_scalar((s - 0.5 - mean) / math.sqrt(max(var, 1e-300)))
     if w > 0:
-        bracket = _mills_scalar(w) + 1 / u1 - 1 / w
+        bracket = distributions.normal_mills_ratio_scalar(w) + 1 / u1 - 1 / w
         if bracket <= 0:
-            return min(_log_sf_scalar(w), 0.0)
-        return min(-0.5 * w * w - math.log(_SQRT_2PI) + math.log(max(bracket, 1e-300)), 0.0)
-    value = 1 - math.exp(_log_sf_scalar(-w)) + math.exp(-0.5 * w * w) / _SQRT_2PI * (1 / u1 - 1 / w)
+            return min(distributions.log_normal_sf_scalar(w), 0.0)
+        return min(-0.5 * w * w - math.log(distributions.SQRT_2PI) + math.log(max(bracket, 1e-300)), 0.0)
+    value = 1 - math.exp(distributions.log_normal_sf_scalar(-w)) + math.exp(-0.5 * w * w) / distributions.SQRT_2PI * (1 / u1 - 1 / w)
     return min(math.log(min(max(value, 1e-300), 1.0)), 0.0)
-
-
-def _log_sf_scalar(x: float) -> float:
-    if x <= 30:
-        return math.log(0.5 * math.erfc(x / math.sqrt(2))) if x < 37 else -math.inf
-    return -0.5 * x * x - math.log(_SQRT_2PI) + math.log(_mills_scalar(x))
-
-
-def _mills_scalar(x: float) -> float:
-    if x <= 30:
-        return 0.5 * math.erfc(x / math.sqrt(2)) * _SQRT_2PI * math.exp(0.5 * x * x)
-    inv2 = 1.0 / (x * x)
-    return (1 - inv2 * (1 - 3 * inv2 * (1 - 5 * inv2 * (1 - 7 * inv2)))) / x
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,25 +347,6 @@ def accuracy_regressed(test: MarginTest, *, alpha: float, adjusted_p: float | No
 
 # ---------------------------------------------------------------------------------------------- accuracy floor
 
-def binomial_log_cdf(k: int, n: int, p: float) -> float:
-    """log P(X <= k), X ~ Binomial(n, p), summed in log space."""
-    if not (0 <= p <= 1) or n < 0:
-        raise ValueError(f"need n >= 0 and p in [0, 1], got n={n}, p={p}")
-    if k < 0:
-        return -math.inf
-    if k >= n or p == 0:
-        return 0.0
-    if p == 1:
-        return -math.inf
-    i = np.arange(k + 1, dtype=float)
-    log_pmf = (math.lgamma(n + 1) - _lgamma(i + 1).astype(float) - _lgamma(n - i + 1).astype(float)
-               + i * math.log(p) + (n - i) * math.log1p(-p))
-    top = log_pmf.max()
-    return float(min(0.0, top + math.log(np.exp(log_pmf - top).sum())))
-
-
-_lgamma = np.frompyfunc(math.lgamma, 1, 1)
-
 
 @dataclass(frozen=True, slots=True)
 class FloorTest:
@@ -453,7 +369,7 @@ def floor_test(correct: int, n: int, *, floor: float, alpha: float) -> FloorTest
     if not 0 < floor < 1:
         raise ValueError(f"floor must be in (0, 1), got {floor}")
     _check_alpha(alpha)
-    log_p = binomial_log_cdf(correct, n, floor)
+    log_p = distributions.binomial_log_cdf(correct, n, floor)
     if correct == n:
         upper = 1.0
     else:
@@ -461,7 +377,7 @@ def floor_test(correct: int, n: int, *, floor: float, alpha: float) -> FloorTest
         target = math.log(alpha)
         for _ in range(100):
             mid = 0.5 * (low + high)
-            low, high = (mid, high) if binomial_log_cdf(correct, n, mid) > target else (low, mid)
+            low, high = (mid, high) if distributions.binomial_log_cdf(correct, n, mid) > target else (low, mid)
         upper = 0.5 * (low + high)
     return FloorTest(accuracy=correct / n, floor=floor, alpha=alpha, p_value=reported_p(log_p), log_p_value=log_p,
                      upper=upper, correct=correct, n=n)
@@ -576,30 +492,12 @@ def _ratio_result(base: np.ndarray, cur: np.ndarray, diff: float, se: float, df:
         log_p = 0.0 if shift >= 0 else -math.inf
         lower = upper = math.exp(diff)
     else:
-        log_p = _t_log_cdf(shift / se, df)
-        quantile = _t_quantile(1 - alpha, df)
+        log_p = distributions.t_log_cdf(shift / se, df)
+        quantile = distributions.t_quantile(1 - alpha, df)
         lower, upper = math.exp(diff - quantile * se), math.exp(diff + quantile * se)
     return RatioTest(ratio=float(np.median(cur) / np.median(base)), estimate=math.exp(diff), lower=lower, upper=upper,
                      p_value=reported_p(log_p), log_p_value=log_p, min_ratio=min_ratio, alpha=alpha,
                      n_baseline=base.size, n_current=cur.size, df=df, se_log=se, method=method)
-
-
-def _t_log_cdf(t: float, df: float) -> float:
-    """log P(T <= t), accurate in the far lower tail (where the p-values of big slowdowns live)."""
-    if math.isinf(df) or df > 1e7:
-        return float(log_normal_sf(-t))
-    if t >= 0:
-        return math.log(student_t_cdf(t, df))
-    x = df / (df + t * t)  # P(T <= t) = I_x(df/2, 1/2) / 2 for t < 0
-    a, b = df / 2, 0.5
-    if x < (a + 1) / (a + b + 2):
-        log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-        return math.log(0.5) + log_front + math.log(_beta_continued_fraction(a, b, x) / a)
-    return math.log(student_t_cdf(t, df))
-
-
-def _t_quantile(probability: float, df: float) -> float:
-    return _NORMAL.inv_cdf(probability) if math.isinf(df) or df > 1e7 else student_t_ppf(probability, df)
 
 
 def _check_ratio_inputs(min_ratio: float, alpha: float) -> None:
@@ -649,85 +547,6 @@ def run_to_run_sd_estimate(runs: Sequence[Sequence[float]]) -> tuple[float, int]
 
 
 # ---------------------------------------------------------------------------------------------- Student's t
-
-def student_t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df (> 0, real) degrees of freedom."""
-    if not df > 0:
-        raise ValueError(f"df must be > 0, got {df}")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    x = df / (df + t * t)
-    tail = 0.5 * regularized_incomplete_beta(df / 2, 0.5, x)
-    return 1.0 - tail if t > 0 else tail
-
-
-def student_t_ppf(probability: float, df: float) -> float:
-    """The t with P(T <= t) = probability: Newton from the normal quantile, kept inside a bisection bracket."""
-    if not 0 < probability < 1:
-        raise ValueError(f"probability must be in (0, 1), got {probability}")
-    if probability == 0.5:
-        return 0.0
-    if probability < 0.5:
-        return -student_t_ppf(1 - probability, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < probability:
-        low, high = high, high * 2
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    t = min(max(_NORMAL.inv_cdf(probability), low), high)
-    for _ in range(100):
-        error = student_t_cdf(t, df) - probability
-        if abs(error) < 1e-14:
-            break
-        if error < 0:
-            low = t
-        else:
-            high = t
-        density = math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
-        step = t - error / density if density > 0 else math.nan
-        t = step if low < step < high else 0.5 * (low + high)
-        if high - low < 1e-13 * max(1.0, high):
-            break
-    return t
-
-
-def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
-    """I_x(a, b) by its continued fraction (modified Lentz), using the symmetry for fast convergence."""
-    if not (a > 0 and b > 0):
-        raise ValueError("a and b must be > 0")
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1 - x) / b
-
-
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1, a - 1
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
 
 
 # ---------------------------------------------------------------------------------------------- checks

@@ -73,7 +73,7 @@ FAMILIES = {
         KernelFamily(name="vllm_flash_attn_mla", module=f"{ADAPTERS}.vllm_flash_attn_mla", archs=("sm90",),
                      kv_cache_dtypes=("auto",), page_sizes=(16,),
                      description="vllm.vllm_flash_attn flash_attn_varlen_func FA3 with q_v (vLLM FLASH_ATTN_MLA)"),
-        KernelFamily(name="vllm_flash_attn", module=f"{ADAPTERS}.vllm_flash_attn", archs=("sm90",),
+        KernelFamily(name="vllm_flash_attn", module=f"{ADAPTERS}.vllm_flash_attn_decode", archs=("sm90",),
                      kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(16,), mla=False, fp8_pv=True,
                      description="vllm.vllm_flash_attn flash_attn_varlen_func FA3 (vLLM FLASH_ATTN)"),
         KernelFamily(name="flashinfer_decode", module=f"{ADAPTERS}.flashinfer_decode",

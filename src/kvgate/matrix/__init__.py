@@ -2,7 +2,9 @@
 
 A cell is attention backend x kv_cache_dtype x GPU arch (x workload), declared as data in the TOML files of
 the repository's `matrix/` folder. This package owns
-    cells        the declared model (archs, backends, workloads, exclusions, waivers, cells) and `load()`
+    cells        `load()`: the TOML files -> a Matrix, every problem named
+    declarations the records it is made of (archs, backends, workloads, exclusions, waivers, cells, the Matrix)
+    host_requirements  what a cell needs from its host beyond the arch (a CPU's instruction sets, a head size)
     views        the matrix as other tools want it (a table, GitHub Actions' {"include": [...]})
     toml_reading how every TOML file under matrix/ is read, so each problem names its file and place
 

@@ -1,8 +1,9 @@
 """The matrix: cells of attention backend x kv_cache_dtype x arch (x model), from the TOML under matrix/.
 
 Stdlib only, so the noxfile can import it before anything is installed. `load()` is the only
-function that touches the disk; `parse()` turns already-read TOML documents into a `Matrix` and
-reports every problem it finds, each naming the file, the place and, where it fits, the fix.
+function that touches the disk; `parse()` turns already-read TOML documents into a `Matrix` (its records are
+kvgate.matrix.declarations) and reports every problem it finds, each naming the file, the place and, where it
+fits, the fix.
 """
 
 from __future__ import annotations
@@ -10,277 +11,37 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvgate import InputError, InputErrors, did_you_mean, unknown_name_hint
-from kvgate.matrix.host_requirements import HostRequirement, parse_host_requirements
+from kvgate import InputError, InputErrors, unknown_name_hint
+from kvgate.matrix.declarations import (
+    GSM8K_FILTERS,
+    LOCAL_MODEL_PREFIX,
+    MATCH_KEYS,
+    Arch,
+    Backend,
+    Cell,
+    Exclusion,
+    ExpectedAccuracy,
+    Match,
+    Matrix,
+    Waiver,
+    Workload,
+    cell_id,
+    glob_matches,
+)
+from kvgate.matrix.host_requirements import parse_host_requirements
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
+# The matrix's public names: the loader here, its records from kvgate.matrix.declarations.
+__all__ = ["GSM8K_FILTERS", "LOCAL_MODEL_PREFIX", "MATRIX_DIR_ENV", "MATRIX_FILES", "Arch", "Backend", "Cell",
+           "Exclusion", "ExpectedAccuracy", "Match", "Matrix", "Waiver", "Workload", "cell_id", "default_matrix_dir",
+           "glob_matches", "load", "parse", "parse_match"]
+
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
-MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")
-LOCAL_MODEL_PREFIX = "kvgate:"
-GSM8K_FILTERS = ("strict-match", "flexible-extract")  # lm-eval's gsm8k filters (the gate's policy names them too)
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Arch:
-    name: str
-    description: str
-    runner: str
-    compute_capability: str | None = None
-
-    @property
-    def is_gpu(self) -> bool:
-        return self.name != "cpu"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Backend:
-    name: str
-    mla: bool
-    kv_cache_dtypes: tuple[str, ...]
-    archs: tuple[str, ...]
-    arch_kv_cache_dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    block_sizes: tuple[int, ...] = ()
-    block_size_multiple: int | None = None
-    sources: tuple[str, ...] = ()
-    notes: str = ""
-    host_requirements: tuple[HostRequirement, ...] = ()  # what its cells need from the host beyond the arch
-
-    def supports(self, arch: str, kv_cache_dtype: str) -> bool:
-        if arch not in self.archs:
-            return False
-        allowed = self.arch_kv_cache_dtypes.get(arch, self.kv_cache_dtypes)
-        return kv_cache_dtype in allowed
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ExpectedAccuracy:
-    """A workload's expected auto gsm8k accuracy per filter, with a relative tolerance (vLLM CI's form):
-    the gate's accuracy floor is value x (1 - rtol)."""
-
-    values: Mapping[str, float]  # by gsm8k filter, fractions
-    rtol: float
-    source: str  # where the figures come from (a link, a run)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Workload:
-    name: str
-    model: str
-    mla: bool
-    archs: tuple[str, ...]
-    model_args: Mapping[str, Any]
-    gsm8k: Mapping[str, Any]
-    throughput: Mapping[str, Any]
-    timeouts: Mapping[str, int] = field(default_factory=dict)  # stage -> seconds (accuracy, throughput)
-    calculate_kv_scales: bool = False  # FP8 cells: vLLM computes k/v scales from the data (else checkpoint or 1.0)
-    expected_accuracy: ExpectedAccuracy | None = None
-
-    @property
-    def is_local_model(self) -> bool:
-        """True for the tiny models kvgate builds itself ("kvgate:<name>")."""
-        return self.model.startswith(LOCAL_MODEL_PREFIX)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Match:
-    """A selector over cells: each key holds the allowed values, or is absent (any)."""
-
-    backend: tuple[str, ...] = ()
-    kv_cache_dtype: tuple[str, ...] = ()
-    arch: tuple[str, ...] = ()
-
-    def matches(self, cell: Cell) -> bool:
-        return all(
-            not allowed or getattr(cell, key) in allowed
-            for key, allowed in (("backend", self.backend), ("kv_cache_dtype", self.kv_cache_dtype),
-                                 ("arch", self.arch))
-        )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Exclusion:
-    match: Match
-    reason: str
-    link: str
-    where: str  # e.g. "exclude[1]"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Waiver:
-    match: Match
-    checks: tuple[str, ...]
-    reason: str
-    issue: str
-    expires: dt.date
-    where: str
-
-    def covers(self, cell: Cell, check: str) -> bool:
-        return self.match.matches(cell) and ("*" in self.checks or check in self.checks)
-
-    def expired(self, today: dt.date) -> bool:
-        return today > self.expires
-
-
-def cell_id(backend: str, kv_cache_dtype: str, arch: str) -> str:
-    """The one name of a cell: nox parameter id, GitHub job name, results folder and report row."""
-    return f"{backend.lower()}-{kv_cache_dtype}-{arch}"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Cell:
-    backend: str
-    kv_cache_dtype: str
-    arch: str
-    workload: Workload
-    mla: bool
-    host_requirements: tuple[HostRequirement, ...] = ()  # what this cell needs from the host beyond its arch
-
-    @property
-    def id(self) -> str:
-        return cell_id(self.backend, self.kv_cache_dtype, self.arch)
-
-    @property
-    def model(self) -> str:
-        return self.workload.model
-
-    @property
-    def is_fp8(self) -> bool:
-        return self.kv_cache_dtype != "auto"
-
-    def as_record(self) -> dict[str, Any]:
-        """The identity written to a results folder's cell.json (docs/results-folder.md)."""
-        return {
-            "backend": self.backend,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "arch": self.arch,
-            "model": self.model,
-            "task": str(self.workload.gsm8k["task"]),  # the lm-eval task name its results are filed under
-            "cell_id": self.id,
-            "workload": self.workload.name,
-            # FP8 cells: the engine's calculate_kv_scales, passed explicitly (docs/results-folder.md 1.3)
-            **({"calculate_kv_scales": self.workload.calculate_kv_scales} if self.is_fp8 else {}),
-        }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Matrix:
-    kv_cache_dtypes: tuple[str, ...]
-    archs: Mapping[str, Arch]
-    backends: Mapping[str, Backend]
-    workloads: Mapping[str, Workload]
-    exclusions: tuple[Exclusion, ...]
-    waivers: tuple[Waiver, ...]
-    shared_sources: tuple[str, ...]
-    cells: tuple[Cell, ...]
-
-    def cell(self, cell_id_: str, source: str = "--cell") -> Cell:
-        for cell in self.cells:
-            if cell.id == cell_id_:
-                return cell
-        raise InputError(source, f"unknown cell '{cell_id_}'",
-                         hint=did_you_mean(cell_id_, [c.id for c in self.cells])
-                         or "List them with `nox -s matrix`")
-
-    def select(
-        self,
-        *,
-        archs: Sequence[str] = (),
-        backends: Sequence[str] = (),
-        kv_cache_dtypes: Sequence[str] = (),
-        cell_ids: Sequence[str] = (),
-        changed_files: Sequence[str] | None = None,
-    ) -> list[Cell]:
-        """Cells passing every filter; names are checked (InputErrors) before anything is filtered."""
-        problems = []
-        for flag, values, known in (("--arch", archs, self.archs), ("--backend", backends, self.backends),
-                                    ("--kv-cache-dtype", kv_cache_dtypes, self.kv_cache_dtypes)):
-            for value in values:
-                if value not in known:
-                    problems.append(InputError(flag, f"unknown value '{value}'", hint=unknown_name_hint(value, known)))
-        for value in cell_ids:
-            try:
-                self.cell(value)
-            except InputError as error:
-                problems.append(error)
-        if problems:
-            raise InputErrors(problems)
-        selected = [
-            cell for cell in self.cells
-            if (not archs or cell.arch in archs)
-            and (not backends or cell.backend in backends)
-            and (not kv_cache_dtypes or cell.kv_cache_dtype in kv_cache_dtypes)
-            and (not cell_ids or cell.id in cell_ids)
-        ]
-        if changed_files is not None:
-            touched = self.backends_touched_by(changed_files)
-            selected = [cell for cell in selected if cell.backend in touched]
-        return selected
-
-    def backends_touched_by(self, changed_files: Iterable[str]) -> set[str]:
-        """Backends whose sources a change touches; every backend when shared code changed."""
-        paths = [p.strip().lstrip("./") for p in changed_files if p.strip()]
-        if any(glob_matches(pattern, path) for pattern in self.shared_sources for path in paths):
-            return set(self.backends)
-        return {
-            name for name, backend in self.backends.items()
-            if any(glob_matches(pattern, path) for pattern in backend.sources for path in paths)
-        }
-
-    def runner_for(self, cell: Cell) -> str:
-        """The CI runner label of hosts that can run the cell: its host requirement's, else its arch's."""
-        labels = [r.runner for r in cell.host_requirements if r.cpu_isa_any]
-        return labels[0] if labels else self.archs[cell.arch].runner
-
-    def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
-        """The first waiver covering this cell's check, expired or not (the gate decides)."""
-        return next((w for w in self.waivers if w.covers(cell, check)), None)
-
-    def cells_by_arch(self) -> dict[str, list[Cell]]:
-        by_arch: dict[str, list[Cell]] = {arch: [] for arch in self.archs}
-        for cell in self.cells:
-            by_arch[cell.arch].append(cell)
-        return by_arch
-
-
-# ---------------------------------------------------------------------------------------------- globs
-
-def glob_matches(pattern: str, path: str) -> bool:
-    """Match a repository path against a glob: `**` spans folders, `*` and `?` stay inside one."""
-    return _glob_regex(pattern).fullmatch(path) is not None
-
-
-_GLOB_CACHE: dict[str, re.Pattern[str]] = {}
-
-
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    if pattern not in _GLOB_CACHE:
-        out, i = [], 0
-        while i < len(pattern):
-            if pattern.startswith("**/", i):
-                out.append("(?:.*/)?")
-                i += 3
-            elif pattern.startswith("**", i):
-                out.append(".*")
-                i += 2
-            elif pattern[i] == "*":
-                out.append("[^/]*")
-                i += 1
-            elif pattern[i] == "?":
-                out.append("[^/]")
-                i += 1
-            else:
-                out.append(re.escape(pattern[i]))
-                i += 1
-        _GLOB_CACHE[pattern] = re.compile("".join(out))
-    return _GLOB_CACHE[pattern]
-
-
-# ---------------------------------------------------------------------------------------------- loading
 
 MATRIX_DIR_ENV = "KVGATE_MATRIX_DIR"
 

@@ -5,6 +5,8 @@ Owns
                     unpacked locally, nothing downloaded
     gsm8k_problems  kvgate's own grade-school problems in gsm8k's format (generator and shipped splits)
     gsm8k_local     lm-eval's gsm8k task pointed at those problems (a task YAML that includes lm-eval's own)
+    training_problems  the tiny models' training problems, disjoint from the test problems (checked), and
+                    training_wordings, their sentence variants
     data/           the shipped problem files and tokenizer corpus
 
 It may import the matrix; it must never import the runners, the gate, the report or the CLI. torch,

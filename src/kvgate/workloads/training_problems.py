@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from kvgate.workloads import gsm8k_problems as G
+from kvgate.workloads.training_wordings import SENTENCES, listed
 
 TEST_NAMES = list(G.NAMES)
 SHOP_ITEMS = list(G.SHOP_ITEMS)
@@ -237,206 +238,14 @@ TEMPLATE_ORDER = [t.__name__ for t in G.TEMPLATES]
 assert list(SAMPLERS) == TEMPLATE_ORDER, "template order must follow gsm8k_problems.TEMPLATES"
 
 
-# ---- wordings: per-sentence variants; variant 0 is exactly the test wording ---------------------------
-
-def _listed(scores) -> str:
-    return ", ".join(str(s) for s in scores[:-1]) + f" and {scores[-1]}"
-
-
-SENTENCES: dict[str, list[list[str]]] = {
-    "shopping_change": [
-        ["{N} buys {ca} {A} for ${pa} each and {cb} {B} for ${pb} each.",
-         "{N} buys {ca} {A} at ${pa} each and {cb} {B} at ${pb} each.",
-         "At the store, {N} gets {ca} {A} that cost ${pa} each and {cb} {B} that cost ${pb} each.",
-         "{N} picks up {ca} {A} for ${pa} apiece and {cb} {B} for ${pb} apiece.",
-         "{N} shops for {ca} {A}, which cost ${pa} each, and {cb} {B}, which cost ${pb} each."],
-        ["{N} pays with a ${bill} bill.",
-         "{N} hands the cashier a ${bill} bill.",
-         "{N} pays with one ${bill} bill.",
-         "{N} gives the clerk a ${bill} bill."],
-        ["How much change does {N} get back?",
-         "How many dollars of change does {N} receive?",
-         "How much change should {N} get?",
-         "How much money does {N} get back?"],
-    ],
-    "ages": [
-        ["{C} is {c} years old.", "{C} is {c}.", "{C}'s age is {c} years.", "{C} is {c} years old now."],
-        ["{P} is {t} times as old as {C}.", "{P} is {t} times {C}'s age.",
-         "{P}'s age is {t} times the age of {C}.", "The age of {P} is {t} times that of {C}."],
-        ["{G} is {o} years older than {P}.", "{G} is {o} years older than {P} is.",
-         "{G} was born {o} years before {P}.", "{G}'s age is {P}'s age plus {o} years."],
-        ["How old will {G} be in {y} years?", "How old is {G} going to be {y} years from now?",
-         "What will {G}'s age be in {y} years?", "In {y} years, how old will {G} be?"],
-    ],
-    "distance_speed": [
-        ["{N} drives at {s1} miles per hour for {h1} hours, then at {s2} miles per hour for {h2} more hours.",
-         "{N} drives for {h1} hours at {s1} miles per hour and then for {h2} more hours at {s2} miles per hour.",
-         "{N} travels at {s1} miles per hour for {h1} hours. After that, {N} travels at {s2} miles per hour "
-         "for {h2} hours.",
-         "First {N} drives {h1} hours at a speed of {s1} miles per hour, then {h2} hours at a speed of {s2} "
-         "miles per hour."],
-        ["How many miles does {N} drive in total?", "How far does {N} drive altogether, in miles?",
-         "What is the total distance {N} drives in miles?", "How many miles does {N} cover in all?"],
-    ],
-    "travel_time": [
-        ["{N} has to travel {d} kilometers at {s} kilometers per hour.",
-         "{N} needs to drive {d} kilometers at a speed of {s} kilometers per hour.",
-         "{N} travels {d} kilometers, going {s} kilometers per hour.",
-         "A trip of {d} kilometers lies ahead of {N}, who drives at {s} kilometers per hour."],
-        ["On the way {N} makes {k} stops of {m} minutes each.",
-         "{N} stops {k} times on the way, for {m} minutes each time.",
-         "Along the way there are {k} stops of {m} minutes each.",
-         "{N} takes {k} breaks of {m} minutes each."],
-        ["How many minutes does the whole trip take?", "How long is the whole trip in minutes?",
-         "How many minutes does the trip take in total?",
-         "In minutes, how long does the trip last including the stops?"],
-    ],
-    "fractions_given_away": [
-        ["{N} has {start} {M}.", "{N} owns {start} {M}.", "{N} has a collection of {start} {M}.",
-         "There are {start} {M} in {N}'s box."],
-        ["{N} gives 1/{f} of them to {F} and then loses 1/{s} of the rest.",
-         "{N} gives 1/{f} of them to {F}, and later loses 1/{s} of the remaining {M}.",
-         "First {N} gives {F} 1/{f} of the {M}. Then {N} loses 1/{s} of what is left.",
-         "{N} hands 1/{f} of them to {F} and then loses 1/{s} of the ones that remain."],
-        ["How many {M} does {N} have left?", "How many {M} are left for {N}?",
-         "How many {M} does {N} still have?", "How many {M} remain with {N}?"],
-    ],
-    "bakery_boxes": [
-        ["{N} bakes {t} trays of cookies with {p} cookies on each tray.",
-         "{N} bakes {t} trays of cookies, and each tray holds {p} cookies.",
-         "{N} makes {t} trays of cookies with {p} cookies per tray.",
-         "There are {p} cookies on each of the {t} trays {N} bakes."],
-        ["{N} sells {sold} cookies at the market and packs the rest into boxes of {box}.",
-         "{N} sells {sold} cookies at the market. The rest go into boxes of {box}.",
-         "After selling {sold} cookies, {N} puts the rest in boxes that hold {box} cookies each.",
-         "{N} sells {sold} of the cookies and packs the others in boxes of {box}."],
-        ["How many boxes does {N} fill?", "How many boxes can {N} fill?",
-         "How many full boxes does {N} pack?", "How many boxes does {N} need for the rest?"],
-    ],
-    "discount": [
-        ["A {one} costs ${price}.", "The price of a {one} is ${price}.", "One {one} costs ${price}.",
-         "A {one} sells for ${price}."],
-        ["This week every {one} is {pct}% off.", "This week there is a {pct}% discount on every {one}.",
-         "Today each {one} is on sale for {pct}% off.",
-         "The store takes {pct}% off the price of every {one} this week."],
-        ["{N} buys {count} {many}.", "{N} buys {count} of them.", "{N} gets {count} {many}.",
-         "{N} purchases {count} {many}."],
-        ["How many dollars does {N} pay?", "How much does {N} pay in total?",
-         "How many dollars does {N} spend?", "What is the total {N} pays in dollars?"],
-    ],
-    "wages": [
-        ["{N} earns ${rate} an hour and works {h} hours a day for {d} days this week.",
-         "{N} makes ${rate} per hour, working {h} hours a day for {d} days this week.",
-         "This week {N} works {d} days, {h} hours each day, for ${rate} an hour.",
-         "{N} is paid ${rate} an hour and works {h} hours on each of {d} days this week."],
-        ["{N} spends ${spent} on groceries.", "Then {N} spends ${spent} on groceries.",
-         "{N} uses ${spent} of the pay to buy groceries.", "Groceries cost {N} ${spent}."],
-        ["How much money does {N} have left from this week's pay?",
-         "How much of this week's pay does {N} have left?", "How many dollars does {N} have left?",
-         "How much money is left for {N} after buying groceries?"],
-    ],
-    "reading_days": [
-        ["{N}'s book has {pages} pages.", "{N} is reading a book with {pages} pages.",
-         "There are {pages} pages in {N}'s book.", "{N} has a book of {pages} pages."],
-        ["{N} reads {pd} pages every day and has read for {dd} days.",
-         "{N} reads {pd} pages a day and has been reading for {dd} days.",
-         "For {dd} days, {N} has read {pd} pages each day.",
-         "Every day {N} reads {pd} pages, and {N} has done this for {dd} days."],
-        ["How many more days does {N} need to finish the book?",
-         "How many more days will it take {N} to finish the book?",
-         "How many days are left until {N} finishes?", "How many more days of reading does {N} need?"],
-    ],
-    "garden_rows": [
-        ["{N} plants {r} rows of tomato plants with {pr} plants in each row.",
-         "{N} plants {r} rows of tomatoes, with {pr} plants per row.",
-         "{N}'s garden has {r} rows of tomato plants and {pr} plants in every row.",
-         "In {N}'s garden there are {pr} tomato plants in each of {r} rows."],
-        ["{died} plants die.", "Of these plants, {died} die.", "{died} of the plants do not survive.",
-         "Sadly, {died} plants die."],
-        ["Each plant that lives gives {t} tomatoes.", "Every plant that survives gives {t} tomatoes.",
-         "Each living plant grows {t} tomatoes.", "Each surviving plant produces {t} tomatoes."],
-        ["How many tomatoes does {N} pick?", "How many tomatoes does {N} get?",
-         "How many tomatoes does {N} harvest?", "How many tomatoes are picked in total?"],
-    ],
-    "savings_goal": [
-        ["{N} wants a bike that costs ${price}.", "{N} wants to buy a bike for ${price}.",
-         "A bike that {N} wants costs ${price}.", "{N} is saving for a ${price} bike."],
-        ["{N} saves ${w} every week for {k} weeks, and {F} gives {N} ${gift}.",
-         "{N} saves ${w} a week for {k} weeks, and {F} gives {N} ${gift} as a gift.",
-         "For {k} weeks {N} puts away ${w} each week. {F} also gives {N} ${gift}.",
-         "{N} saves ${w} each week for {k} weeks. {F} adds ${gift}."],
-        ["How much more money does {N} need?", "How much more does {N} need to buy the bike?",
-         "How many more dollars does {N} need?", "How much money is {N} still missing?"],
-    ],
-    "classroom": [
-        ["There are {st} students in {T}'s class.", "{T}'s class has {st} students.",
-         "{T} teaches a class of {st} students.", "In {T}'s class there are {st} students."],
-        ["{g}/{gr} of them are girls and the rest are boys.",
-         "{g}/{gr} of the students are girls, and the others are boys.",
-         "Girls make up {g}/{gr} of the class and the rest are boys.",
-         "Of the students, {g}/{gr} are girls and the remaining students are boys."],
-        ["{T} gives each boy {p} pencils.", "{T} gives {p} pencils to each boy.",
-         "Every boy gets {p} pencils from {T}.", "{T} hands out {p} pencils to every boy."],
-        ["How many pencils does {T} give out?", "How many pencils does {T} hand out?",
-         "How many pencils do the boys get in total?", "How many pencils does {T} need?"],
-    ],
-    "recipe_scaling": [
-        ["A pancake recipe uses {c} cups of flour and serves {sv} people.",
-         "A pancake recipe needs {c} cups of flour and feeds {sv} people.",
-         "One batch of pancakes takes {c} cups of flour and serves {sv} people.",
-         "{c} cups of flour make enough pancakes for {sv} people."],
-        ["{N} is cooking for {g} people.", "{N} is making pancakes for {g} people.",
-         "{N} has {g} guests to feed.", "{N} needs to feed {g} people."],
-        ["Flour comes in bags of {bag} cups.", "Each bag of flour holds {bag} cups.",
-         "A bag of flour has {bag} cups in it.", "Flour is sold in bags of {bag} cups."],
-        ["How many bags of flour does {N} need?", "How many bags of flour does {N} have to buy?",
-         "How many bags does {N} need?", "How many bags of flour are needed?"],
-    ],
-    "bus_passengers": [
-        ["A bus leaves the station with {start} passengers.", "A bus starts its route with {start} passengers.",
-         "There are {start} passengers on a bus when it leaves the station.",
-         "{start} people ride a bus out of the station."],
-        ["At the first stop {o1} people get off and {n1} get on.",
-         "At the first stop, {o1} passengers get off and {n1} passengers get on.",
-         "{o1} people get off at the first stop and {n1} people get on.",
-         "The first stop sees {o1} people leave and {n1} people board."],
-        ["At the second stop {o2} get off and {n2} get on.",
-         "At the second stop, {o2} passengers get off and {n2} get on.",
-         "Then {o2} people get off at the second stop and {n2} get on.",
-         "At the next stop {o2} leave and {n2} board."],
-        ["How many passengers are on the bus now?", "How many passengers are on the bus after the second stop?",
-         "How many people are on the bus now?", "How many passengers does the bus have now?"],
-    ],
-    "test_average": [
-        ["{N} scored {listed} on the first {k} tests.", "{N} got scores of {listed} on the first {k} tests.",
-         "On the first {k} tests, {N} scored {listed}.", "{N}'s scores on the first {k} tests were {listed}."],
-        ["What score does {N} need on test number {tests} to have an average of {target}?",
-         "What does {N} need to score on test {tests} to get an average of {target}?",
-         "What score must {N} get on test number {tests} for an average of {target}?",
-         "To average {target}, what score does {N} need on test number {tests}?"],
-    ],
-    "split_bill": [
-        ["{N} and {f} friends order {pz} pizzas at ${pp} each and one drink each at ${dp} a drink.",
-         "{N} and {f} friends buy {pz} pizzas for ${pp} each and one drink per person at ${dp} each.",
-         "{N} goes out with {f} friends. They order {pz} pizzas at ${pp} each, and everyone gets one drink "
-         "for ${dp}.",
-         "{N} and {f} friends get {pz} pizzas costing ${pp} each, plus one ${dp} drink for each person."],
-        ["They leave a ${tip} tip and split the bill equally.",
-         "They add a ${tip} tip and share the bill equally.",
-         "They also leave a ${tip} tip and divide the total evenly.",
-         "With a ${tip} tip, they split the cost equally."],
-        ["How much does each person pay?", "How much does each of them pay?",
-         "How many dollars does each person pay?", "What is each person's share?"],
-    ],
-}
-
+# ---- wordings (kvgate.workloads.training_wordings): variant 0 of every sentence is the test wording ---------
 
 def _fields(s: Slots) -> dict:
     f = dict(s.nums)
     f.update(s.names)
     f.update(s.items)
     if s.template == "test_average":
-        f["listed"] = _listed(s.nums["scores"])
+        f["listed"] = listed(s.nums["scores"])
         f["k"] = s.nums["tests"] - 1
     return f
 
