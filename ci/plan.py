@@ -16,8 +16,11 @@ What a path selects depends on whose change it is (--change-of):
   kvgate  kvgate's own repository (kvgate.yml). kvgate holds no vLLM source, so a change either plans every
           cell (its harness changed: HARNESS_PATHS, or any path not known to be inert) or none (INERT_PATHS
           only: docs, kvgate's own unit tests, ...). Unknown paths count as harness: fail safe.
-  vllm    a vLLM checkout (kvgate-vllm.yml): `nox -s matrix -- --format gha --changed-files FILE` keeps the
-          cells whose backend sources were touched (all of them when vLLM's shared attention code was).
+  vllm    a vLLM checkout (kvgate-vllm.yml): `nox -s matrix -- --format gha --changed-files FILE --vllm-git REPO
+          --vllm-base MERGE_BASE --vllm-head HEAD` keeps the cells whose engine loads a changed module, read from
+          vLLM's own import graph on both commits (kvgate.change.selection), the compiled paths by the backends'
+          declared globs, and every cell for any path it cannot place; the step summary says which path selected
+          each cell and through which import chain.
 On a push, a schedule or a manual run every cell is planned.
 
 Each matrix entry gains `runs-on`: its runner label plus the pool label (kvgate-main for main's own runs, kvgate-pr
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,24 +52,26 @@ MAX_JOBS = 256
 # Keys every matrix entry carries (kvgate.matrix.views.gha_matrix); the workflow reads them.
 ENTRY_KEYS = ("cell", "backend", "kv_cache_dtype", "arch", "model", "runner", "sessions")
 # kvgate's own files whose change re-runs every cell (fnmatch patterns, `*` crosses folders): everything a
-# `cell(<id>)` job runs or reads. pytest loads every conftest.py above tests/kernels and its configuration from
-# pytest.ini, tox.ini or setup.cfg before pyproject.toml, so those count even where kvgate has none today.
+# `cell(<id>)` job runs or reads, and every file that configures pytest or Python wherever it sits, even where
+# kvgate has none today (.github/CODEOWNERS gives each of them a code owner too).
 HARNESS_PATHS = (
     "src/*",
     "matrix/*",
     "noxfile.py",
-    "pyproject.toml",
     "setup.py",
-    "setup.cfg",
-    "pytest.ini",
-    "tox.ini",
-    "conftest.py",
-    "tests/conftest.py",
     "tests/kernels/*",
     "ci/*",
     ".github/workflows/*",
+    # pytest's configuration and plugins at any depth: it reads the first pytest.ini, pyproject.toml, tox.ini or
+    # setup.cfg above the tests it runs, and every conftest.py on the way; a .pth or sitecustomize runs at start-up.
+    "*conftest.py",
+    "*pytest.ini",
+    "*pyproject.toml",
+    "*tox.ini",
+    "*setup.cfg",
     "*.pth",
     "*sitecustomize.py",
+    "*usercustomize.py",
 )
 # kvgate's files no cell reads: a change made of these alone plans no cell. Anything else counts as harness.
 INERT_PATHS = (
@@ -116,12 +122,26 @@ def unsafe_paths(changed: Sequence[str]) -> list[str]:
     return unsafe
 
 
-def matrix_command(nox: Sequence[str], changed_files: Path | None) -> list[str]:
+def matrix_command(nox: Sequence[str], changed_files: Path | None, vllm_git: VllmGit | None = None,
+                   explain_file: Path | None = None) -> list[str]:
     # --matrix-dir: the session installs kvgate into its own venv, away from the checkout's matrix/.
     argv = [*nox, "-s", "matrix", "--", "--format", "gha", "--matrix-dir", str(ROOT / "matrix")]
     if changed_files is not None:
         argv += ["--changed-files", str(changed_files)]
+    if vllm_git is not None:  # both sides' import graphs from the vLLM checkout (kvgate.change.selection)
+        argv += ["--vllm-git", str(vllm_git.repo), "--vllm-base", vllm_git.base, "--vllm-head", vllm_git.head]
+    if explain_file is not None:
+        argv += ["--explain-file", str(explain_file)]
     return argv
+
+
+@dataclass(frozen=True)
+class VllmGit:
+    """The vLLM checkout and the two commits whose import graphs decide which cells a change selects."""
+
+    repo: Path
+    base: str
+    head: str
 
 
 def parse_matrix(stdout: str, source: str = "nox -s matrix") -> dict[str, list[dict[str, object]]]:
@@ -277,24 +297,31 @@ def decide(event: str, changed: list[str] | None, change_of: str = "kvgate",
 
 
 def plan(event: str, changed: list[str] | None, nox: Sequence[str], cwd: Path,
-         change_of: str = "kvgate", all_cells: bool = False) -> tuple[dict, str]:
+         change_of: str = "kvgate", all_cells: bool = False,
+         vllm_git: VllmGit | None = None) -> tuple[dict, str, str]:
+    """(the matrix, the reason in words, the selection's explanation as Markdown: which path selected each cell
+    and through which import chain; empty when no vLLM change was planned)."""
     selection, reason = decide(event, changed, change_of, all_cells)
     if selection == []:
-        return {"include": []}, reason
+        return {"include": []}, reason, ""
     with tempfile.TemporaryDirectory() as tmp:
-        listing = None
+        listing = explain = None
         if selection is not None:
             listing = Path(tmp) / "changed-files.txt"
             listing.write_text("".join(f"{path}\n" for path in selection), encoding="utf-8")
-        argv = matrix_command(nox, listing)
+            if change_of == "vllm":
+                explain = Path(tmp) / "explain.md"
+        argv = matrix_command(nox, listing, vllm_git if change_of == "vllm" and selection is not None else None,
+                              explain)
         try:
             result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
         except OSError as error:
             raise PlanError(f"{argv[0]}: {error.strerror}. Install nox (`pip install nox`)") from None
+        explanation = explain.read_text(encoding="utf-8") if explain is not None and explain.is_file() else ""
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-5:])
         raise PlanError(f"{' '.join(argv)} exited {result.returncode}: {tail}")
-    return parse_matrix(result.stdout), reason
+    return parse_matrix(result.stdout), reason, explanation
 
 
 def _append(path: str | None, text: str) -> None:
@@ -336,9 +363,11 @@ def changed_paths(args: argparse.Namespace) -> list[str] | None:
     if not (args.repo / ".git").exists():
         raise PlanError(f"--repo {args.repo}: not a git checkout")
     if args.base is None:
+        args.vllm_git = VllmGit(repo=args.repo, base="HEAD^1", head="HEAD")
         return pull_request_changed_files(args.repo)
     base, head = check_rev("--base", args.base), check_rev("--head", args.head)
     args.merge_base = merge_base(args.repo, base, head)
+    args.vllm_git = VllmGit(repo=args.repo.resolve(), base=args.merge_base, head=head)
     return git_changed_paths(args.repo, args.merge_base, head)
 
 
@@ -364,18 +393,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the nox command (default: $KVGATE_NOX or nox)")
     args = parser.parse_args(argv)
     args.merge_base = ""
+    args.vllm_git = None
     try:
         if args.cells not in ("changed", "all"):
             raise PlanError(f"--cells {args.cells!r}: expected changed or all")
         all_cells = args.cells == "all"
         changed = None if all_cells else changed_paths(args)
-        matrix, reason = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, all_cells)
+        matrix, reason, explanation = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, all_cells,
+                                           args.vllm_git)
         matrix = with_runner_pool(matrix, args.pool_label)
         _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix), "merge-base": args.merge_base}))
     except PlanError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
-    _append(os.environ.get("GITHUB_STEP_SUMMARY"), summary(matrix, reason))
+    _append(os.environ.get("GITHUB_STEP_SUMMARY"), summary(matrix, reason) + (f"\n{explanation}" if explanation else ""))
     print(json.dumps(matrix, separators=(",", ":")))
     print(f"kvgate plan: {reason} {len(matrix['include'])} cells", file=sys.stderr)
     return 0

@@ -82,6 +82,16 @@ def test_an_output_value_with_a_newline_is_refused():
     ("pull_request", ["ci/locks/gpu-py312-x86_64.txt"], "kvgate", None),
     ("pull_request", [".github/workflows/kvgate.yml"], "kvgate", None),
     ("pull_request", ["something/new.py"], "kvgate", None),  # unknown: counts as harness
+    # attack: pytest's configuration and plugins at any depth, and start-up hooks, are the harness
+    ("pull_request", ["tests/kernels/sub/conftest.py"], "kvgate", None),
+    ("pull_request", ["tests/fixtures/conftest.py"], "kvgate", None),
+    ("pull_request", ["tests/pytest.ini"], "kvgate", None),
+    ("pull_request", ["tests/tox.ini"], "kvgate", None),
+    ("pull_request", ["tests/setup.cfg"], "kvgate", None),
+    ("pull_request", ["tests/pyproject.toml"], "kvgate", None),
+    ("pull_request", ["tests/fixtures/evil.pth"], "kvgate", None),
+    ("pull_request", ["tests/sitecustomize.py"], "kvgate", None),
+    ("pull_request", ["docs/usercustomize.py"], "kvgate", None),
 ])
 def test_which_changes_plan_every_cell(event, changed, change_of, expected):
     assert plan.decide(event, changed, change_of)[0] == expected
@@ -145,10 +155,15 @@ def commit_all(repo: Path, message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def flashmla_selected(paths: list[str]) -> bool:
+def flashmla_selected(repo: Path, paths: list[str]) -> bool:
+    """Whether the selection of these paths, on both commits' trees (HEAD^1, HEAD), plans a FLASHMLA cell."""
+    from kvgate.change import code_sides
+    from kvgate.change.selection import select
     from kvgate.matrix import cells as kvmatrix
 
-    return "FLASHMLA" in kvmatrix.load(ROOT / "matrix").backends_touched_by(paths)
+    matrix = kvmatrix.load(ROOT / "matrix")
+    changed, base, head = code_sides.from_git(repo, "HEAD^1", "HEAD", paths, matrix)
+    return any(cell.backend == "FLASHMLA" for cell in select(matrix, changed, matrix.cells, base=base, head=head).cells)
 
 
 def test_attack_moving_the_backend_away_still_plans_it(vllm_repo):
@@ -156,12 +171,12 @@ def test_attack_moving_the_backend_away_still_plans_it(vllm_repo):
     git(vllm_repo, "mv", FLASHMLA, "vllm/v1/attention/backends/mla/renamed.py")
     commit_all(vllm_repo, "move FlashMLA")
     name_only = git(vllm_repo, "diff", "--name-only", "HEAD^1", "HEAD").splitlines()
-    assert name_only == ["vllm/v1/attention/backends/mla/renamed.py"] and not flashmla_selected(name_only)
+    assert name_only == ["vllm/v1/attention/backends/mla/renamed.py"]
 
     paths = plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD")
 
     assert paths == [FLASHMLA, "vllm/v1/attention/backends/mla/renamed.py"]
-    assert flashmla_selected(paths)
+    assert flashmla_selected(vllm_repo, paths)
 
 
 def test_both_sides_of_a_copy_are_listed(vllm_repo):
@@ -181,12 +196,12 @@ def test_attack_a_non_ascii_name_is_not_quoted_out_of_the_match(vllm_repo):
     write(vllm_repo, new)
     commit_all(vllm_repo, "non-ASCII")
     quoted = git(vllm_repo, "-c", "core.quotePath=true", "diff", "--name-only", "HEAD^1", "HEAD").splitlines()
-    assert quoted == ['"vllm/v1/attention/backends/mla/flashmla_\\303\\251.py"'] and not flashmla_selected(quoted)
+    assert quoted == ['"vllm/v1/attention/backends/mla/flashmla_\\303\\251.py"']
 
     paths = plan.git_changed_paths(vllm_repo, "HEAD^1", "HEAD")
 
     assert paths == [new]
-    assert flashmla_selected(paths)
+    assert flashmla_selected(vllm_repo, paths)
 
 
 def test_attack_a_name_that_is_not_utf8_plans_every_cell(vllm_repo):
@@ -389,3 +404,10 @@ def test_the_plan_writes_the_merge_base_it_counted_from(vllm_repo, tmp_path, mon
     assert not output.exists()
     assert plan.main([*args, "--change-of", "kvgate"]) == 0  # docs only: no cell, no nox needed
     assert output.read_text() == f'matrix={{"include":[]}}\nhas-cells=false\ncell-count=0\nmerge-base={base}\n'
+
+
+def test_every_harness_pattern_has_a_code_owner():
+    codeowners = (ROOT / ".github" / "CODEOWNERS").read_text(encoding="utf-8")
+    for pattern in ("**/conftest.py", "**/pytest.ini", "**/pyproject.toml", "**/tox.ini", "**/setup.cfg", "*.pth",
+                    "**/sitecustomize.py", "**/usercustomize.py"):
+        assert f"\n{pattern} " in codeowners, pattern

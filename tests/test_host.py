@@ -288,7 +288,7 @@ def test_the_canaries_say_which_ones_this_host_cannot_run(monkeypatch):
     monkeypatch.setenv(cpu.WITHOUT_ENV, "avx512,amx")
     monkeypatch.setenv("KVGATE_ARCH", "cpu")
     cannot = cannot_run_here(canaries)
-    assert set(cannot) == {"fp8-scale-mismatch", "fp8-decode-extra-work", "harmless-refactor"}
+    assert set(cannot) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "fp8-decode-extra-work", "harmless-refactor"}
     assert cannot["fp8-scale-mismatch"].startswith("cpu_attn-fp8-cpu needs a CPU with AVX-512 or AMX")
     monkeypatch.setenv(cpu.WITHOUT_ENV, "")
     assert (cannot_run_here(canaries) == {}) == bool(cpu.read_host_cpu().isa & {"avx512", "amx"})

@@ -106,21 +106,6 @@ def test_cell_ids_are_unique_and_models_follow_mla(real_matrix):
         assert cell.workload.mla == real_matrix.backends[cell.backend].mla
 
 
-def test_changed_flashinfer_mla_source_selects_only_flashinfer_mla(real_matrix):
-    cells = real_matrix.select(changed_files=["vllm/v1/attention/backends/mla/flashinfer_mla.py"])
-    assert cells
-    assert {c.backend for c in cells} == {"FLASHINFER_MLA"}
-
-
-def test_changed_shared_code_selects_every_cell(real_matrix):
-    cells = real_matrix.select(changed_files=["README.md", "vllm/platforms/cuda.py"])
-    assert ids(cells) == ids(real_matrix.cells)
-
-
-def test_unrelated_change_selects_nothing(real_matrix):
-    assert real_matrix.select(changed_files=["docs/source/index.md", "tests/models/test_x.py"]) == []
-
-
 @pytest.mark.parametrize(("pattern", "path", "expected"), [
     ("csrc/cpu/**", "csrc/cpu/attention.cpp", True),
     ("csrc/cpu/**", "csrc/cpu/sub/dir/x.cpp", True),

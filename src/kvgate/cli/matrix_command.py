@@ -1,10 +1,18 @@
-"""`kvgate matrix`: print the cells, as a table for people or as a GitHub Actions matrix."""
+"""`kvgate matrix`: print the cells, as a table for people or as a GitHub Actions matrix.
+
+With a change, only the cells it can affect (kvgate.change.selection, from vLLM's own import graph):
+    kvgate matrix --changed-by-vllm patch:fix.diff --explain          a change to the installed release
+    kvgate matrix --vllm-git ../vllm --vllm-base B --vllm-head H       a vLLM pull request (both sides from git)
+    kvgate matrix --changed-files changed.txt [--vllm-tree DIR]        listed paths, the graph of DIR (default: this
+                                                                       Python's installed vLLM, if any)
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError
@@ -19,11 +27,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="table for people; gha for strategy.matrix; ids one cell id per line")
     add_filter_arguments(parser)
     parser.add_argument("--changed-files", metavar="FILE", type=Path,
-                        help="a file listing changed paths (one per line, e.g. `git diff --name-only`); "
-                             "keeps only cells whose backend's sources match (shared code keeps all)")
+                        help="a file listing changed vLLM paths (one per line, or NUL-separated): keep the cells they "
+                             "can affect")
     parser.add_argument("--changed-by-vllm", metavar="SPEC",
-                        help="keep only the cells a vLLM change can affect: patch:PATH (its files), source:PATH[@BASE] "
-                             "(the checkout's diff against BASE, both sides of renames) or wheel:PATH")
+                        help="keep only the cells a vLLM change can affect: patch:PATH, source:PATH[@BASE] or wheel:PATH, "
+                             "against the installed release")
+    parser.add_argument("--vllm-git", metavar="DIR", type=Path,
+                        help="a vLLM git checkout: read both sides of the change from it (--vllm-base, --vllm-head); the "
+                             "changed paths are its diff unless --changed-files lists them")
+    parser.add_argument("--vllm-base", metavar="REV", help="with --vllm-git: the commit the change starts from")
+    parser.add_argument("--vllm-head", metavar="REV", help="with --vllm-git: the commit of the change")
+    parser.add_argument("--vllm-tree", metavar="DIR", type=Path,
+                        help="with --changed-files: the vLLM source whose import graph decides (a checkout, or a folder "
+                             "holding the vllm package); default this Python's installed vLLM")
+    parser.add_argument("--explain", action="store_true",
+                        help="say why each cell was selected (the changed path and its import chain) and what each "
+                             "path selected (stderr with --format gha/ids)")
+    parser.add_argument("--explain-file", metavar="FILE", type=Path,
+                        help="write that explanation as Markdown to FILE (the plan job's step summary)")
     parser.add_argument("--check-vllm", action="store_true",
                         help="compare declared support with the installed vLLM's backend classes")
 
@@ -37,40 +58,85 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_changed_files(path: Path) -> list[str]:
+    """One path a line, or NUL-separated (`git diff -z --name-only`) when the file holds a NUL."""
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except OSError as error:
         raise InputError(str(path), f"cannot read the changed-files list: {error.strerror}",
                          hint="Pass the output of `git diff --name-only BASE...HEAD` saved to a file") from None
+    text = data.decode("utf-8", "surrogateescape")
+    parts = text.split("\0") if "\0" in text else text.splitlines()
+    return [p.strip().removeprefix("./") for p in parts if p.strip()]
 
 
-def selected_cells(args: argparse.Namespace) -> tuple[matrix_module.Matrix, list[matrix_module.Cell]]:
+def selected_cells(args: argparse.Namespace):
+    """(matrix, the selected cells, the change's Selection or None when no change was given)."""
     matrix = matrix_module.load(args.matrix_dir)
-    changed = read_changed_files(args.changed_files) if getattr(args, "changed_files", None) else None
-    if getattr(args, "changed_by_vllm", None):
-        from kvgate.change.overlay import changed_paths_of
-        from kvgate.change.spec import parse_spec
-
-        changed = [*(changed or []), *changed_paths_of(parse_spec(args.changed_by_vllm, "--changed-by-vllm"))]
     cells = matrix.select(archs=args.arch, backends=args.backend, kv_cache_dtypes=args.kv_cache_dtype,
-                          cell_ids=args.cell, changed_files=changed)
-    return matrix, cells
+                          cell_ids=args.cell)
+    changed_files = getattr(args, "changed_files", None)
+    spec, repo = getattr(args, "changed_by_vllm", None), getattr(args, "vllm_git", None)
+    if not (changed_files or spec or repo):
+        return matrix, cells, None
+    from kvgate.change import code_sides
+    from kvgate.change.selection import select
+
+    listed = read_changed_files(changed_files) if changed_files else None
+    if repo is not None:
+        if not (args.vllm_base and args.vllm_head):
+            raise InputError("--vllm-git", "needs --vllm-base and --vllm-head", hint="Name the two commits of the change")
+        changed, base, head = code_sides.from_git(repo, args.vllm_base, args.vllm_head, listed, matrix)
+    elif spec:
+        changed, base, head = code_sides.from_spec(spec, matrix)
+        changed = [*changed, *(listed or [])]
+    else:
+        changed, base, head = code_sides.from_folder(getattr(args, "vllm_tree", None), listed or [], matrix)
+    selection = select(matrix, changed, cells, base=base, head=head)
+    return matrix, selection.cells, selection
+
+
+def gha_extras(cells, selection) -> dict[str, dict]:
+    """Per cell, what the plan adds to its matrix entry: the stages planned (each required at the gate), why others
+    were not, and the changed path that selected it."""
+    from kvgate.runners.stage_plan import planned_stages
+
+    extras = {}
+    for cell in cells:
+        stages, not_planned = planned_stages(cell)
+        extra: dict = {"stages": list(stages)}
+        if not_planned:
+            extra["not_planned"] = not_planned
+        if selection is not None and cell.id in selection.reasons:
+            extra["selected_by"] = selection.reasons[cell.id].path
+        extras[cell.id] = extra
+    return extras
 
 
 def run(args: argparse.Namespace) -> int:
-    matrix, cells = selected_cells(args)
+    started = time.monotonic()
+    matrix, cells, selection = selected_cells(args)
     if args.check_vllm:
         from kvgate.change.declared_support import check_installed_vllm, format_report
 
         report = check_installed_vllm(matrix)
         print(format_report(report))
         return EXIT_FAILED if report.disagreements else EXIT_OK
+    filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
+    if not cells and filtered and selection is None:
+        raise InputError("kvgate matrix", "no cell matches these filters", hint="List them all with `kvgate matrix`")
     if args.format == "gha":
-        print(json.dumps(gha_matrix(matrix, cells), separators=(",", ":")))
+        print(json.dumps(gha_matrix(matrix, cells, gha_extras(cells, selection)), separators=(",", ":")))
     elif args.format == "ids":
         print("\n".join(cell.id for cell in cells))
     else:
         print(cells_table(matrix, cells))
-    if not cells:
-        print("kvgate: no cell matches these filters", file=sys.stderr)
+    if selection is not None:
+        seconds = time.monotonic() - started
+        lines = [f"kvgate: {len(selection.paths)} changed paths select {len(cells)} cells ({seconds:.1f} s)",
+                 *selection.explain()]
+        if args.explain:
+            stream = sys.stdout if args.format == "table" else sys.stderr
+            print("\n".join(lines), file=stream)
+        if args.explain_file is not None:
+            args.explain_file.write_text(selection.markdown(seconds), encoding="utf-8")
     return EXIT_OK

@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
-    matrix, cells = selected_cells(args)
+    matrix, cells, _ = selected_cells(args)
     if not filtered:
         cells = [cell for cell in cells if matrix.archs[cell.arch].is_gpu]
     plan = prefetch_plan(cells)

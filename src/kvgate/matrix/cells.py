@@ -27,6 +27,7 @@ from kvgate.matrix.declarations import (
     ExpectedAccuracy,
     Match,
     Matrix,
+    SelectionRules,
     Waiver,
     Workload,
     cell_id,
@@ -37,8 +38,8 @@ from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, sh
 
 # The matrix's public names: the loader here, its records from kvgate.matrix.declarations.
 __all__ = ["GSM8K_FILTERS", "LOCAL_MODEL_PREFIX", "MATRIX_DIR_ENV", "MATRIX_FILES", "Arch", "Backend", "Cell",
-           "Exclusion", "ExpectedAccuracy", "Match", "Matrix", "Waiver", "Workload", "cell_id", "default_matrix_dir",
-           "glob_matches", "load", "parse", "parse_match"]
+           "Exclusion", "ExpectedAccuracy", "Match", "Matrix", "SelectionRules", "Waiver", "Workload", "cell_id",
+           "default_matrix_dir", "glob_matches", "load", "parse", "parse_match"]
 
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
 
@@ -86,6 +87,7 @@ def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]
     kv_cache_dtypes, archs = _parse_axes(readers["axes.toml"], axes)
     backends, shared_sources = _parse_backends(readers["backends.toml"], documents.get("backends.toml", {}),
                                                kv_cache_dtypes, archs)
+    selection = _parse_selection(readers["backends.toml"], documents.get("backends.toml", {}).get("selection", {}))
     workloads = _parse_workloads(readers["workloads.toml"], documents.get("workloads.toml", {}), archs)
     exclusions = _parse_exclusions(readers["exclusions.toml"], documents.get("exclusions.toml", {}),
                                    kv_cache_dtypes, archs, backends)
@@ -119,6 +121,7 @@ def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]
         waivers=tuple(waivers),
         shared_sources=shared_sources,
         cells=tuple(c for c in cells if c.id not in excluded),
+        selection=selection,
     )
 
 
@@ -163,7 +166,7 @@ BACKEND_OPTIONAL_KEYS = ("arch_kv_cache_dtypes", "block_sizes", "block_size_mult
 def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str],
                     archs: Mapping[str, Arch]) -> tuple[dict[str, Backend], tuple[str, ...]]:
     backends: dict[str, Backend] = {}
-    if not reader.keys(doc, "backends.toml", ["backends"], ["shared"]):
+    if not reader.keys(doc, "backends.toml", ["backends"], ["shared", "selection"]):
         return backends, ()
     for name, spec in doc["backends"].items():
         where = f"backends.{name}"
@@ -206,7 +209,7 @@ def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence
         backends[name] = Backend(
             name=name, mla=reader.boolean(spec, "mla", where), kv_cache_dtypes=backend_dtypes,
             archs=backend_archs, arch_kv_cache_dtypes=per_arch, block_sizes=tuple(blocks),
-            block_size_multiple=multiple, sources=_globs(reader, spec.get("sources", []), f"{where}.sources"),
+            block_size_multiple=multiple, sources=_compiled_globs(reader, spec.get("sources", []), f"{where}.sources"),
             notes=spec.get("notes", ""),
             host_requirements=parse_host_requirements(reader, spec["host_requirements"], f"{where}.host_requirements",
                                                       backend_dtypes, name) if "host_requirements" in spec else (),
@@ -216,6 +219,55 @@ def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence
     if reader.keys(shared, "shared", [], ["sources"]):
         shared_sources = _globs(reader, shared.get("sources", []), "shared.sources")
     return backends, shared_sources
+
+
+SELECTION_KEYS = ("attention_registry", "model_registry", "engine_roots", "arch_roots", "inert")
+ARCH_KINDS = ("cpu", "gpu")
+_MODULE = re.compile(r"vllm(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _parse_selection(reader: TomlReader, table: Any) -> SelectionRules:
+    """backends.toml [selection]: the import-graph selection's roots, registries and inert paths."""
+    if not reader.keys(table, "selection", [], SELECTION_KEYS):
+        return SelectionRules()
+    values: dict[str, Any] = {}
+    for key in ("attention_registry", "model_registry"):
+        if key in table:
+            value = table[key]
+            if not isinstance(value, str) or not _MODULE.fullmatch(value):
+                reader.error(f"expected a dotted vLLM module (vllm.a.b), got {describe_value(value)}", f"selection.{key}")
+                continue
+            values[key] = value
+    values["engine_roots"] = _modules(reader, table.get("engine_roots", []), "selection.engine_roots")
+    arch_roots = table.get("arch_roots", {})
+    if not isinstance(arch_roots, dict):
+        reader.error(f"expected a table of {' / '.join(ARCH_KINDS)} = [modules], got {describe_value(arch_roots)}",
+                     "selection.arch_roots")
+        arch_roots = {}
+    for kind in arch_roots:
+        if kind not in ARCH_KINDS:
+            reader.error(f"unknown arch kind '{kind}'", "selection.arch_roots", unknown_name_hint(kind, ARCH_KINDS))
+    values["arch_roots"] = {kind: _modules(reader, arch_roots[kind], f"selection.arch_roots.{kind}")
+                            for kind in ARCH_KINDS if kind in arch_roots}
+    values["inert"] = _globs(reader, table.get("inert", []), "selection.inert")
+    return SelectionRules(**values)
+
+
+def _compiled_globs(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
+    """A backend's `sources`: what vLLM's import graph cannot see; Python modules are the graph's to select."""
+    globs = _globs(reader, value, where)
+    for index, pattern in enumerate(globs):
+        if pattern.endswith(".py"):
+            reader.error(f"'{pattern}' names Python files, which vLLM's import graph selects", f"{where}[{index}]",
+                         "Delete it: sources are for compiled and build paths (csrc/, CMake)")
+    return globs
+
+
+def _modules(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and _MODULE.fullmatch(v) for v in value):
+        reader.error(f"expected a list of dotted vLLM modules (vllm.a.b), got {describe_value(value)}", where)
+        return ()
+    return tuple(value)
 
 
 def _globs(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
@@ -247,7 +299,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
-                           ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy"]):
+                           ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy",
+                            "architectures"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -273,8 +326,17 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             if "calculate_kv_scales" in spec else False,
             expected_accuracy=_expected_accuracy(reader, spec["expected_accuracy"], f"{where}.expected_accuracy")
             if "expected_accuracy" in spec else None,
+            architectures=_architectures(reader, spec.get("architectures", []), f"{where}.architectures"),
         )
     return workloads
+
+
+def _architectures(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.isidentifier() for v in value):
+        reader.error(f"expected a list of model architectures (config.json's, e.g. LlamaForCausalLM), got "
+                     f"{describe_value(value)}", where)
+        return ()
+    return tuple(value)
 
 
 def _expected_accuracy(reader: TomlReader, table: Any, where: str) -> ExpectedAccuracy | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,7 @@ class Workload:
     timeouts: Mapping[str, int] = field(default_factory=dict)  # stage -> seconds (accuracy, throughput)
     calculate_kv_scales: bool = False  # FP8 cells: vLLM computes k/v scales from the data (else checkpoint or 1.0)
     expected_accuracy: ExpectedAccuracy | None = None
+    architectures: tuple[str, ...] = ()  # the model's architectures (config.json), for the import-graph selection
 
     @property
     def is_local_model(self) -> bool:
@@ -162,6 +163,17 @@ class Cell:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SelectionRules:
+    """How a vLLM change selects cells (backends.toml [selection]; kvgate.change.selection applies them)."""
+
+    attention_registry: str = "vllm.v1.attention.backends.registry"
+    model_registry: str = "vllm.model_executor.models.registry"
+    engine_roots: tuple[str, ...] = ()  # modules every cell's engine starts from
+    arch_roots: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # "cpu" | "gpu" -> more roots
+    inert: tuple[str, ...] = ()  # path globs no cell reads (docs, examples, vLLM's own tests, CI files)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Matrix:
     kv_cache_dtypes: tuple[str, ...]
     archs: Mapping[str, Arch]
@@ -171,6 +183,7 @@ class Matrix:
     waivers: tuple[Waiver, ...]
     shared_sources: tuple[str, ...]
     cells: tuple[Cell, ...]
+    selection: SelectionRules = field(default_factory=SelectionRules)
 
     def cell(self, cell_id_: str, source: str = "--cell") -> Cell:
         for cell in self.cells:
@@ -187,10 +200,11 @@ class Matrix:
         backends: Sequence[str] = (),
         kv_cache_dtypes: Sequence[str] = (),
         cell_ids: Sequence[str] = (),
-        changed_files: Sequence[str] | None = None,
     ) -> list[Cell]:
-        """Cells passing every filter; names are checked (InputErrors) before anything is filtered."""
+        """Cells passing every filter; names are checked (InputErrors) before anything is filtered. Backend names
+        are vLLM's (FLASHINFER), any case (flashinfer). Which cells a change selects: kvgate.change.selection."""
         problems = []
+        backends = [self._backend_name(b) for b in backends]
         for flag, values, known in (("--arch", archs, self.archs), ("--backend", backends, self.backends),
                                     ("--kv-cache-dtype", kv_cache_dtypes, self.kv_cache_dtypes)):
             for value in values:
@@ -203,27 +217,17 @@ class Matrix:
                 problems.append(error)
         if problems:
             raise InputErrors(problems)
-        selected = [
+        return [
             cell for cell in self.cells
             if (not archs or cell.arch in archs)
             and (not backends or cell.backend in backends)
             and (not kv_cache_dtypes or cell.kv_cache_dtype in kv_cache_dtypes)
             and (not cell_ids or cell.id in cell_ids)
         ]
-        if changed_files is not None:
-            touched = self.backends_touched_by(changed_files)
-            selected = [cell for cell in selected if cell.backend in touched]
-        return selected
 
-    def backends_touched_by(self, changed_files: Iterable[str]) -> set[str]:
-        """Backends whose sources a change touches; every backend when shared code changed."""
-        paths = [p.strip().lstrip("./") for p in changed_files if p.strip()]
-        if any(glob_matches(pattern, path) for pattern in self.shared_sources for path in paths):
-            return set(self.backends)
-        return {
-            name for name, backend in self.backends.items()
-            if any(glob_matches(pattern, path) for pattern in backend.sources for path in paths)
-        }
+    def _backend_name(self, name: str) -> str:
+        matches = [known for known in self.backends if known.lower() == name.lower()]
+        return matches[0] if matches else name
 
     def runner_for(self, cell: Cell) -> str:
         """The CI runner label of hosts that can run the cell: its host requirement's, else its arch's."""

