@@ -296,8 +296,10 @@ def run(environ: Mapping[str, str]) -> int:
 
     assembly = assemble(artifacts_dir, run_dir, planned)
     cells_result = environ.get("CELLS_RESULT", "")
+    stages_of = {str(e["cell"]): e.get("stages") or CELL_STAGES for e in planned}  # the plan's stages per cell
     for name in assembly.cells:
-        for stage in mark_unreported_stages(run_dir / name, CELL_STAGES, unreported_reason(cells_result)):
+        stages = stages_of.get(name.removesuffix(BASE_SUFFIX), CELL_STAGES)
+        for stage in mark_unreported_stages(run_dir / name, stages, unreported_reason(cells_result)):
             print(f"::error::cell {name}: its {stage} stage never reported; the gate fails it", flush=True)
     present = {name.removesuffix(BASE_SUFFIX) for name in assembly.cells}
     for entry in planned:
@@ -312,7 +314,9 @@ def run(environ: Mapping[str, str]) -> int:
     baseline = usable_baseline(baseline_dir)
     with tempfile.TemporaryDirectory(prefix="kvgate-gate-job-") as tmp:
         expected = Path(tmp) / EXPECTED_CELLS_FILE
-        expected.write_text(json.dumps({"include": [{"cell": e["cell"]} for e in planned]}) + "\n", encoding="utf-8")
+        expected.write_text(json.dumps({"include": [  # the plan's cells and stages: each planned stage is required
+            {"cell": e["cell"], **{key: e[key] for key in ("stages", "not_planned") if key in e}} for e in planned]})
+            + "\n", encoding="utf-8")
         argv = gate_command(nox, run_dir, baseline, expect_cells=expected, require_baseline=required)
         print(f"kvgate gate job: {len(planned)} planned cells, {len(assembly.cells)} cell folders; "
               f"baseline: {baseline or 'none'}{'' if required else ' (bootstrap: none required)'}", flush=True)

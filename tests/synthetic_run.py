@@ -159,10 +159,11 @@ SEED_COUNTS = {"strict-match": (850, 78, 54), "flexible-extract": (860, 69, 51)}
 
 
 def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, samples: bool = True,
-                   backend: str = "FLASHINFER_MLA", arch: str = "sm100") -> Path:
+                   backend: str = "FLASHINFER_MLA", arch: str = "sm100", probes: bool = False) -> Path:
     """The seed PR's case: auto vs fp8 on gsm8k (n=1319) and 3.22 -> 3.55 req/s, one cell each.
 
     fp8_drop_points, when given, replaces the FP8 figures by a drop of about that many points on both filters.
+    probes: also the probe stage a real cell job writes with its accuracy stage (agreeing logprobs).
     """
     run_dir = Path(run_dir)
     for dtype, rps in (("auto", (3.21, 3.22, 3.24)), ("fp8", (3.53, 3.55, 3.56))):
@@ -179,6 +180,8 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
         write_accuracy(cell, outcomes, samples=samples)
         write_throughput(cell, rps)
         write_kernels(cell)
+        if probes:
+            write_probe(cell, shift=0.01 if dtype == "fp8" else 0.0)
     return run_dir
 
 

@@ -30,15 +30,20 @@ gate_job = load_ci_script("gate_job")
 
 
 def planned_matrix(changed: list[str]) -> str:
-    """What the plan job outputs for this diff (ci/plan.py's own test runs it through nox)."""
+    """What the plan job outputs for this diff of one backend's own module (ci/plan.py's own test runs it through
+    nox on a vLLM repository): that backend's cells, with the stages planned for each."""
+    from kvgate.cli.matrix_command import gha_extras
+
+    assert changed == FLASHINFER_MLA_DIFF
     matrix = kvmatrix.load()
-    return json.dumps(gha_matrix(matrix, matrix.select(changed_files=changed)))
+    cells = matrix.select(backends=["FLASHINFER_MLA"])
+    return json.dumps(gha_matrix(matrix, cells, gha_extras(cells, None)))
 
 
 def seed_cells(tmp_path: Path) -> Path:
     """The seed case's FLASHINFER_MLA cells (auto, fp8), which is what a FLASHINFER_MLA change plans."""
     run = tmp_path / "seed"
-    synthetic_run.write_seed_run(run)
+    synthetic_run.write_seed_run(run, probes=True)  # every stage the plan plans for the cell, as its job runs them
     return run
 
 
@@ -363,7 +368,7 @@ def test_reported_stages_are_left_as_the_runner_wrote_them(tmp_path):
 
 
 def test_the_stages_a_cell_runs_are_the_runners_stages():
-    from kvgate.runners.matrix_run import STAGES
+    from kvgate.runners.stage_plan import STAGES
 
     assert gate_job.CELL_STAGES == STAGES
 

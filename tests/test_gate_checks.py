@@ -175,7 +175,7 @@ def test_stages_never_requested_are_not_run_unless_required(tmp_path):
     assert only(judge(run), FP8, "probe").status == "not_run"
     assert judge(run).exit_status == 0
     required = judge(run, require=("probe",))
-    assert only(required, FP8, "probe").detail == "probe stage never requested, but the gate requires it"
+    assert only(required, FP8, "probe").detail == "probe stage never ran, but the gate requires it (--require)"
     assert required.exit_status == 1
 
 

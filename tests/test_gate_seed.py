@@ -70,8 +70,8 @@ def test_requiring_every_stage_fails_a_run_without_probes(tmp_path, capsys):
     run = write_seed_run(tmp_path / "run")
     assert main(["gate", str(run), "--require", "all", "--today", "2026-11-30"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
-        "❌ kvgate: 2 of 10 checks failed — flashinfer_mla-auto-sm100 probe stage never requested, but the gate "
-        "requires it (+1 more)")
+        "❌ kvgate: 2 of 10 checks failed — flashinfer_mla-auto-sm100 probe stage never ran, but the gate "
+        "requires it (--require) (+1 more)")
 
 
 def test_seed_case_against_a_baseline_is_a_plain_pass(tmp_path, capsys):

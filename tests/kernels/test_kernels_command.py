@@ -82,5 +82,5 @@ def test_judge_fails_closed() -> None:
         "error", "1 failed, 0 errors of 4 kernel tests: t::a")
     assert runner._judge(5, False, runner.JUnitCounts(), None, 60)[0] == "error"
     assert runner._judge(0, False, runner.JUnitCounts(tests=2, skipped=2, skip_reasons=("no GPU",)), None, 60) == (
-        "skipped", "no GPU")
+        "error", "no kernel test ran: all 2 skipped (no GPU)")
     assert runner._judge(-1, True, None, None, 60) == ("timeout", "kernel tests ran past 60 s")

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
 from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, write_all
-from kvgate.results.parsers.contract import parse_planned_out
+from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
 from kvgate.results.records import BASE, HEAD, STAGES
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
 
@@ -83,8 +84,18 @@ def planned_sides(run_info: Mapping[str, Any], ab: bool) -> list[str]:
     return [HEAD]
 
 
-def read_expected_cells(path: Path) -> list[str]:
-    """--expect-cells: GitHub Actions' {"include": [{"cell": ...}]} or one cell id per line."""
+@dataclass(frozen=True, slots=True)
+class ExpectedCell:
+    """A cell the trusted plan asked for, with the stages planned for it and why the plan left others out."""
+
+    cell: str
+    stages: tuple[str, ...] = ()
+    not_planned: Mapping[str, str] = field(default_factory=dict)
+
+
+def read_expected_cells(path: Path) -> list[ExpectedCell]:
+    """--expect-cells: GitHub Actions' {"include": [{"cell": ..., "stages": [...], "not_planned": {...}}]} (the plan
+    job's entries; stages and not_planned optional) or one cell id per line."""
     shown = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -102,12 +113,20 @@ def read_expected_cells(path: Path) -> list[str]:
                                                     for e in include):
             raise InputError(shown, "expected {\"include\": [{\"cell\": \"<id>\", ...}, ...]}", "include",
                              hint="Pass the plan job's matrix output as it is")
-        return [e["cell"] for e in include]
+        found = []
+        for index, entry in enumerate(include):
+            stages, reasons = entry.get("stages", []), entry.get("not_planned", {})
+            if not isinstance(stages, list) or not all(s in STAGES for s in stages):
+                raise InputError(shown, f"expected a list of stages ({', '.join(STAGES)})", f"include[{index}].stages")
+            if not isinstance(reasons, dict) or not all(k in STAGES and isinstance(v, str) for k, v in reasons.items()):
+                raise InputError(shown, "expected {stage: reason}", f"include[{index}].not_planned")
+            found.append(ExpectedCell(cell=entry["cell"], stages=tuple(stages), not_planned=dict(reasons)))
+        return found
     cells = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     bad = [c for c in cells if not re.fullmatch(r"[a-z0-9_]+-[a-z0-9_]+-[a-z0-9]+", c)]
     if bad:
         raise InputError(shown, f"'{bad[0][:60]}' is not a cell id", hint="Write one id per line, e.g. flashmla-fp8-sm90")
-    return cells
+    return [ExpectedCell(cell=cell) for cell in cells]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
             results = loaded
         else:
             baseline = loaded
-    expected = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
+    expected_entries = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
+    expected = [entry.cell for entry in expected_entries]
     if problems:
         raise InputErrors(problems)
     assert results is not None
@@ -147,9 +167,16 @@ def run(args: argparse.Namespace) -> int:
     sides = planned_sides(results.run_info, ab)
     planned = [(cell, side) for cell in [*planned_cells(results.run_info), *expected] for side in sides]
     planned_out = parse_planned_out(results.run_info, f"{args.run_dir}/run.json")
+    stages, not_planned = parse_stage_plan(results.run_info, f"{args.run_dir}/run.json")
+    for entry in expected_entries:  # the trusted plan's stages: a run.json cannot plan fewer
+        stages.setdefault(entry.cell, set()).update(entry.stages)
+        if entry.stages and "accuracy" in entry.stages:
+            stages[entry.cell].add("probe")
+        not_planned.setdefault(entry.cell, {}).update(entry.not_planned)
     verdict = gate.evaluate(results, policy=policy, baseline=baseline, waiver_for=matrix.waiver_for, today=today,
                             require=require, probe_compare=probe_agreement.compare, ab=ab,
-                            require_baseline=args.require_baseline, planned=planned, planned_out=planned_out)
+                            require_baseline=args.require_baseline, planned=planned, planned_out=planned_out,
+                            planned_stages=stages, not_planned=not_planned)
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     paths = write_all(verdict, out_dir)
     print(headline(verdict))

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     local_arch = gpu.local_arch()
     if not (args.cell or args.arch or args.backend or args.kv_cache_dtype):
         args.arch = [args.arch_default or local_arch]
-    _, cells = selected_cells(args)
+    _, cells, _ = selected_cells(args)
     if not cells:
         raise InputError("kvgate kernels", "no cell matches these filters", hint="List them with `kvgate matrix`")
     if not runner.TESTS_DIR.is_dir():

@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _stages(args: argparse.Namespace) -> list[str]:
-    from kvgate.runners.matrix_run import STAGES
+    from kvgate.runners.stage_plan import STAGES
 
     if args.what != "cell":
         if args.stages is not None:

@@ -21,7 +21,7 @@ deciding. A check covered by a live waiver reads WAIVED whatever it measured; an
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -45,7 +45,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
              waiver_for: WaiverLookup | None = None, today: dt.date, require: Sequence[str] = (),
              probe_compare: Callable[[Any, Any], Any] | None = probe_agreement.compare, ab: bool = False,
              require_baseline: bool = False, planned: Sequence[tuple[str, str]] = (),
-             planned_out: Sequence[tuple[str, str]] = ()) -> Verdict:
+             planned_out: Sequence[tuple[str, str]] = (), planned_stages: Mapping[str, Iterable[str]] | None = None,
+             not_planned: Mapping[str, Mapping[str, str]] | None = None) -> Verdict:
     """The verdict on `run` (its head cells).
 
     ab: `baseline` is the base side of the same A/B run (same machine, same job): every head cell must have its
@@ -53,6 +54,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     all the run fails (a change compared with nothing is not a pass); without it the run is neutral.
     planned: (cell id, side) pairs the run was asked for (run.json, --expect-cells); an absent one fails.
     planned_out: (cell id, reason) of cells the writing host could not run (run.json planned_out).
+    planned_stages: cell id -> the stages planned for it (run.json, the CI plan): each is required, so one that ended
+    skipped or never ran fails (unless waived). not_planned: cell id -> {stage: why the plan left it out}.
     """
     checks: list[Check] = planned_checks(run, baseline if ab else None, planned)
     checks += planned_out_checks(run, planned_out, require_baseline)
@@ -60,18 +63,20 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     if baseline is None:
         checks.append(no_baseline_check(require_baseline))
     for cell in run.cells:
-        checks.append(kernels_check(cell, policy, require))
-        checks.append(accuracy_check(cell, require))
+        required = required_stages(cell.identity.id, require, planned_stages or {})
+        unplanned = (not_planned or {}).get(cell.identity.id, {})
+        checks.append(kernels_check(cell, policy, required, unplanned))
+        checks.append(accuracy_check(cell, required, unplanned))
         floor = accuracy_floor_check(cell, policy)
         if floor is not None:
             (pending.append(floor) if isinstance(floor, Pending) else checks.append(floor))
-        tput_check, tput_pending = throughput_check(cell, baseline, policy, require, ab=ab,
-                                                    interleaved=ab and interleaved(cell, baseline))
+        tput_check, tput_pending = throughput_check(cell, baseline, policy, required, ab=ab,
+                                                    interleaved=ab and interleaved(cell, baseline), unplanned=unplanned)
         if tput_pending:
             pending.append(tput_pending)
         else:
             checks.append(tput_check)
-        checks.append(probe_check(cell, run, policy, require, probe_compare))
+        checks.append(probe_check(cell, run, policy, required, probe_compare, unplanned))
         if cell.identity.is_fp8:
             partner = run.find(cell.identity.with_dtype("auto"))
             for item in fp8_accuracy_checks(cell, partner, policy):
@@ -132,6 +137,14 @@ def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[t
                   detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
                          f"it: the cell never started, or its results were lost on the way to the gate",
                   headline="planned, but absent from the run") for cell, side in missing]
+
+
+def required_stages(cell_id: str, require: Sequence[str], planned: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """stage -> why the cell must have run it: planned for it (a planned stage is a required stage), or --require."""
+    required = {stage: "the gate requires it (--require)" for stage in require}
+    required.update({stage: "it was planned for this cell (a planned stage must run)"
+                     for stage in planned.get(cell_id, ())})
+    return required
 
 
 def planned_out_checks(run: RunResults, planned_out: Sequence[tuple[str, str]], required: bool) -> list[Check]:

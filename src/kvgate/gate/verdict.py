@@ -1,7 +1,7 @@
 """The gate's output: one Check per (cell, kind, subject) and the Verdict over them (verdict.json, versioned).
 
 Statuses (docs/results-folder.md): pass | fail | waived | missing | error, plus
-    not_run  a stage never requested (fails only when the gate was told to --require it; then it is missing)
+    not_run  a stage neither planned nor required (one planned or --require'd that did not run is missing)
     info     a figure reported, never judged (e.g. FP8/auto throughput where the policy expects nothing)
 """
 

@@ -7,8 +7,8 @@ For each cell: ``<run dir>/<cell id>/cell.json``; then either
 - ``python -m pytest tests/kernels --kvgate-cell ID --junitxml kernels/junit.xml -o junit_family=xunit1``
   (figures as JUnit properties), its log in ``logs/kernels.log``, its speed entries merged into
   ``kernels/timings.json`` (kvgate.kernels.timings). Status: ``ok`` when every selected test passed or
-  skipped and at least one ran; ``skipped`` when all were skipped (the reasons joined); ``error`` on any
-  failure, a crash, no JUnit, or no test selected; ``timeout`` past ``timeout_s``.
+  skipped and at least one ran; ``error`` on any failure, a crash, no JUnit, no test selected, or no test run
+  (all skipped: the reasons joined, e.g. a kernel library that does not import); ``timeout`` past ``timeout_s``.
 
 Stdlib only (torch loads in the pytest process, which pins its GPU per xdist worker: kvgate.kernels.gpus).
 """
@@ -196,8 +196,9 @@ def _judge(returncode: int, timed_out: bool, counts: JUnitCounts | None, problem
         names = ", ".join(counts.failed_names[:3]) + (" ..." if len(counts.failed_names) > 3 else "")
         return "error", (f"{counts.failures} failed, {counts.errors} errors of {counts.tests} kernel tests"
                          + (f": {names}" if names else f" (pytest exit status {returncode})"))
-    if counts.passed == 0:
-        return "skipped", "; ".join(counts.skip_reasons) or "every kernel test was skipped"
+    if counts.passed == 0:  # a planned kernels stage that tested nothing proves nothing: an error, never a skip
+        return "error", (f"no kernel test ran: all {counts.tests} skipped ("
+                         + ("; ".join(counts.skip_reasons) or "no reason given") + ")")
     return "ok", None
 
 

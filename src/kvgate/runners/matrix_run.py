@@ -33,12 +33,12 @@ from kvgate.runners.environment.hub_cache import missing_from_cache
 from kvgate.runners.environment.process_env import engine_environment
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
+from kvgate.runners.stage_plan import planned_stages
 from kvgate.runners.stages.accuracy import run_accuracy
 from kvgate.runners.stages.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.stages.kernels import run_kernels
 from kvgate.runners.stages.throughput import run_throughput, run_throughput_interleaved
 
-STAGES = ("kernels", "accuracy", "throughput")  # in the order `kvgate run cell` runs them
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # a stage whose workload declares no timeout, and the kernels stage
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -85,8 +85,14 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
         options.say(line)
     skipped_here = {p.cell.id for p in planned_out}
     cells = [c for c in cells if c.id not in skipped_here]
+    stage_plan = {c.id: planned_stages(c, options.stages) for c in cells}  # a stage planned is a stage required
+    for cell_id, (_, reasons) in stage_plan.items():
+        for reason in reasons.values():
+            options.say(f"kvgate: {cell_id}: {reason}")
     record = dict(repo=REPO_ROOT, command=options.command, started_at=started, arch=options.arch,
                   cells=[c.id for c in cells], stages=list(options.stages),
+                  planned_stages={cell_id: list(stages) for cell_id, (stages, _) in stage_plan.items()},
+                  not_planned={cell_id: dict(reasons) for cell_id, (_, reasons) in stage_plan.items() if reasons},
                   sides=[s.name for s in sides], vllm_under_test=sides_record(sides),
                   host_cpu=plan.host.as_record() if plan and plan.host else None,
                   planned_out=[p.as_record() for p in planned_out])
@@ -97,13 +103,13 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
             options.say(f"kvgate: {side.name}: {side.vllm.short()}")
     warned: set[str] = set()
     outcomes: list[StageOutcome] = []
-    total = len(cells) * len(options.stages) * len(sides)
+    total = sum(len(stage_plan[c.id][0]) for c in cells) * len(sides)
     index = 0
     previous_handler = _terminate_like_ctrl_c()
     try:
         for cell in cells:
             parts = [_cell_side(cell, side, run_dir, options, warned, misrouted.get(cell.id)) for side in sides]
-            for stage in options.stages:
+            for stage in stage_plan[cell.id][0]:
                 if stage == "throughput" and len(parts) > 1 and all(p.ctx and not p.setup_error and not p.misrouted
                                                                     for p in parts):
                     for part in parts:

@@ -84,6 +84,7 @@ def git_commit(repo: Path) -> str | None:
 
 def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_at: str | None,
                arch: str | None, cells: Sequence[str], stages: Sequence[str] = (), sides: Sequence[str] = ("head",),
+               planned_stages: dict[str, list[str]] | None = None, not_planned: dict[str, dict[str, str]] | None = None,
                vllm_under_test: dict[str, Any] | None = None, host_cpu: dict[str, Any] | None = None,
                planned_out: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     gpu_list = gpus()
@@ -102,6 +103,9 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         "arch": arch,
         "cells": list(cells),
         "stages": list(stages),
+        # per cell, the stages planned (each required by the gate) and why the others were not
+        "planned_stages": dict(planned_stages or {}),
+        "not_planned": dict(not_planned or {}),
         "sides": list(sides),
         "vllm_under_test": dict(vllm_under_test or {}),
         # the host's CPU as vLLM sees it (kvgate.runners.environment.cpu), and the cells it could not run (not run, said so)
@@ -153,4 +157,4 @@ def _merge_run_record(path: Path, record: dict[str, Any]) -> Path:
 
 def _invocation(record: dict[str, Any]) -> dict[str, Any]:
     return {key: record.get(key) for key in ("command", "stages", "cells", "sides", "started_at", "finished_at",
-                                             "commit", "planned_out")}
+                                             "commit", "planned_out", "planned_stages", "not_planned")}

@@ -1,9 +1,14 @@
-"""Stage health: a requested stage that is missing, marked error or timeout fails; one never requested is "not run"
-(missing, so failing, when the caller requires it). The kernels and accuracy checks of a cell."""
+"""Stage health: a requested stage that is missing, marked error or timeout fails; a stage planned for the cell (or
+required by the caller) that ended skipped or never ran fails too (a planned stage is a required stage); one
+neither planned nor required is "not run", with the plan's reason where it gave one. The kernels and accuracy checks
+of a cell.
+
+`require` maps each stage the cell must have run to why (planned, or the gate's --require); `unplanned` maps a
+stage the plan left out to its reason."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kvgate.gate.policy import Policy
@@ -11,7 +16,8 @@ from kvgate.gate.verdict import Check
 from kvgate.results.records import AccuracyResult, CellResults
 
 
-def health_check(cell: CellResults, stage: str, kind: str, require: Sequence[str]) -> Check | None:
+def health_check(cell: CellResults, stage: str, kind: str, require: Mapping[str, str],
+                 unplanned: Mapping[str, str] | None = None) -> Check | None:
     """The check for an unhealthy stage (None when the stage is ok)."""
     result = cell.stage(stage)
     health = result.health
@@ -19,11 +25,12 @@ def health_check(cell: CellResults, stage: str, kind: str, require: Sequence[str
     if health == "ok":
         return None
     if health in ("not_run", "skipped"):
-        why = "never requested" if health == "not_run" else f"skipped ({result.status.reason or 'no reason given'})"
+        why = "never ran" if health == "not_run" else f"skipped ({result.status.reason or 'no reason given'})"
         if stage in require:
-            return Check(**base, status="missing", detail=f"{stage} stage {why}, but the gate requires it",
-                         headline=f"stage {why}, but the gate requires it")
-        return Check(**base, status="not_run", detail=f"{stage} stage {why}")
+            return Check(**base, status="missing", detail=f"{stage} stage {why}, but {require[stage]}",
+                         headline=f"stage {why}, but {require[stage]}")
+        planned = (unplanned or {}).get(stage)
+        return Check(**base, status="not_run", detail=planned or f"{stage} stage {why}")
     if health in ("error", "timeout"):
         reason = result.status.reason if result.status and result.status.reason else "no reason given"
         tail = last_line(result.status.log_tail if result.status else None)
@@ -38,8 +45,9 @@ def last_line(text: str | None) -> str:
     return lines[-1][:160] if lines else ""
 
 
-def kernels_check(cell: CellResults, policy: Policy, require: Sequence[str]) -> Check:
-    unhealthy = health_check(cell, "kernels", "kernels", require)
+def kernels_check(cell: CellResults, policy: Policy, require: Mapping[str, str],
+                  unplanned: Mapping[str, str] | None = None) -> Check:
+    unhealthy = health_check(cell, "kernels", "kernels", require, unplanned)
     if unhealthy:
         return unhealthy
     junit = cell.stage("kernels").data
@@ -62,8 +70,8 @@ def kernels_check(cell: CellResults, policy: Policy, require: Sequence[str]) -> 
     return Check(**base, status="pass", detail=f"{passed} passed, {skipped} skipped")
 
 
-def accuracy_check(cell: CellResults, require: Sequence[str]) -> Check:
-    unhealthy = health_check(cell, "accuracy", "accuracy", require)
+def accuracy_check(cell: CellResults, require: Mapping[str, str], unplanned: Mapping[str, str] | None = None) -> Check:
+    unhealthy = health_check(cell, "accuracy", "accuracy", require, unplanned)
     if unhealthy:
         return unhealthy
     result: AccuracyResult = cell.stage("accuracy").data

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvgate.gate.checks.formatting import fmt
@@ -12,9 +12,9 @@ from kvgate.gate.verdict import Check
 from kvgate.results.records import CellIdentity, CellResults, RunResults
 
 
-def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Sequence[str],
-                 probe_compare: Callable[[Any, Any], Any] | None) -> Check:
-    unhealthy = health_check(cell, "probe", "probe", require)
+def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Mapping[str, str],
+                 probe_compare: Callable[[Any, Any], Any] | None, unplanned: Mapping[str, str] | None = None) -> Check:
+    unhealthy = health_check(cell, "probe", "probe", require, unplanned)
     if unhealthy:
         return unhealthy
     base = dict(cell=cell.identity.id, kind="probe", model=cell.identity.model)

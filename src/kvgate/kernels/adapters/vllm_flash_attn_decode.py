@@ -30,7 +30,7 @@ from kvgate.kernels import fp8
 from kvgate.kernels.adapters import (
     KernelMismatch,
     KernelUnavailable,
-    import_quietly,
+    import_vllm,
     paged_kv,
     require_capability,
 )
@@ -47,12 +47,7 @@ FA_VERSION = 3
 
 
 def _flash_attn():
-    try:
-        vllm, _ = import_quietly("vllm")
-        fa_utils, _ = import_quietly("vllm.v1.attention.backends.fa_utils")
-        interface, _ = import_quietly("vllm.vllm_flash_attn")
-    except Exception as error:
-        raise KernelUnavailable(f"vLLM's flash-attn build did not import ({type(error).__name__}: {error})") from None
+    vllm, fa_utils, interface = import_vllm("vllm", "vllm.v1.attention.backends.fa_utils", "vllm.vllm_flash_attn")
     return vllm, fa_utils, interface
 
 

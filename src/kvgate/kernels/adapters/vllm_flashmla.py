@@ -45,7 +45,7 @@ from kvgate.kernels.adapters import (
     KernelMismatch,
     KernelUnavailable,
     PreparedDecode,
-    import_quietly,
+    import_vllm,
     require_capability,
 )
 from kvgate.kernels.adapters.paged_kv import quantize_query, vllm_ops
@@ -55,11 +55,7 @@ PAGE_SIZES = (64,)
 
 
 def _flashmla():
-    try:
-        vllm, _ = import_quietly("vllm")
-        ops, _ = import_quietly("vllm.v1.attention.ops.flashmla")
-    except Exception as error:
-        raise KernelUnavailable(f"vLLM's FlashMLA ops did not import ({type(error).__name__}: {error})") from None
+    vllm, ops = import_vllm("vllm", "vllm.v1.attention.ops.flashmla")
     return vllm, ops
 
 

@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-from kvgate.kernels.adapters import KernelUnavailable, import_quietly, paged_kv, require_capability
+from kvgate.kernels.adapters import KernelUnavailable, import_vllm, paged_kv, require_capability
 from kvgate.kernels.adapters.paged_kv import PreparedPagedDecode, build_cache, cuda_cache_write, vllm_ops
 from kvgate.kernels.cases import AttentionInputs
 
@@ -37,11 +37,7 @@ class _Layer(torch.nn.Module):
 
 
 def _flex():
-    try:
-        vllm, _ = import_quietly("vllm")
-        flex, _ = import_quietly("vllm.v1.attention.backends.flex_attention")
-    except Exception as error:
-        raise KernelUnavailable(f"vLLM's FlexAttention backend did not import ({type(error).__name__}: {error})") from None
+    vllm, flex = import_vllm("vllm", "vllm.v1.attention.backends.flex_attention")
     return vllm, flex
 
 

@@ -27,21 +27,15 @@ from __future__ import annotations
 
 import torch
 
-from kvgate.kernels.adapters import KernelUnavailable, import_quietly, paged_kv, require_capability
+from kvgate.kernels.adapters import KernelUnavailable, import_vllm, paged_kv, require_capability
 from kvgate.kernels.adapters.paged_kv import PreparedPagedDecode, build_cache, quantize_query, vllm_ops
 from kvgate.kernels.cases import AttentionInputs
 
 
 def _triton_attention():
-    try:
-        vllm, _ = import_quietly("vllm")
-        backend, _ = import_quietly("vllm.v1.attention.backends.triton_attn")
-        unified, _ = import_quietly("vllm.v1.attention.ops.triton_unified_attention")
-        writer, _ = import_quietly("vllm.v1.attention.ops.triton_reshape_and_cache_flash")
-        interface, _ = import_quietly("vllm.v1.kv_cache_interface")
-        platforms, _ = import_quietly("vllm.platforms")
-    except Exception as error:
-        raise KernelUnavailable(f"vLLM's Triton attention did not import ({type(error).__name__}: {error})") from None
+    vllm, backend, unified, writer, interface, platforms = import_vllm(
+        "vllm", "vllm.v1.attention.backends.triton_attn", "vllm.v1.attention.ops.triton_unified_attention",
+        "vllm.v1.attention.ops.triton_reshape_and_cache_flash", "vllm.v1.kv_cache_interface", "vllm.platforms")
     return vllm, backend, unified, writer, interface, platforms.current_platform
 
 

