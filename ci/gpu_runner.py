@@ -13,7 +13,14 @@ What the recipe promises, and this builds:
   - caches pre-filled by a trusted maintenance job and mounted read-only (KVGATE_RUNNER_CACHES: host:container);
   - no hub token and no GitHub credential inside: the environment passed in is a fixed list, the token that may
     create runners is read by this supervisor from a file the container never sees;
-  - a time cap on the host (`timeout`), whatever the workflow's timeout-minutes says.
+  - a time cap on the host (`timeout`), whatever the workflow's timeout-minutes says;
+  - idle GPUs before each job (`nvidia-smi --query-compute-apps`): none starts while a process holds them;
+  - no way out but to GitHub: the container joins KVGATE_RUNNER_NETWORK, a docker network the operator makes with
+    no route out except an egress proxy that allows GitHub's hosts (KVGATE_RUNNER_PROXY); models and datasets were
+    prefetched into the read-only caches, so an engine never needs the hub;
+  - no privilege: every capability dropped, a non-root user (KVGATE_RUNNER_USER, default 1001:1001), a pids limit;
+  - the runner's just-in-time configuration (a credential of that one job) in a file mounted read-only, never on a
+    command line the host's process list shows.
 `--dry-run` prints the container command (with the runner configuration elided) and asks GitHub nothing.
 Stdlib only. Exit 2 with one `ERROR` line on bad settings.
 """
@@ -25,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -34,6 +42,9 @@ API = "https://api.github.com"
 # The only variables a job's container gets; never a token, never the host's environment.
 JOB_ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 DEFAULT_TIME_CAP = "5h"
+DEFAULT_USER = "1001:1001"
+PIDS_LIMIT = "4096"
+JIT_CONFIG_INSIDE = "/run/kvgate/jitconfig"
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _IMAGE_DIGEST = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
 _TIME = re.compile(r"[0-9]+[smhd]")
@@ -55,6 +66,9 @@ class Settings:
     time_cap: str = DEFAULT_TIME_CAP
     hf_home: str = ""
     name_prefix: str = "kvgate"
+    network: str = ""
+    proxy: str = ""
+    user: str = DEFAULT_USER
 
 
 def read_settings(environ: Mapping[str, str]) -> Settings:
@@ -92,9 +106,19 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
     if hf_home and hf_home not in {inside for _, inside in caches}:
         raise SettingsError(f"$KVGATE_RUNNER_HF_HOME: {hf_home[:80]!r} is not one of the read-only caches' "
                             "container folders (KVGATE_RUNNER_CACHES)")
+    network = need("KVGATE_RUNNER_NETWORK")
+    if not _LABEL.fullmatch(network) or network in ("host", "bridge", "default"):
+        raise SettingsError(f"$KVGATE_RUNNER_NETWORK: {network[:40]!r} is not a network of its own (make one whose only "
+                            "way out is an egress proxy to GitHub: ci/README.md, \"The runner recipe\")")
+    proxy = environ.get("KVGATE_RUNNER_PROXY", "").strip()
+    if proxy and not re.fullmatch(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?/?", proxy):
+        raise SettingsError(f"$KVGATE_RUNNER_PROXY: {proxy[:80]!r} is not a proxy URL (http://host:port)")
+    user = environ.get("KVGATE_RUNNER_USER", DEFAULT_USER).strip()
+    if not re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user):
+        raise SettingsError(f"$KVGATE_RUNNER_USER: {user[:40]!r} is not a non-root UID:GID (e.g. 1001:1001)")
     return Settings(org=need("KVGATE_RUNNER_ORG"), group_id=int(group), labels=labels, image=image,
                     token_file=need("KVGATE_RUNNER_TOKEN_FILE"), gpu=gpu, caches=tuple(caches), time_cap=time_cap,
-                    hf_home=hf_home)
+                    hf_home=hf_home, network=network, proxy=proxy, user=user)
 
 
 def jit_request(settings: Settings, name: str) -> tuple[str, dict[str, object]]:
@@ -104,21 +128,51 @@ def jit_request(settings: Settings, name: str) -> tuple[str, dict[str, object]]:
              "work_folder": "_work"})
 
 
-def container_command(settings: Settings, name: str, jit_config: str) -> list[str]:
+def container_command(settings: Settings, name: str, jit_config_file: str) -> list[str]:
     """`timeout ... docker run --rm ...` for one job: a new container (its writable layer goes with it), read-only
-    caches, a fixed environment with no secret in it, no privilege escalation, a hard time cap."""
+    caches, a fixed environment with no secret in it, no capability, a non-root user, a pids limit, a network that
+    reaches only GitHub, the just-in-time configuration read from a file, a hard time cap."""
     argv = ["timeout", "--kill-after=5m", settings.time_cap, "docker", "run", "--rm", "--name", name,
-            "--gpus", f"device={settings.gpu}", "--tmpfs", "/tmp:exec", "--security-opt", "no-new-privileges"]
+            "--gpus", f"device={settings.gpu}", "--tmpfs", "/tmp:exec", "--security-opt", "no-new-privileges",
+            "--cap-drop", "ALL", "--user", settings.user, "--pids-limit", PIDS_LIMIT, "--network", settings.network]
     for host, inside in settings.caches:
         argv += ["--mount", f"type=bind,source={host},target={inside},readonly"]
+    argv += ["--mount", f"type=bind,source={jit_config_file},target={JIT_CONFIG_INSIDE},readonly"]
     environment = {**JOB_ENVIRONMENT, **({"HF_HOME": settings.hf_home} if settings.hf_home else {})}
+    if settings.proxy:
+        environment.update({"HTTPS_PROXY": settings.proxy, "HTTP_PROXY": settings.proxy, "NO_PROXY": "localhost"})
     for key, value in environment.items():
         argv += ["-e", f"{key}={value}"]
-    return [*argv, settings.image, "./run.sh", "--jitconfig", jit_config]
+    return [*argv, settings.image, "sh", "-c", f'exec ./run.sh --jitconfig "$(cat {JIT_CONFIG_INSIDE})"']
 
 
 def runner_name(settings: Settings, now: float, host: str) -> str:
     return f"{settings.name_prefix}-{host}-gpu{settings.gpu.replace(',', '_')}-{int(now)}"
+
+
+def busy_gpu_processes(settings: Settings, run=subprocess.run) -> list[str]:
+    """The compute processes on the job's GPUs (`nvidia-smi --query-compute-apps`); ["nvidia-smi: ..."] when it
+    cannot answer (a GPU that cannot be checked counts as busy)."""
+    argv = ["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader", "-i", settings.gpu]
+    try:
+        result = run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return [f"nvidia-smi: {error}"]
+    if result.returncode != 0:
+        return [f"nvidia-smi exited {result.returncode}: {(result.stderr or '').strip()[:200]}"]
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+
+def wait_until_idle(settings: Settings, *, run=subprocess.run, sleep=time.sleep, attempts: int = 30) -> bool:
+    """True once the job's GPUs hold no compute process; False after `attempts` checks a minute apart."""
+    for _ in range(attempts):
+        busy = busy_gpu_processes(settings, run)
+        if not busy:
+            return True
+        print(f"kvgate runner: GPU {settings.gpu} is not idle ({'; '.join(busy)[:300]}); no job starts until it is",
+              file=sys.stderr, flush=True)
+        sleep(60)
+    return False
 
 
 def request_jit_config(settings: Settings, name: str) -> str:
@@ -143,15 +197,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     while True:
         name = runner_name(settings, time.time(), host)
         if "--dry-run" in args:
-            print(" ".join(container_command(settings, name, "<jit config>")))
+            print(" ".join(container_command(settings, name, "<file holding the jit config>")))
             return 0
+        if not wait_until_idle(settings):  # a process left on the GPU would share the next job's: none starts
+            print(f"kvgate runner: GPU {settings.gpu} stayed busy; giving up (the service manager restarts this)",
+                  file=sys.stderr, flush=True)
+            return 1
         try:
             config = request_jit_config(settings, name)
         except (OSError, ValueError, KeyError) as error:
             print(f"kvgate runner: no just-in-time configuration ({error}); retrying in 60 s", file=sys.stderr)
             time.sleep(60)
             continue
-        status = subprocess.run(container_command(settings, name, config), check=False).returncode
+        with tempfile.TemporaryDirectory(prefix="kvgate-runner-") as folder:  # 0700: no other host user reads it
+            config_file = os.path.join(folder, "jitconfig")
+            with open(os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w", encoding="utf-8") as f:
+                f.write(config)
+            status = subprocess.run(container_command(settings, name, config_file), check=False).returncode
         print(f"kvgate runner: {name} ended with status {status}", flush=True)
         if "--once" in args:
             return 0

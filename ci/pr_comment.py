@@ -52,6 +52,13 @@ WORD_JOINER = "\u2060"
 SHA = re.compile(r"[0-9a-f]{40}")
 RUN_URL = re.compile(r"https://[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/actions/runs/[0-9]+(?:/attempts/[0-9]+)?")
 REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
+# Images load from anywhere (a tracking pixel); links may point anywhere: a comment keeps only links into this run's
+# own repository, and the text of every other link or image.
+IMAGE = re.compile(r"!\[([^\]\n]*)\]\([^)\n]*\)")
+LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\n]*)\)")
+REFERENCE_DEFINITION = re.compile(r"(?m)^[ \t]{0,3}\[[^\]\n]+\]:[ \t]*\S.*$")
+REFERENCE_LINK = re.compile(r"\[([^\]\n]+)\]\[[^\]\n]*\]")
+SCHEME = re.compile(r"\b(https?|ftp|file|mailto|data|javascript)(:)(?=//|[A-Za-z0-9])", re.IGNORECASE)
 
 
 class ArtifactError(Exception):
@@ -109,16 +116,50 @@ def _defang_github_url(match: re.Match[str], repository: str) -> str:
 
 
 def sanitise(markdown: str, repository: str = "") -> str:
-    """Markdown from the artifact, made inert: no control or bidi characters, no raw HTML, no pings, no backlinks.
+    """Markdown from the artifact, made inert: no control or bidi characters, no raw HTML, no pings, no backlinks,
+    no images, and no links but into this run's own repository.
 
-    `repository` (owner/repo) is this run's: links to it stay links; links to any other repository are defanged.
+    `repository` (owner/repo) is this run's: links to it stay links; any other link or image keeps only its text
+    (root-relative and external ones included), bare URLs are no longer links, and other repositories' github.com
+    addresses are defanged.
     """
     text = CONTROL.sub("", markdown.replace("\r\n", "\n").replace("\r", "\n"))
     text = CHARACTER_REFERENCE.sub("&amp;", text)
     text = _escape_html(text)
     text = MENTION.sub(lambda m: m.group(0) + WORD_JOINER, text)
     text = ISSUE_REFERENCE.sub(lambda m: m.group(0) + WORD_JOINER, text)
-    return GITHUB_URL.sub(lambda m: _defang_github_url(m, repository), text)
+    text, kept = _drop_links(text, repository)
+    text = SCHEME.sub(lambda m: f"{m.group(1)}[:]", text)  # a bare URL is not auto-linked any more
+    text = GITHUB_URL.sub(lambda m: _defang_github_url(m, repository), text)
+    for index, link in enumerate(kept):
+        text = text.replace(f"\0link{index}\0", link)
+    return text
+
+
+def _drop_links(text: str, repository: str) -> tuple[str, list[str]]:
+    """Images become their alt text; links, their text, unless they point into this run's repository on
+    github.com (kept whole, set aside so the later passes leave them be); reference definitions go."""
+    kept: list[str] = []
+    own = f"https://github.com/{repository}/".lower() if repository else None
+    text = IMAGE.sub(lambda m: m.group(1), text)
+    text = REFERENCE_DEFINITION.sub("", text)
+    text = REFERENCE_LINK.sub(lambda m: m.group(1), text)
+
+    def link(match: re.Match[str]) -> str:
+        url = match.group(2)
+        if own and url.lower().startswith(own) and not re.search(r"[\s<>\"'&]", url):
+            kept.append(f"[{match.group(1)}]({url})")
+            return f"\0link{len(kept) - 1}\0"
+        return match.group(1)
+
+    text = LINK.sub(link, text)
+    if own:
+        def bare(match: re.Match[str]) -> str:
+            kept.append(match.group(0))
+            return f"\0link{len(kept) - 1}\0"
+
+        text = re.sub(re.escape(own.rstrip("/")) + r"/[^\s)<>\]\0]*", bare, text, flags=re.IGNORECASE)
+    return text, kept
 
 
 def clip(text: str, limit: int, note: str) -> str:

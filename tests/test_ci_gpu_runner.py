@@ -16,20 +16,21 @@ DIGEST = "registry.example/kvgate-runner@sha256:" + "0" * 64
 SETTINGS = {"KVGATE_RUNNER_ORG": "acme", "KVGATE_RUNNER_GROUP_ID": "7", "KVGATE_RUNNER_LABELS": "gpu-sm90,kvgate-pr",
             "KVGATE_RUNNER_IMAGE": DIGEST, "KVGATE_RUNNER_TOKEN_FILE": "/etc/kvgate/token", "KVGATE_RUNNER_GPU": "0",
             "KVGATE_RUNNER_CACHES": "/srv/kvgate/hf:/cache/hf,/srv/kvgate/wheels:/cache/wheels",
-            "KVGATE_RUNNER_HF_HOME": "/cache/hf"}
+            "KVGATE_RUNNER_HF_HOME": "/cache/hf", "KVGATE_RUNNER_NETWORK": "kvgate-github-only"}
 
 gpu_runner = load_ci_script("gpu_runner")
 
 
 def command() -> list[str]:
-    return gpu_runner.container_command(gpu_runner.read_settings(SETTINGS), "kvgate-h200-gpu0-1", "JIT")
+    return gpu_runner.container_command(gpu_runner.read_settings(SETTINGS), "kvgate-h200-gpu0-1", "/run/x/jitconfig")
 
 
 def test_one_fresh_container_per_job_under_a_host_time_cap():
     argv = command()
     assert argv[:3] == ["timeout", "--kill-after=5m", "5h"]
     assert argv[3:6] == ["docker", "run", "--rm"]  # the container and all it wrote go with the job
-    assert argv[-4:] == [DIGEST, "./run.sh", "--jitconfig", "JIT"]  # a just-in-time runner: one job
+    # a just-in-time runner (one job), its configuration read from a file inside, never on the host's command line
+    assert argv[-4:] == [DIGEST, "sh", "-c", 'exec ./run.sh --jitconfig "$(cat /run/kvgate/jitconfig)"']
     assert argv[argv.index("--gpus") + 1] == "device=0"
     assert argv[argv.index("--security-opt"):argv.index("--security-opt") + 2] == ["--security-opt", "no-new-privileges"]
 
@@ -38,7 +39,8 @@ def test_caches_are_mounted_read_only_and_nothing_else_from_the_host():
     argv = command()
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a in ("--mount", "-v", "--volume")]
     assert mounts == ["type=bind,source=/srv/kvgate/hf,target=/cache/hf,readonly",
-                      "type=bind,source=/srv/kvgate/wheels,target=/cache/wheels,readonly"]
+                      "type=bind,source=/srv/kvgate/wheels,target=/cache/wheels,readonly",
+                      "type=bind,source=/run/x/jitconfig,target=/run/kvgate/jitconfig,readonly"]
     assert "--privileged" not in argv and "--network=host" not in argv
 
 
@@ -84,4 +86,48 @@ def test_a_dry_run_prints_the_command_and_asks_github_nothing():
                             text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("timeout --kill-after=5m 5h docker run --rm --name kvgate-")
-    assert result.stdout.rstrip().endswith(f"{DIGEST} ./run.sh --jitconfig <jit config>")
+    assert result.stdout.rstrip().endswith(f'{DIGEST} sh -c exec ./run.sh --jitconfig "$(cat /run/kvgate/jitconfig)"')
+    assert "source=<file holding the jit config>,target=/run/kvgate/jitconfig,readonly" in result.stdout
+
+
+def test_the_job_has_no_privilege_and_reaches_only_its_own_network():
+    argv = command()
+
+    def value(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert value("--cap-drop") == "ALL" and value("--user") == "1001:1001" and value("--pids-limit") == "4096"
+    assert value("--network") == "kvgate-github-only"
+    proxied = gpu_runner.container_command(gpu_runner.read_settings({**SETTINGS, "KVGATE_RUNNER_PROXY":
+                                                                     "http://egress:3128"}), "n", "/f")
+    env = [proxied[i + 1] for i, a in enumerate(proxied) if a == "-e"]
+    assert "HTTPS_PROXY=http://egress:3128" in env
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"KVGATE_RUNNER_NETWORK": "host"}, "$KVGATE_RUNNER_NETWORK: 'host' is not a network of its own (make one whose "
+                                        "only way out is an egress proxy to GitHub: ci/README.md, \"The runner recipe\")"),
+    ({"KVGATE_RUNNER_USER": "0:0"}, "$KVGATE_RUNNER_USER: '0:0' is not a non-root UID:GID (e.g. 1001:1001)"),
+    ({"KVGATE_RUNNER_PROXY": "evil proxy"}, "$KVGATE_RUNNER_PROXY: 'evil proxy' is not a proxy URL (http://host:port)"),
+])
+def test_unsafe_container_settings_are_refused(change, message):
+    with pytest.raises(gpu_runner.SettingsError) as error:
+        gpu_runner.read_settings({**SETTINGS, **change})
+    assert str(error.value) == message
+
+
+def test_no_job_starts_while_a_process_holds_the_gpu():
+    settings = gpu_runner.read_settings(SETTINGS)
+    answers = iter(["12345, python\n", "12345, python\n", ""])
+    calls, sleeps = [], []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, next(answers), "")
+
+    assert gpu_runner.wait_until_idle(settings, run=run, sleep=sleeps.append) is True
+    assert calls[0] == ["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader", "-i", "0"]
+    assert len(calls) == 3 and sleeps == [60, 60]
+    failing = lambda argv, **kwargs: subprocess.CompletedProcess(argv, 9, "", "NVML error")  # noqa: E731
+    assert gpu_runner.busy_gpu_processes(settings, failing) == ["nvidia-smi exited 9: NVML error"]
+    assert gpu_runner.wait_until_idle(settings, run=failing, sleep=lambda s: None, attempts=2) is False

@@ -78,11 +78,11 @@ def test_attack_every_at_before_a_name_character_is_broken(text, expected):
     ("fixes vllm-project/vllm#123", f"fixes vllm-project/vllm#{WJ}123"),
     ("see #7 and GH-9", f"see #{WJ}7 and GH-{WJ}9"),
     ("at vllm-project/vllm@0123abcd", f"at vllm-project/vllm@{WJ}0123abcd"),
-    ("https://github.com/vllm-project/vllm/issues/1", "https://github[.]com/vllm-project/vllm/issues/1"),
-    ("[x](HTTPS://WWW.GitHub.com/o/r/pull/2#issuecomment-3)", "[x](HTTPS://WWW.GitHub[.]com/o/r/pull/2#issuecomment-3)"),
+    ("https://github.com/vllm-project/vllm/issues/1", "https[:]//github[.]com/vllm-project/vllm/issues/1"),
+    ("[x](HTTPS://WWW.GitHub.com/o/r/pull/2#issuecomment-3)", "x"),
     ("https://github.com/acme/kvgate/actions/runs/5 (this repository)", "https://github.com/acme/kvgate/actions/runs/5 "
      "(this repository)"),
-    ("https://github.com/acme/kvgate-fork/issues/5", "https://github[.]com/acme/kvgate-fork/issues/5"),
+    ("https://github.com/acme/kvgate-fork/issues/5", "https[:]//github[.]com/acme/kvgate-fork/issues/5"),
     ("api.github.com/repos/o/r and notgithub.com/o/r", "api.github.com/repos/o/r and notgithub.com/o/r"),
 ])
 def test_attack_cross_repository_references_are_escaped(text, expected):
@@ -90,7 +90,7 @@ def test_attack_cross_repository_references_are_escaped(text, expected):
 
 
 def test_without_a_repository_every_github_link_is_defanged():
-    assert pr_comment.sanitise("https://github.com/acme/kvgate/issues/5") == "https://github[.]com/acme/kvgate/issues/5"
+    assert pr_comment.sanitise("https://github.com/acme/kvgate/issues/5") == "https[:]//github[.]com/acme/kvgate/issues/5"
 
 
 def test_a_huge_report_is_cut_under_the_comment_limit(tmp_path):
@@ -238,3 +238,17 @@ def test_an_unexpected_error_is_a_warning_not_a_traceback(tmp_path, monkeypatch,
     assert capsys.readouterr().out == ("::warning::kvgate: no comment posted: the artifact could not be rendered "
                                        "(MemoryError)\n")
     assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("![pixel](https://evil.example/p.png?pr=1)", "pixel"),
+    ("[the run](/acme/kvgate/actions/runs/5)", "the run"),  # root-relative: resolves on github.com, dropped
+    ("[docs](https://evil.example/x)", "docs"),
+    ("[report](https://github.com/acme/kvgate/actions/runs/5)", "[report](https://github.com/acme/kvgate/actions/runs/5)"),
+    ("[ref][1]\n[1]: https://evil.example/x", "ref\n"),
+    ("see https://evil.example/x now", "see https[:]//evil.example/x now"),
+    ("javascript:alert(1)", "javascript[:]alert(1)"),
+    ("[x](<https://evil.example/a b>)", "x"),
+])
+def test_attack_images_and_links_out_of_the_repository_keep_only_their_text(text, expected):
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected
