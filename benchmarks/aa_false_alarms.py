@@ -21,8 +21,8 @@ from pathlib import Path
 
 
 def false_alarm_upper_bound(alarms: int, runs: int, confidence: float = 0.95) -> float:
-    """Exact one-sided (Clopper-Pearson) upper bound of the per-run false-alarm rate (kvgate.gate.stats)."""
-    from kvgate.gate.stats import floor_test
+    """Exact one-sided (Clopper-Pearson) upper bound of the per-run false-alarm rate (kvgate.statistics.margins)."""
+    from kvgate.statistics.margins import floor_test
 
     return floor_test(alarms, runs, floor=0.5, alpha=1 - confidence).upper
 

@@ -8,8 +8,8 @@ unchanged code disagree on `flips` of the questions; the regression breaks right
 Throughput repeats: log-normal with a shared round drift (interleaved A/B), or each run with its own level
 (a stored baseline).
 
-Every figure comes from the gate's own functions on simulated outcomes (the fast path: kvgate.gate.stats and
-kvgate.gate.sequential, vectorised, the functions `kvgate gate` calls); a subset of the same simulated runs is
+Every figure comes from the gate's own functions on simulated outcomes (the fast path: kvgate.statistics.margins and
+kvgate.statistics.sequential, vectorised, the functions `kvgate gate` calls); a subset of the same simulated runs is
 written as results folders in the contract's format (docs/results-folder.md) and judged by `kvgate gate`
 in-process (kvgate.cli.main), and every one of those verdicts must agree with the fast path's decision (the
 "CLI agrees" column). Interleaved throughput goes through the gate's check function on loaded folders, as
@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of contract-format folders
 
 from kvgate.cli import main as kvgate  # noqa: E402
-from kvgate.gate import distributions, sequential, stats  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
 from kvgate.gate.checks import pending as pending_checks  # noqa: E402
 from kvgate.gate.checks import throughput as throughput_checks  # noqa: E402
 from kvgate.matrix import cells as matrix_module  # noqa: E402
 from kvgate.results.run_loader import KnownNames, load_run  # noqa: E402
+from kvgate.statistics import distributions, margins, sequential  # noqa: E402
 from synthetic_run import (  # noqa: E402
     QuestionModel,
     flexible_from_strict,
@@ -126,10 +126,10 @@ def write_pair(run: Path, kind: str, reference: np.ndarray, candidate: np.ndarra
 
 
 def fixed_decisions(reference: np.ndarray, candidate: np.ndarray, margin: float) -> np.ndarray:
-    """The fast path: counts -> stats.margin_log_p (what margin_test computes) -> p <= alpha."""
+    """The fast path: counts -> margins.margin_log_p (what margin_test computes) -> p <= alpha."""
     b = (reference & ~candidate).sum(axis=1)
     c = (~reference & candidate).sum(axis=1)
-    return stats.margin_rejects(b, c, reference.shape[1], margin_points=margin, alpha=ACC.alpha)
+    return margins.margin_rejects(b, c, reference.shape[1], margin_points=margin, alpha=ACC.alpha)
 
 
 def accuracy_cell_table(args: argparse.Namespace, gate: Gate, rng: np.random.Generator) -> list[str]:
@@ -212,8 +212,8 @@ def sequential_decisions(design: sequential.Design, reference: np.ndarray,
     bounds = design.bounds
     for k, n in enumerate(design.looks):
         bk, ck = b[:, n - 1], c[:, n - 1]
-        log_p = stats.margin_log_p(bk, ck, n, design.margin_points / 100)
-        log_q = stats.reverse_margin_log_p(bk, ck, n, (design.margin_points + design.gap_points) / 100)
+        log_p = margins.margin_log_p(bk, ck, n, design.margin_points / 100)
+        log_q = margins.reverse_margin_log_p(bk, ck, n, (design.margin_points + design.gap_points) / 100)
         fail = alive & (log_p <= float(distributions.log_normal_sf(bounds.efficacy[k])))
         if k == len(design.looks) - 1:
             stop = alive
@@ -288,10 +288,10 @@ def throughput_samples(rng: np.random.Generator, *, rounds: int, slowdown: float
 def throughput_decision(base: np.ndarray, head: np.ndarray, interleaved: bool) -> bool:
     rounds = range(1, base.size + 1)
     if interleaved:
-        test = stats.paired_ratio_test(dict(zip(rounds, base, strict=True)), dict(zip(rounds, head, strict=True)),
+        test = margins.paired_ratio_test(dict(zip(rounds, base, strict=True)), dict(zip(rounds, head, strict=True)),
                                        min_ratio=1 - TPUT.tolerance, alpha=TPUT.alpha)
     else:
-        test = stats.unpaired_ratio_test(base, head, min_ratio=1 - TPUT.tolerance, alpha=TPUT.alpha_unpaired,
+        test = margins.unpaired_ratio_test(base, head, min_ratio=1 - TPUT.tolerance, alpha=TPUT.alpha_unpaired,
                                          run_to_run_sd=TPUT.run_to_run_sd)
     return test.regressed
 

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from kvgate.gate import policy as policy_module
-from kvgate.gate import sequential, stats
+from kvgate.statistics import margins, sequential
 
 
 def main() -> None:
@@ -39,12 +39,12 @@ def main() -> None:
     policy = policy_module.load()
     acc = policy.accuracy
     loaded = time.perf_counter()
-    tests = [stats.margin_test(stats.PairedCounts.from_outcomes(r, c), margin_points=acc.baseline_margin_points,
+    tests = [margins.margin_test(margins.PairedCounts.from_outcomes(r, c), margin_points=acc.baseline_margin_points,
                                alpha=acc.alpha) for r, c in zip(reference, candidate, strict=True)]
     tested = time.perf_counter()
-    failed = sum(stats.accuracy_regressed(t, alpha=acc.alpha) for t in tests)
+    failed = sum(margins.accuracy_regressed(t, alpha=acc.alpha) for t in tests)
     decided = time.perf_counter()
-    ratios = [stats.unpaired_ratio_test(rng.normal(3.2, 0.03, 7), rng.normal(3.2, 0.03, 7), min_ratio=0.95,
+    ratios = [margins.unpaired_ratio_test(rng.normal(3.2, 0.03, 7), rng.normal(3.2, 0.03, 7), min_ratio=0.95,
                                         alpha=policy.throughput.alpha_unpaired,
                                         run_to_run_sd=policy.throughput.run_to_run_sd) for _ in range(256)]
     timed = time.perf_counter()

@@ -3,7 +3,7 @@
 Questions come from synthetic_run.QuestionModel: per-question difficulty, noise flips and the regression are
 separate parameters, with two flip models ("fragile": middling questions flip; "uniform") and two regression
 models, so the figures are about the method, not one generator. The fast path is the gate's own vectorised
-function (stats.margin_rejects = what margin_test decides, checked below decision by decision, and through
+function (margins.margin_rejects = what margin_test decides, checked below decision by decision, and through
 `kvgate gate` on a few folders). benchmarks/gate_simulation.py prints the full tables with 20000 runs a figure.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from kvgate.cli import main
 from kvgate.gate import policy as policy_module
-from kvgate.gate import stats
+from kvgate.statistics import margins
 from synthetic_run import QuestionModel, write_accuracy, write_cell
 
 POLICY = policy_module.load()
@@ -37,7 +37,7 @@ def fail_rate(model: QuestionModel, *, drop: float, margin: float, runs: int, se
         reference, candidate = model.runs(min(1000, runs - start), drop_points=drop, rng=rng, questions=questions)
         b = (reference & ~candidate).sum(axis=1)
         c = (~reference & candidate).sum(axis=1)
-        failed += int(stats.margin_rejects(b, c, model.n, margin_points=margin, alpha=ALPHA).sum())
+        failed += int(margins.margin_rejects(b, c, model.n, margin_points=margin, alpha=ALPHA).sum())
     return failed / runs
 
 
@@ -50,15 +50,15 @@ def test_the_fast_path_is_the_gates_decision() -> None:
     reference, candidate = model.runs(300, drop_points=4.5, rng=np.random.default_rng(8))
     b = (reference & ~candidate).sum(axis=1)
     c = (~reference & candidate).sum(axis=1)
-    fast = stats.margin_rejects(b, c, 1319, margin_points=FP8_TAX, alpha=ALPHA)
+    fast = margins.margin_rejects(b, c, 1319, margin_points=FP8_TAX, alpha=ALPHA)
     for run in range(300):
-        counts = stats.PairedCounts.from_outcomes(reference[run], candidate[run])
+        counts = margins.PairedCounts.from_outcomes(reference[run], candidate[run])
         assert margin_test_regressed(counts) == fast[run]
     assert 0 < fast.sum() < 300  # both outcomes seen
 
 
-def margin_test_regressed(counts: stats.PairedCounts) -> bool:
-    return stats.margin_test(counts, margin_points=FP8_TAX, alpha=ALPHA).regressed
+def margin_test_regressed(counts: margins.PairedCounts) -> bool:
+    return margins.margin_test(counts, margin_points=FP8_TAX, alpha=ALPHA).regressed
 
 
 MODELS = {"fragile flips": dict(flip_model="fragile"), "uniform flips": dict(flip_model="uniform"),
@@ -87,7 +87,7 @@ def test_a_run_of_32_fp8_cells_at_a_1_6_point_tax_fails_at_most_1_percent(flips:
         reference, candidate = model.runs(runs, drop_points=1.6, rng=rng, questions=questions)
         b = (reference & ~candidate).sum(axis=1)
         c = (~reference & candidate).sum(axis=1)
-        any_failed |= stats.margin_rejects(b, c, 1319, margin_points=FP8_TAX, alpha=ALPHA)
+        any_failed |= margins.margin_rejects(b, c, 1319, margin_points=FP8_TAX, alpha=ALPHA)
     rate = float(any_failed.mean())
     print(f"\n32 FP8 cells at a 1.6-point tax, {flips:.0%} flips: the run fails {rate:.2%}")
     assert rate <= 0.01 + mc(0.01, runs)
@@ -115,7 +115,7 @@ def test_a_few_comparisons_through_kvgate_gate_agree_with_the_fast_path(tmp_path
     reference, candidate = model.runs(8, drop_points=5.5, rng=np.random.default_rng(21))
     b = (reference & ~candidate).sum(axis=1)
     c = (~reference & candidate).sum(axis=1)
-    fast = stats.margin_rejects(b, c, 1319, margin_points=FP8_TAX, alpha=ALPHA)
+    fast = margins.margin_rejects(b, c, 1319, margin_points=FP8_TAX, alpha=ALPHA)
     for run in range(8):
         folder = tmp_path / f"run-{run}"
         for dtype, outcomes in (("auto", reference[run]), ("fp8", candidate[run])):
@@ -135,13 +135,13 @@ def test_a_few_comparisons_through_kvgate_gate_agree_with_the_fast_path(tmp_path
 SEED = {"strict-match": (0.6444, 0.6262), "flexible-extract": (0.6520, 0.6384)}
 
 
-def seed_counts(reference_accuracy: float, candidate_accuracy: float, discordance: float) -> stats.PairedCounts:
+def seed_counts(reference_accuracy: float, candidate_accuracy: float, discordance: float) -> margins.PairedCounts:
     right_ref, right_cand = round(reference_accuracy * 1319), round(candidate_accuracy * 1319)
     difference = right_ref - right_cand
     only_ref = (round(discordance * 1319) + difference) // 2
     only_cand = only_ref - difference
     both = right_ref - only_ref
-    return stats.PairedCounts(both, only_ref, only_cand, 1319 - both - only_ref - only_cand)
+    return margins.PairedCounts(both, only_ref, only_cand, 1319 - both - only_ref - only_cand)
 
 
 @pytest.mark.parametrize("discordance", [0.04, 0.08, 0.12, 0.20])
@@ -149,7 +149,7 @@ def test_the_seed_pr_passes_whatever_the_flips(discordance: float) -> None:
     for name, (auto, fp8) in SEED.items():
         counts = seed_counts(auto, fp8, discordance)
         assert (round(counts.reference_accuracy, 4), round(counts.candidate_accuracy, 4)) == (auto, fp8)
-        test = stats.margin_test(counts, margin_points=FP8_TAX, alpha=ALPHA)
+        test = margins.margin_test(counts, margin_points=FP8_TAX, alpha=ALPHA)
         print(f"\nseed {name}, {discordance:.0%} flips: {test}")
         assert not test.regressed
 
@@ -157,7 +157,7 @@ def test_the_seed_pr_passes_whatever_the_flips(discordance: float) -> None:
 @pytest.mark.parametrize("discordance", [0.10, 0.15])
 def test_a_7_point_fp8_drop_fails_whatever_the_flips(discordance: float) -> None:
     for auto, _ in SEED.values():
-        assert stats.margin_test(seed_counts(auto, auto - 0.07, discordance), margin_points=FP8_TAX,
+        assert margins.margin_test(seed_counts(auto, auto - 0.07, discordance), margin_points=FP8_TAX,
                                  alpha=ALPHA).regressed
 
 
@@ -174,12 +174,12 @@ def throughput_rate(*, interleaved: bool, slowdown: float, sd: float, runs: int,
             drift = rng.normal(0, 0.02, rounds)
             base = 3.22 * np.exp(drift + rng.normal(0, sd, rounds))
             head = 3.22 * (1 - slowdown) * np.exp(drift + rng.normal(0, sd, rounds))
-            test = stats.paired_ratio_test(dict(enumerate(base)), dict(enumerate(head)),
+            test = margins.paired_ratio_test(dict(enumerate(base)), dict(enumerate(head)),
                                            min_ratio=1 - TPUT.tolerance, alpha=TPUT.alpha)
         else:
             base = 3.22 * np.exp(rng.normal(0, sd) + rng.normal(0, 0.01, rounds))
             head = 3.22 * (1 - slowdown) * np.exp(rng.normal(0, sd) + rng.normal(0, 0.01, rounds))
-            test = stats.unpaired_ratio_test(base, head, min_ratio=1 - TPUT.tolerance, alpha=TPUT.alpha_unpaired,
+            test = margins.unpaired_ratio_test(base, head, min_ratio=1 - TPUT.tolerance, alpha=TPUT.alpha_unpaired,
                                              run_to_run_sd=TPUT.run_to_run_sd)
         failed += test.regressed
     return failed / runs

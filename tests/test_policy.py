@@ -284,9 +284,9 @@ def test_a_kv_dtype_without_probe_thresholds_is_an_input_error(document: dict[st
 
 
 def test_the_policy_states_the_questions_and_repeats_its_goals_need(matrix: matrix_module.Matrix) -> None:
-    """accuracy.questions, sequential.max_questions and throughput.rounds are what kvgate.gate.power computes for
+    """accuracy.questions, sequential.max_questions and throughput.rounds are what kvgate.statistics.power computes for
     the policy's own goals (change a goal and this says which number to update)."""
-    from kvgate.gate import power, sequential
+    from kvgate.statistics import power, sequential
 
     policy = policy_module.load(matrix=matrix)
     acc, tput = policy.accuracy, policy.throughput

@@ -1,4 +1,4 @@
-"""kvgate.gate.power and `kvgate power`: exact operating figures of the margin test, the questions and rounds
+"""kvgate.statistics.power and `kvgate power`: exact operating figures of the margin test, the questions and rounds
 the policy needs, the noncentral t, and the command's output and errors."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from kvgate.cli import main
-from kvgate.gate import distributions, power, stats
+from kvgate.statistics import distributions, margins, power
 
 
 def simulated_rate(n: int, p10: float, p01: float, margin: float, runs: int, seed: int) -> float:
     counts = np.random.default_rng(seed).multinomial(n, [p10, p01, 1 - p10 - p01], size=runs)
-    return float(stats.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=0.01).mean())
+    return float(margins.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=0.01).mean())
 
 
 @pytest.mark.parametrize("n, flips, drop, margin", [(1319, 0.10, 3.0, 3.0), (1319, 0.15, 6.0, 3.0),

@@ -1,4 +1,4 @@
-"""kvgate.gate.sequential: the boundaries (against a published table and a Monte Carlo of the canonical
+"""kvgate.statistics.sequential: the boundaries (against a published table and a Monte Carlo of the canonical
 process), the runner's decide(), the gate's replay(), the real tests' error rates, and the gate end to end."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from kvgate.cli import main
-from kvgate.gate import distributions, power, sequential, stats
 from kvgate.gate import policy as policy_module
+from kvgate.statistics import distributions, margins, power, sequential
 from synthetic_run import paired_outcomes, write_accuracy, write_cell
 
 POLICY = policy_module.load()
@@ -150,8 +150,8 @@ def simulate_sequential(d: sequential.Design, flips: float, drop: float, runs: i
         draw = rng.multinomial(size, [p10, p01, 1 - p10 - p01], size=runs)
         b += draw[:, 0]
         c += draw[:, 1]
-        log_p = stats.margin_log_p(b, c, n, d.margin_points / 100)
-        log_q = stats.reverse_margin_log_p(b, c, n, (d.margin_points + d.gap_points) / 100)
+        log_p = margins.margin_log_p(b, c, n, d.margin_points / 100)
+        log_q = margins.reverse_margin_log_p(b, c, n, (d.margin_points + d.gap_points) / 100)
         fail = alive & (log_p <= float(distributions.log_normal_sf(d.bounds.efficacy[k])))
         z_futility = -distributions.z_from_log_p(log_q)
         stop = fail | (alive & (z_futility <= d.bounds.futility[k])) if k < len(d.looks) - 1 else alive

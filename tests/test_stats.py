@@ -1,4 +1,4 @@
-"""kvgate.gate.stats: the paired margin test (against exact tails), its bounds, the floor test, multiplicity,
+"""kvgate.statistics.margins: the paired margin test (against exact tails), its bounds, the floor test, multiplicity,
 the throughput margin tests (paired by round, and with run-to-run variance), Student's t, log-space p-values."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from kvgate.gate import distributions, stats
-from kvgate.gate.stats import (
+from kvgate.statistics import distributions, margins
+from kvgate.statistics.margins import (
     MarginTest,
     PairedCounts,
     RatioTest,
@@ -64,7 +64,7 @@ def test_a_p_value_is_never_reported_as_zero() -> None:
     assert test.log_p_value < -700  # exp() of it underflows ...
     assert test.p_value == sys.float_info.min  # ... so it is reported as the smallest normal double, not 0
     assert test.regressed
-    assert stats.reported_p(-5.0) == pytest.approx(math.exp(-5.0))
+    assert margins.reported_p(-5.0) == pytest.approx(math.exp(-5.0))
     assert float(distributions.z_from_log_p(math.log(0.01))) == pytest.approx(2.3263479, abs=1e-6)
 
 
@@ -152,7 +152,7 @@ def test_the_seed_tax_is_far_from_evidence_beyond_the_margin() -> None:
     assert 0.9 < test.p_value < 0.95 and not test.regressed
     assert test.lower_points < test.drop_points < test.upper_points
     assert test.lower_points < 3.0  # the decision: fail <=> lower bound > margin
-    assert (test.n, test.discordant, test.method) == (1319, 132, stats.MARGIN_METHOD)
+    assert (test.n, test.discordant, test.method) == (1319, 132, margins.MARGIN_METHOD)
 
 
 def test_a_seven_point_drop_is_evidence_beyond_the_margin() -> None:
@@ -177,7 +177,7 @@ def test_the_bounds_are_the_test_inverted() -> None:
     counts = PairedCounts(700, 100, 40, 479)
     lower, upper = drop_bounds(counts, 0.01)
     assert float(margin_log_p(100, 40, 1319, lower / 100)) == pytest.approx(math.log(0.01), abs=1e-6)
-    assert float(stats.reverse_margin_log_p(100, 40, 1319, upper / 100)) == pytest.approx(math.log(0.01), abs=1e-6)
+    assert float(margins.reverse_margin_log_p(100, 40, 1319, upper / 100)) == pytest.approx(math.log(0.01), abs=1e-6)
 
 
 def test_the_scalar_twin_used_for_the_bounds_is_the_vectorised_p_value() -> None:
@@ -187,7 +187,7 @@ def test_the_scalar_twin_used_for_the_bounds_is_the_vectorised_p_value() -> None
         b = 0 if rng.random() < 0.1 else int(rng.integers(0, n // 4))
         c = 0 if rng.random() < 0.1 else int(rng.integers(0, n // 4))
         delta = float(rng.uniform(-0.2, 0.3))
-        assert stats._margin_log_p_scalar(b, c, n, delta) == pytest.approx(float(margin_log_p(b, c, n, delta)),
+        assert margins._margin_log_p_scalar(b, c, n, delta) == pytest.approx(float(margin_log_p(b, c, n, delta)),
                                                                            rel=1e-8, abs=1e-12)
 
 
@@ -315,7 +315,7 @@ def test_the_unpaired_ratio_test_needs_a_spread() -> None:
 def test_the_throughput_rule() -> None:
     slower = RatioTest(ratio=0.9, estimate=0.9, lower=0.85, upper=0.93, p_value=0.001, log_p_value=math.log(0.001),
                        min_ratio=0.95, alpha=0.05, n_baseline=7, n_current=7, df=6, se_log=0.01,
-                       method=stats.PAIRED_RATIO_METHOD)
+                       method=margins.PAIRED_RATIO_METHOD)
     assert throughput_regressed(slower, alpha=0.05) is True
     assert throughput_regressed(slower, alpha=0.05, adjusted_p=0.2) is False
 
@@ -323,10 +323,10 @@ def test_the_throughput_rule() -> None:
 def test_run_to_run_sd_is_recovered_from_stored_runs() -> None:
     rng = np.random.default_rng(11)
     runs = [3.2 * np.exp(rng.normal(0, 0.03) + rng.normal(0, 0.01, 5)) for _ in range(400)]
-    sd, df = stats.run_to_run_sd_estimate(runs)
+    sd, df = margins.run_to_run_sd_estimate(runs)
     print(sd, df)
     assert sd == pytest.approx(0.03, abs=0.003) and df == 399
-    assert stats.run_to_run_sd_estimate([[3.0, 3.1], [3.0, 3.1]])[0] == 0.0  # no spread between runs
+    assert margins.run_to_run_sd_estimate([[3.0, 3.1], [3.0, 3.1]])[0] == 0.0  # no spread between runs
 
 
 # ---------------------------------------------------------------------------------------------- Student's t

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvgate import EXIT_OK, InputError
 from kvgate.gate import policy as policy_module
-from kvgate.gate import power, stats
+from kvgate.statistics import margins, power
 
 HELP = "questions and repeats each check needs; false alarms and power of the accuracy and throughput tests"
 
@@ -146,7 +146,7 @@ def _simulated(n: int, flips: float, margin: float, target: float, alpha: float,
     for label, drop in (("margin", margin), (f"{target:g} pts", target)):
         p10, p01 = power.paired_probabilities(flips=flips, drop_points=drop)
         counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=runs)
-        rate = float(stats.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=alpha).mean())
+        rate = float(margins.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=alpha).mean())
         parts.append(f"{label} {_percent(rate)} ± {_percent(math.sqrt(max(rate * (1 - rate), 1e-12) / runs))}")
     return f"simulated ({runs} comparisons each): " + ", ".join(parts)
 

@@ -4,13 +4,11 @@ Owns
     evaluation  one check per (cell, kind[, subject]), decided together (`evaluate`); the checks about the run
     checks/     the check families: health, accuracy (+ pairing), throughput, probe, kv_cache, waivers, and what
                 they share (pending decisions, formatting)
-    stats       the statistical tests (margin tests for paired accuracy and throughput, the floor, multiplicity)
-    sequential  group-sequential comparisons: the boundaries, the runner's decide(), the gate's replay()
     policy      matrix/policy.toml: every threshold with what it buys
-    power       the questions and repeats a check needs, its false alarms and power (exact)
     verdict     the verdict and its versioned JSON form (verdict.json)
 
-No I/O here: the CLI reads the files and writes the reports. It may import the matrix and the results; it
-must never import the runners, the kernels, the report, the workloads or the CLI, nor an engine (vLLM,
-torch, lm-eval). tests/test_layout.py enforces it.
+The statistics it decides with are kvgate.statistics. No I/O here: the CLI reads the files and writes the
+reports. It may import the matrix, the results and the statistics; it must never import the runners, the
+kernels, the report, the workloads or the CLI, nor an engine (vLLM, torch, lm-eval). tests/test_layout.py
+enforces it.
 """

@@ -13,7 +13,7 @@ One check per (cell, kind[, subject]), each family in its module under kvgate.ga
 Here, about the run as a whole: cell (a planned cell or a baseline cell absent from the run), host (a cell the
 run's host could not run: NEUTRAL, missing under require_baseline), baseline (the run was compared with nothing).
 
-Comparisons are one-sided tests of "within the margin" (kvgate.gate.stats), each at the policy's alpha; the
+Comparisons are one-sided tests of "within the margin" (kvgate.statistics.margins), each at the policy's alpha; the
 policy's multiplicity method (none by default, see matrix/policy.toml) adjusts the p-values of each family before
 deciding. A check covered by a live waiver reads WAIVED whatever it measured; an expired waiver does not apply.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvgate.gate import probe_agreement, stats
+from kvgate.gate import probe_agreement
 from kvgate.gate.checks.accuracy import accuracy_floor_check, baseline_accuracy_checks, fp8_accuracy_checks
 from kvgate.gate.checks.health import accuracy_check, kernels_check
 from kvgate.gate.checks.kv_cache import fp8_kv_cache_check
@@ -36,6 +36,7 @@ from kvgate.gate.checks.waivers import WaiverLookup, apply_waiver
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check, Verdict
 from kvgate.results.records import BASE, HEAD, RunResults
+from kvgate.statistics import margins
 
 KIND_ORDER = ("baseline", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor", "fp8_accuracy",
               "baseline_accuracy", "throughput", "fp8_throughput", "probe")
@@ -105,7 +106,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         members = [p for p in pending if p.family == family and getattr(p.test, "p_value", None) is not None]
         family_sizes[family] = len(members)
         if members:
-            adjusted = stats.adjust_p_values([p.test.p_value for p in members], method)
+            adjusted = margins.adjust_p_values([p.test.p_value for p in members], method)
             adjusted_by_id.update({id(p): a for p, a in zip(members, adjusted, strict=True)})
     for item in pending:
         checks.append(decide(item, adjusted_by_id.get(id(item))))

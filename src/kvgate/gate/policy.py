@@ -21,10 +21,10 @@ else:  # pragma: no cover
     pass
 
 from kvgate import InputError, InputErrors, unknown_name_hint
-from kvgate.gate.stats import MULTIPLICITY_METHODS
 from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.cells import GSM8K_FILTERS, Match, Matrix, parse_match
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
+from kvgate.statistics.margins import MULTIPLICITY_METHODS
 
 POLICY_FILE = "policy.toml"
 
@@ -43,7 +43,7 @@ THROUGHPUT_METRICS = ("requests_per_second", "tokens_per_second", "output_tokens
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SequentialPolicy:
-    """Group-sequential comparisons (kvgate.gate.sequential): where the looks are and how beta is spent."""
+    """Group-sequential comparisons (kvgate.statistics.sequential): where the looks are and how beta is spent."""
 
     looks: tuple[float, ...]  # information fractions of the looks, the last 1.0
     beta_spending_rho: float  # beta(t) = beta t^rho (futility, non-binding); alpha spending is O'Brien-Fleming

@@ -112,7 +112,7 @@ class Verdict:
 
 def p_value_json(p: float | None) -> float | None:
     """A p-value for verdict.json: 6 significant digits, never 0 (a positive p below the smallest normal double,
-    2.2e-308, is written as that; kvgate.gate.stats computes p-values in log space and clamps them there too)."""
+    2.2e-308, is written as that; kvgate.statistics.margins computes p-values in log space and clamps them there too)."""
     if p is None or not math.isfinite(p):
         return None
     if p <= 0:  # a degenerate test (no spread at all): written as "below 2.2e-308", never as 0

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from kvgate.gate import power, sequential, stats
 from kvgate.gate.checks.pairing import PairingError, pair, samples
 from kvgate.gate.checks.pending import Pending
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check
 from kvgate.results.records import AccuracyResult, CellResults
+from kvgate.statistics import margins, power, sequential
 
 
 def fp8_accuracy_checks(cell: CellResults, partner: CellResults | None, policy: Policy) -> list[Any]:
@@ -117,7 +117,7 @@ def accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: Ac
                                                    reference=reference, ordered=design is not None)
     except PairingError as problem:
         return Check(**base, status=unjudged, figures=figures, detail=str(problem), headline=str(problem))
-    counts = stats.PairedCounts.from_outcomes(ref_outcomes, cand_outcomes)
+    counts = margins.PairedCounts.from_outcomes(ref_outcomes, cand_outcomes)
     figures.update({"n": counts.n, "discordant": counts.discordant, "only_reference": counts.only_reference,
                     "only_candidate": counts.only_candidate})
     if counts.n < acc.min_n:
@@ -149,7 +149,7 @@ def accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: Ac
         notes.append(f"sequential: decided at look {result.look.look} of {len(design.looks)} "
                      f"({result.look.n} of up to {design.looks[-1]} questions)")
     else:
-        test = stats.margin_test(counts, margin_points=margin, alpha=alpha)
+        test = margins.margin_test(counts, margin_points=margin, alpha=alpha)
         drop, lower, upper = test.drop_points, test.lower_points, test.upper_points
         method = test.method
         interval_text = (f"one-sided {1 - alpha:.0%} bounds of the drop (fails when the lower one is above the "
@@ -176,7 +176,7 @@ def accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: Ac
                     failed_headline=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}",
                     failed_text=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}; "
                                 f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}",
-                    decide=lambda t, adj: stats.accuracy_regressed(t, alpha=alpha, adjusted_p=adj))
+                    decide=lambda t, adj: margins.accuracy_regressed(t, alpha=alpha, adjusted_p=adj))
 
 
 @functools.lru_cache(maxsize=256)
@@ -217,7 +217,7 @@ def accuracy_floor_check(cell: CellResults, policy: Policy) -> Any:
         return Check(**base, status="error", detail="cannot test the floor: neither a sample log nor n-samples "
                                                     "says how many questions were scored")
     correct = round(score.mean * n)
-    test = stats.floor_test(correct, n, floor=floor, alpha=acc.alpha)
+    test = margins.floor_test(correct, n, floor=floor, alpha=acc.alpha)
     expected = declared.expected[name]
     figures = {"accuracy": score.mean, "n": n, "correct": correct, "expected": expected, "rtol": declared.rtol,
                "floor": floor, "upper_bound": test.upper,
@@ -231,4 +231,4 @@ def accuracy_floor_check(cell: CellResults, policy: Policy) -> Any:
     text = f"{name} {score.mean:.4f} (n={n}), upper bound {test.upper:.4f}; floor {floor:.4f}"
     return Pending(check=check, test=test, passed_text=text, failed_text=f"{text}: below the floor",
                     failed_headline=f"accuracy {score.mean:.4f}, upper bound {test.upper:.4f} < floor {floor:.4f}",
-                    decide=lambda t, adj: stats.accuracy_regressed(t, alpha=acc.alpha, adjusted_p=adj))
+                    decide=lambda t, adj: margins.accuracy_regressed(t, alpha=acc.alpha, adjusted_p=adj))

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from kvgate.gate import stats
 from kvgate.gate.checks.formatting import UNITS, median
 from kvgate.gate.checks.health import health_check
 from kvgate.gate.checks.pending import Pending
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check
 from kvgate.results.records import CellResults, RunResults, ThroughputResult
+from kvgate.statistics import margins
 
 
 def interleaved(cell: CellResults, base: RunResults | None) -> bool:
@@ -70,10 +70,10 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
     reference = "base side" if ab else "baseline"
     try:
         if interleaved:
-            test = stats.paired_ratio_test(rounds(old_stage.data, measure), rounds(current, measure),
+            test = margins.paired_ratio_test(rounds(old_stage.data, measure), rounds(current, measure),
                                            min_ratio=1 - tolerance, alpha=alpha)
         else:
-            test = stats.unpaired_ratio_test(old_values, values, min_ratio=1 - tolerance, alpha=alpha,
+            test = margins.unpaired_ratio_test(old_values, values, min_ratio=1 - tolerance, alpha=alpha,
                                              run_to_run_sd=tput.run_to_run_sd)
     except ValueError as error:
         return Check(**base, status="error", figures=figures, reference=reference,
@@ -101,7 +101,7 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
                            failed_headline=f"throughput ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
                                            f"{1 - tolerance:.2f} vs {reference}",
                            family="throughput",
-                           decide=lambda t, adj: stats.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
+                           decide=lambda t, adj: margins.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
 
 
 ROUND_FILE = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
@@ -151,7 +151,7 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
     fp8_values = own.data.values(measure)
     unit = UNITS.get(measure, measure)
     try:
-        test = stats.unpaired_ratio_test(auto_values, fp8_values, min_ratio=expected or 1.0, alpha=alpha,
+        test = margins.unpaired_ratio_test(auto_values, fp8_values, min_ratio=expected or 1.0, alpha=alpha,
                                          run_to_run_sd=tput.run_to_run_sd)
     except ValueError as error:
         if expected is None and auto_values and fp8_values:  # reported anyway, without bounds
@@ -174,4 +174,4 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
                     failed_text=f"{text}: upper bound {test.upper:.3f} < {expected:.2f}",
                     failed_headline=f"fp8/auto throughput ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
                                     f"{expected:.2f}",
-                    decide=lambda t, adj: stats.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
+                    decide=lambda t, adj: margins.throughput_regressed(t, alpha=alpha, adjusted_p=adj))

@@ -5,7 +5,7 @@ n_K, information fractions t_k = n_k / n_K) the comparison with the reference's 
 questions is tested:
 
 - fail early ("efficacy", against H0 "drop <= margin"): Z_k >= a_k, where Z_k is the margin test's z
-  (kvgate.gate.stats.margin_log_p turned into a z). The a_k spend alpha by Lan-DeMets' O'Brien-Fleming-type
+  (kvgate.statistics.margins.margin_log_p turned into a z). The a_k spend alpha by Lan-DeMets' O'Brien-Fleming-type
   function alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)), computed ignoring the futility bound (non-binding:
   the type-I error holds whether or not the runner obeys a futility stop);
 - pass early ("futility", against H1 "drop >= margin + gap"): Z1_k <= f_k, where Z1_k is the z of the reverse
@@ -32,7 +32,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kvgate.gate import distributions, stats
+from kvgate.statistics import distributions, margins
 
 DESIGN_NAME = "kvgate-gs/1"
 ACTIONS = ("continue", "fail", "pass")
@@ -341,8 +341,8 @@ def decide(design_: Design, only_reference: int, only_candidate: int, n: int) ->
         raise ValueError(f"impossible counts: {only_reference} + {only_candidate} discordant of {n}")
     k = design_.looks.index(n)
     bounds = design_.bounds
-    log_p = float(stats.margin_log_p(only_reference, only_candidate, n, design_.margin_points / 100))
-    log_q = float(stats.reverse_margin_log_p(only_reference, only_candidate, n,
+    log_p = float(margins.margin_log_p(only_reference, only_candidate, n, design_.margin_points / 100))
+    log_q = float(margins.reverse_margin_log_p(only_reference, only_candidate, n,
                                              min((design_.margin_points + design_.gap_points) / 100, 0.999)))
     z = float(distributions.z_from_log_p(log_p))
     z_futility = -float(distributions.z_from_log_p(log_q))
@@ -365,7 +365,7 @@ class SequentialResult:
     decision: str  # fail | pass
     look: Look  # where it stopped
     history: tuple[Look, ...]
-    counts: stats.PairedCounts  # over the first look.n questions
+    counts: margins.PairedCounts  # over the first look.n questions
     p_value: float  # stagewise p-value of H0 "drop <= margin" at the stop (never below TINY_P)
     log_p_value: float
     lower_points: float  # bound of the drop at the look's efficacy level: fail <=> lower > margin
@@ -392,14 +392,14 @@ def replay(design_: Design, reference: Sequence[bool], candidate: Sequence[bool]
         history.append(look)
         if look.action != "continue":
             k = look.look - 1
-            counts = stats.PairedCounts.from_outcomes(ref[:n], cand[:n])
+            counts = margins.PairedCounts.from_outcomes(ref[:n], cand[:n])
             log_p = stagewise_log_p(design_.bounds, look.look, look.z)
             level = math.exp(float(distributions.log_normal_sf(design_.bounds.efficacy[k])))
             futility_level = math.exp(float(distributions.log_normal_sf(-design_.bounds.futility[k])))
-            lower = stats.drop_bounds(counts, level)[0]
-            upper = stats.drop_bounds(counts, min(futility_level, 0.5))[1]
+            lower = margins.drop_bounds(counts, level)[0]
+            upper = margins.drop_bounds(counts, min(futility_level, 0.5))[1]
             return SequentialResult(decision=look.action, look=look, history=tuple(history), counts=counts,
-                                    p_value=stats.reported_p(log_p), log_p_value=log_p, lower_points=lower,
+                                    p_value=margins.reported_p(log_p), log_p_value=log_p, lower_points=lower,
                                     upper_points=upper, level=level, futility_level=futility_level,
                                     unused=ref.size - n)
     reached = history[-1].n if history else 0

@@ -33,7 +33,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from kvgate.gate import distributions
+from kvgate.statistics import distributions
 
 MULTIPLICITY_METHODS = ("holm", "bh", "none")
 MARGIN_METHOD = "paired margin test (restricted-MLE saddlepoint tail of b - c)"

@@ -1,6 +1,6 @@
 """What the gate's tests can see: questions and repeats needed, false alarms and power. Pure.
 
-Accuracy: the paired margin test of kvgate.gate.stats (H0: drop <= margin). Its operating characteristics at a
+Accuracy: the paired margin test of kvgate.statistics.margins (H0: drop <= margin). Its operating characteristics at a
 given n are computed exactly, not by a normal approximation: for each number c of questions only the candidate
 got right, the test rejects from some b = critical(c) on (the p-value falls as b grows), so
 
@@ -14,7 +14,7 @@ generator whose regression hides inside the flips needs fewer questions than the
 Throughput: rounds of interleaved A/B repeats (paired t, exact through the noncentral t), and what a stored
 baseline can reach given the run-to-run SD.
 
-Sequential designs: kvgate.gate.sequential; here the plan in questions (`sequential_plan`).
+Sequential designs: kvgate.statistics.sequential; here the plan in questions (`sequential_plan`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvgate.gate import distributions, sequential, stats
+from kvgate.statistics import distributions, margins, sequential
 
 
 def paired_probabilities(*, flips: float, drop_points: float) -> tuple[float, float]:
@@ -51,7 +51,7 @@ def critical_counts(n: int, c: np.ndarray, *, margin_points: float, alpha: float
         if not active.any():
             break
         rejects = np.zeros(c.shape, dtype=bool)
-        rejects[active] = stats.margin_log_p(mid[active], c[active], n, margin_points / 100) <= target
+        rejects[active] = margins.margin_log_p(mid[active], c[active], n, margin_points / 100) <= target
         high = np.where(active & rejects, mid, high)
         low = np.where(active & ~rejects, mid + 1, low)
     return high
@@ -128,7 +128,7 @@ def normal_questions(*, margin_points: float, target_points: float, flips: float
     """The normal-approximation n (Nam 1997 / Tango 1998): ((z_a sqrt(v0) + z_b sqrt(v1)) / gap)^2."""
     p10, p01 = paired_probabilities(flips=flips, drop_points=target_points)
     margin = margin_points / 100
-    r10, r01 = stats.restricted_estimates(p10, p01, 1.0, margin)
+    r10, r01 = margins.restricted_estimates(p10, p01, 1.0, margin)
     v0 = float(r10 + r01) - margin**2
     v1 = p10 + p01 - (p10 - p01) ** 2
     z_a, z_b = distributions.normal_quantile(1 - alpha), distributions.normal_quantile(power)
