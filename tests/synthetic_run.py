@@ -159,15 +159,23 @@ SEED_COUNTS = {"strict-match": (850, 78, 54), "flexible-extract": (860, 69, 51)}
 
 
 def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, samples: bool = True,
-                   backend: str = "FLASHINFER_MLA", arch: str = "sm100", probes: bool = False) -> Path:
+                   backend: str = "FLASHINFER_MLA", arch: str = "sm100", probes: bool = False,
+                   contract: str | None = None) -> Path:
     """The seed PR's case: auto vs fp8 on gsm8k (n=1319) and 3.22 -> 3.55 req/s, one cell each.
 
     fp8_drop_points, when given, replaces the FP8 figures by a drop of about that many points on both filters.
     probes: also the probe stage a real cell job writes with its accuracy stage (agreeing logprobs).
+    contract: the cell.json contract_version (default 1); from "1.4" on, status.json holds what a runner of that
+    contract records (the FP8 cell's KV cache evidence).
     """
     run_dir = Path(run_dir)
     for dtype, rps in (("auto", (3.21, 3.22, 3.24)), ("fp8", (3.53, 3.55, 3.56))):
-        cell = write_cell(run_dir, backend=backend, kv_cache_dtype=dtype, arch=arch)
+        cell = write_cell(run_dir, backend=backend, kv_cache_dtype=dtype, arch=arch,
+                          extra={"contract_version": contract} if contract else None)
+        if contract and contract != "1" and tuple(map(int, contract.split("."))) >= (1, 4):
+            evidence = {"element_bytes": [1 if dtype == "fp8" else 2],
+                        "layer_kv_cache_dtypes": [dtype], "tokens": 200_000 if dtype == "fp8" else 100_000}
+            write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}})
         outcomes = {}
         for index, (name, (auto_right, only_auto, only_fp8)) in enumerate(SEED_COUNTS.items()):
             if fp8_drop_points is not None:
@@ -186,9 +194,11 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
 
 
 def write_probe(cell_dir: Path, *, shift: float = 0.0, flip_every: int = 0, prompts: int = 4,
-                length: int = 12) -> Path:
+                length: int = 12, generated: int = 2, decode_shift: float = 0.0,
+                diverge_at: int | None = None) -> Path:
     """probe/probe.json in kvgate's probe format: prompt logprobs moved by `shift`, and the top-1 token
-    changed at every `flip_every`-th position (0: never), against the same record with shift 0."""
+    changed at every `flip_every`-th position (0: never), against the same record with shift 0; `generated` greedy
+    tokens whose logprobs move by `decode_shift` and which take another token from index `diverge_at` on."""
     items = []
     for p in range(prompts):
         ids = [(p * 7 + i) % 500 + 4 for i in range(length)]
@@ -199,10 +209,13 @@ def write_probe(cell_dir: Path, *, shift: float = 0.0, flip_every: int = 0, prom
             logprobs.append(value)
             best = ids[i] if not (flip_every and i % flip_every == 0) else (ids[i] + 1) % 500
             top.append([[best, value]])
+        tokens = [5 + i if diverge_at is None or i < diverge_at else 300 + i for i in range(generated)]
+        values = [-0.5 - 0.1 * i - decode_shift * (1 if i % 2 else -1) for i in range(generated)]
         items.append({"prompt": f"prompt {p}", "prompt_token_ids": ids, "prompt_logprobs": logprobs,
-                      "prompt_top": top, "generated_token_ids": [5, 6], "generated_logprobs": [-0.5, -0.6],
-                      "generated_top": [[[5, -0.5]], [[6, -0.6]]], "generated_text": "ab"})
-    record = {"format": "kvgate-probe", "version": 1, "settings": {"max_tokens": 2, "top_k": 1}, "engine": {},
+                      "prompt_top": top, "generated_token_ids": tokens, "generated_logprobs": values,
+                      "generated_top": [[[t, v]] for t, v in zip(tokens, values, strict=True)],
+                      "generated_text": "ab"})
+    record = {"format": "kvgate-probe", "version": 1, "settings": {"max_tokens": generated, "top_k": 1}, "engine": {},
               "prompts": items}
     folder = Path(cell_dir) / "probe"
     folder.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ def planned_matrix(changed: list[str]) -> str:
 def seed_cells(tmp_path: Path) -> Path:
     """The seed case's FLASHINFER_MLA cells (auto, fp8), which is what a FLASHINFER_MLA change plans."""
     run = tmp_path / "seed"
-    synthetic_run.write_seed_run(run, probes=True)  # every stage the plan plans for the cell, as its job runs them
+    synthetic_run.write_seed_run(run, probes=True, contract="1.6")  # every stage the plan plans, as its job runs them
     return run
 
 
@@ -52,7 +52,7 @@ def download_layout(seed: Path, artifacts: Path, cells: list[str]) -> Path:
     for cell in cells:
         folder = artifacts / f"kvgate-cell-{cell}"
         shutil.copytree(seed / cell, folder / cell)
-        (folder / "run.json").write_text(json.dumps({"contract_version": 1, "runner": f"b200-{cell[-9:]}",
+        (folder / "run.json").write_text(json.dumps({"contract_version": "1.6", "runner": f"b200-{cell[-9:]}",
                                                      "gpus": [{"name": "NVIDIA B200"}]}))
     return artifacts
 

@@ -166,7 +166,7 @@ def test_the_real_h200_fp8_cells_held_an_fp8_cache(h200_run, h200_matrix, tmp_pa
     for cell in ("flashinfer-fp8_e5m2-sm90", "triton_attn-fp8_e5m2-sm90"):
         assert found[cell]["status"] == "not_run" and "accuracy stage is error" in found[cell]["detail"]
     verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["verdict_version"] == "1.4"
+    assert verdict["verdict_version"] == "1.5"
     assert verdict["policy"]["fp8_kv_cache_min_token_ratio"] == 1.5
     report = (out / "report.md").read_text()
     assert "| `triton_attn-fp8-sm90` | fp8_kv_cache | 1-byte cache elements (uint8), 3,772,384 tokens = 1.99x" in report
@@ -338,9 +338,9 @@ def test_an_integer_beyond_json_readers_is_an_input_error_not_a_traceback(h200_u
 
 # ---------------------------------------------------------------------------------------------- contract versions
 
-def test_the_contract_is_1_5_and_the_evidence_is_required_from_1_4():
-    assert CONTRACT_VERSION == "1.5"
-    assert contract_version_tuple(CONTRACT_VERSION) == (1, 5)
+def test_the_contract_is_1_6_and_the_evidence_is_required_from_1_4():
+    assert CONTRACT_VERSION == "1.6"
+    assert contract_version_tuple(CONTRACT_VERSION) == (1, 6)
     assert KV_CACHE_EVIDENCE_SINCE == (1, 4)
 
 

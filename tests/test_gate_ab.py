@@ -22,9 +22,11 @@ def write_side(run: Path, dtype: str, side: str | None, correct: list[bool]) -> 
     cell_id = f"flashmla-{dtype}-sm90"
     folder = cell_id if side in (None, "head") else f"{cell_id}--{side}"
     cell = write_cell(run, backend=BACKEND, kv_cache_dtype=dtype, arch=ARCH, folder=folder,
-                      extra={"side": side} if side else None)
+                      extra={"contract_version": "1.6", **({"side": side} if side else {})})
     write_accuracy(cell, {name: correct for name in FILTERS})
-    write_status(cell, {"accuracy": {"status": "ok"}})
+    evidence = {"element_bytes": [1 if dtype == "fp8" else 2], "layer_kv_cache_dtypes": [dtype],
+                "tokens": 200_000 if dtype == "fp8" else 100_000}
+    write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}})
     return cell
 
 

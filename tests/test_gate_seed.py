@@ -75,14 +75,25 @@ def test_requiring_every_stage_fails_a_run_without_probes(tmp_path, capsys):
 
 
 def test_seed_case_against_a_baseline_is_a_plain_pass(tmp_path, capsys):
-    run = write_seed_run(tmp_path / "run")
-    base = write_seed_run(tmp_path / "base")
+    run = write_seed_run(tmp_path / "run", contract="1.6")
+    base = write_seed_run(tmp_path / "base", contract="1.6")
     assert main(["gate", str(run), "--baseline", str(base), "--require-baseline", "--today", "2026-11-30"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("✅ kvgate: all ")
 
 
 def test_without_a_baseline_ci_fails_the_run(tmp_path, capsys):
-    run = write_seed_run(tmp_path / "run")
+    run = write_seed_run(tmp_path / "run", contract="1.6")
     assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
-        "❌ kvgate: 1 of 9 checks failed — (run) baseline no baseline: the change was compared with nothing")
+        "❌ kvgate: 1 of 10 checks failed — (run) baseline no baseline: the change was compared with nothing")
+
+
+def test_results_of_an_older_contract_cannot_pass_a_gate_that_requires_a_baseline(tmp_path, capsys):
+    """Relabelling a folder as an older contract (before planned stages and question plans were recorded) does not
+    buy a green check: under --require-baseline it fails, named; without it, a note."""
+    run = write_seed_run(tmp_path / "run", contract="1.5")
+    base = write_seed_run(tmp_path / "base", contract="1.6")
+    assert main(["gate", str(run), "--baseline", str(base), "--require-baseline", "--today", "2026-11-30"]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("❌ kvgate: 1 of ") and "(run) contract results older than contract 1.6" in first
+    assert main(["gate", str(run), "--baseline", str(base), "--today", "2026-11-30"]) == 0

@@ -88,3 +88,15 @@ def test_a_failed_engines_root_cause_is_read_from_its_log(h200_run: Path, cell: 
 
 def test_a_healthy_engines_log_names_no_cause(h200_run: Path) -> None:
     assert failure_cause((h200_run / "triton_mla-fp8-sm90" / "logs" / "accuracy.log").read_text()) is None
+
+
+def test_only_the_memory_profiling_race_earns_a_second_start(h200_run: Path) -> None:
+    """The accuracy stage starts an engine once more only when vLLM refused to start because another engine on the GPU
+    freed memory while it profiled (the H200's real logs): never for a cell's own failure, never for a healthy log."""
+    from kvgate.runners.stages.accuracy import profiling_race
+
+    raced = (h200_run / "flex_attention-auto-sm90" / "logs" / "throughput.log").read_text(errors="replace")
+    assert profiling_race(raced)
+    assert not profiling_race((h200_run / "triton_attn-fp8_e5m2-sm90" / "logs" / "accuracy.log").read_text(
+        errors="replace"))
+    assert not profiling_race((h200_run / "triton_mla-fp8-sm90" / "logs" / "accuracy.log").read_text())

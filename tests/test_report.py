@@ -41,8 +41,9 @@ def test_verdict_json_is_versioned_and_complete(failing):
     # judged: 4 stage checks + the auto cell's accuracy floor + the FP8 cell's strict-match comparison = 8 (one
     # decision per cell: flexible-extract is info, beside the fp8/auto throughput ratio)
     assert data["summary"] == {"checks": 8, "failed": 2, "fail": 2, "error": 0, "missing": 0, "waived": 0,
-                               "pass": 6, "not_run": 4, "info": 2}  # not_run: 2 stages + no baseline + the FP8
-    # cell's fp8_kv_cache (synthetic results of contract 1, written before the KV cache evidence)
+                               "pass": 6, "not_run": 4, "info": 3}  # not_run: 2 stages + no baseline + the FP8
+    # cell's fp8_kv_cache (synthetic results of contract 1, written before the KV cache evidence); info: the other
+    # filter, the throughput ratio, and the contract note (results older than 1.6)
     assert data["exit_status"] == 1 and data["passed"] is False
     assert {c["status"] for c in data["checks"]} <= {"pass", "fail", "waived", "missing", "error", "not_run", "info"}
     for check in data["checks"]:
@@ -87,8 +88,8 @@ def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_p
     xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
     cases = [case for suite in xml for case in suite]
     assert len(cases) == len(failing.checks)
-    # skipped: 4 not run (the baseline check and the FP8 cell's fp8_kv_cache among them) + 2 info
-    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (14, 2, 0, 6)
+    # skipped: 4 not run (the baseline check and the FP8 cell's fp8_kv_cache among them) + 3 info (one the contract)
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (15, 2, 0, 7)
     kernels = next(c for c in cases if c.classname == "kvgate.kernels" and c.name == "flashinfer_mla-auto-sm100")
     assert kernels.result[0].message == ("FAIL: 0 kernel tests ran (3 skipped of 3); the policy needs at least 1 | "
                                          "threshold 0 failed, 0 errors")

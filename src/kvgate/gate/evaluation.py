@@ -26,20 +26,25 @@ from dataclasses import replace
 from typing import Any
 
 from kvgate.gate import probe_agreement
-from kvgate.gate.checks.accuracy import accuracy_floor_check, baseline_accuracy_checks, fp8_accuracy_checks
+from kvgate.gate.checks.accuracy import (
+    accuracy_floor_check,
+    baseline_accuracy_checks,
+    cell_plans,
+    fp8_accuracy_checks,
+)
 from kvgate.gate.checks.health import accuracy_check, kernels_check
 from kvgate.gate.checks.kv_cache import fp8_kv_cache_check
 from kvgate.gate.checks.pending import Pending, decide
-from kvgate.gate.checks.probe import probe_check
+from kvgate.gate.checks.probe import probe_ab_check, probe_check
 from kvgate.gate.checks.throughput import fp8_throughput_check, interleaved, throughput_check
 from kvgate.gate.checks.waivers import WaiverLookup, apply_waiver
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check, Verdict
-from kvgate.results.records import BASE, HEAD, RunResults
+from kvgate.results.records import BASE, HEAD, RunResults, contract_version_tuple
 from kvgate.statistics import margins
 
-KIND_ORDER = ("baseline", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor", "fp8_accuracy",
-              "baseline_accuracy", "throughput", "fp8_throughput", "probe")
+KIND_ORDER = ("baseline", "contract", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor",
+              "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput", "probe", "probe_ab")
 
 
 def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = None,
@@ -63,6 +68,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     pending: list[Pending] = []
     if baseline is None:
         checks.append(no_baseline_check(require_baseline))
+    checks += contract_checks(run, baseline, require_baseline)
     for cell in run.cells:
         required = required_stages(cell.identity.id, require, planned_stages or {})
         unplanned = (not_planned or {}).get(cell.identity.id, {})
@@ -78,9 +84,10 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         else:
             checks.append(tput_check)
         checks.append(probe_check(cell, run, policy, required, probe_compare, unplanned))
+        plans = cell_plans(cell, policy, compared=ab or require_baseline)
         if cell.identity.is_fp8:
             partner = run.find(cell.identity.with_dtype("auto"))
-            for item in fp8_accuracy_checks(cell, partner, policy):
+            for item in fp8_accuracy_checks(cell, partner, policy, plans=plans, strict=require_baseline):
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
             item = fp8_throughput_check(cell, partner, policy)
             if isinstance(item, Pending):
@@ -88,8 +95,13 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
             elif item is not None:
                 checks.append(item)
             checks.append(fp8_kv_cache_check(cell, partner, run, policy))
+        if ab and baseline is not None:
+            moved = probe_ab_check(cell, run, baseline, policy, probe_compare)
+            if moved is not None:
+                checks.append(moved)
         if baseline is not None:
-            for item in baseline_accuracy_checks(cell, baseline.find(cell.identity), policy, ab=ab):
+            for item in baseline_accuracy_checks(cell, baseline.find(cell.identity), policy, ab=ab, plans=plans,
+                                                 strict=require_baseline):
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
     if baseline is not None:
         for old in baseline.cells:
@@ -167,6 +179,38 @@ def planned_out_checks(run: RunResults, planned_out: Sequence[tuple[str, str]], 
     return out
 
 
+# Results written before this contract cannot show that every planned stage ran and that every comparison had the
+# policy's questions (run.json planned_stages, status.json accuracy.question_plan): under --require-baseline they
+# fail, so relabelling a folder as an older contract cannot buy a green check.
+REQUIRED_CONTRACT = (1, 6)
+
+
+def contract_checks(run: RunResults, baseline: RunResults | None, required: bool) -> list[Check]:
+    """One check per results folder older than REQUIRED_CONTRACT: failing under require_baseline, else a note."""
+    out = []
+    for results in (run, baseline):
+        if results is None:
+            continue
+        versions = {}
+        for cell in results.cells:
+            declared = cell.extra.get("contract_version", results.run_info.get("contract_version"))
+            versions[cell.folder] = (1, 0) if declared is None else contract_version_tuple(declared)
+        old = sorted(folder for folder, version in versions.items() if version is None or version < REQUIRED_CONTRACT)
+        if not old:
+            continue
+        need = ".".join(map(str, REQUIRED_CONTRACT))
+        shown = ", ".join(old[:3]) + (f" (+{len(old) - 3} more)" if len(old) > 3 else "")
+        what = (f"{len(old)} cell folder(s) of {results.folder} predate results contract {need} ({shown}): they "
+                "cannot show that every planned stage ran or that the comparisons had the policy's questions")
+        if required:
+            out.append(Check(cell=RUN, kind="contract", status="error", detail=f"{what}; --require-baseline needs "
+                             f"contract {need} or later (rerun with this kvgate)",
+                             headline=f"results older than contract {need}"))
+        else:
+            out.append(Check(cell=RUN, kind="contract", status="info", detail=what))
+    return out
+
+
 def no_baseline_check(required: bool) -> Check:
     what = ("compared with nothing: the run has no base side (kvgate run --base-vllm) and no --baseline was "
             "given, so no check could see a regression that the change itself caused")
@@ -209,4 +253,10 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
             "accuracy_floors": [{"workload": f.workload, "model": f.model, "expected": dict(f.expected),
                                  "rtol": f.rtol} for f in policy.floors],
             "kernels_min_executed_tests": policy.kernels.min_executed_tests,
+            "probe_ab": {arch: {"growth_max": limits.growth_max,
+                                "greedy_prefix_drop_max": limits.greedy_prefix_drop_max, "source": limits.source}
+                         for arch, limits in ([("default", policy.probe_ab.default)] if policy.probe_ab.default
+                                              else []) + list(policy.probe_ab.by_arch.items())},
+            "design_flips_by_model": {model: dict(flips)
+                                      for model, flips in policy.accuracy.design_flips_by_model.items()},
             "fp8_kv_cache_min_token_ratio": policy.kv_cache.fp8_min_token_ratio}

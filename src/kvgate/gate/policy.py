@@ -65,6 +65,12 @@ class AccuracyPolicy:
     design_flips: float  # the noise flips `questions` is sized for
     questions: int  # questions a comparison needs for `power` at design_flips (fixed design)
     sequential: SequentialPolicy
+    # model -> {comparison kind -> the noise flips measured for it}: what the questions of its cells are sized for
+    design_flips_by_model: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # arch -> questions of a run with no base side (the README's main job keeps its time budget; power stated)
+    single_side_questions: Mapping[str, int] = field(default_factory=dict)
+    # lm-eval task -> questions it holds in one fixed order (kvgate's held-out pool; gsm8k's test split)
+    pool_questions: Mapping[str, int] = field(default_factory=dict)
 
     def fp8_tax_for(self, model: str) -> float:
         return self.fp8_tax_points_by_model.get(model, self.fp8_tax_points)
@@ -133,6 +139,25 @@ class ProbePolicy:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ProbeAbLimits:
+    """How far an A/B run's head may move an FP8 cell away from its auto cell, relative to the base side doing the
+    same on the same prompts ([probe_ab] of policy.toml): the change moved FP8 away from auto."""
+
+    growth_max: float  # head's divergence from auto over base's (decode mean |delta logprob|; prompt mean)
+    greedy_prefix_drop_max: float  # base's greedy prefix agreement minus head's, a share 0..1
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProbeAbPolicy:
+    default: ProbeAbLimits | None = None  # None: no [probe_ab] table, the check is not run
+    by_arch: Mapping[str, ProbeAbLimits] = field(default_factory=dict)
+
+    def limits(self, arch: str) -> ProbeAbLimits | None:
+        return self.by_arch.get(arch, self.default)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class KernelsPolicy:
     min_executed_tests: int  # a junit.xml with fewer executed (not skipped) tests fails; any failure fails
 
@@ -176,6 +201,7 @@ class Policy:
     source: str
     floors: tuple[AccuracyFloor, ...] = ()  # from the matrix's workloads
     kv_cache: KvCachePolicy = field(default_factory=KvCachePolicy)
+    probe_ab: ProbeAbPolicy = field(default_factory=ProbeAbPolicy)
 
     def fp8_tax_points(self, model: str) -> float:
         """The allowed FP8-vs-auto accuracy drop (points) for this model."""
@@ -200,11 +226,13 @@ def load(path: Path | None = None, *, matrix: Matrix | None = None) -> Policy:
 
 
 TOP_KEYS = ("accuracy", "throughput", "probe", "kernels")
-TOP_OPTIONAL = ("kv_cache",)
+TOP_OPTIONAL = ("kv_cache", "probe_ab")
+PROBE_AB_KEYS = ("growth_max", "greedy_prefix_drop_max", "source")
 KV_CACHE_OPTIONAL = ("fp8_min_token_ratio",)
 ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "primary_filter", "filters",
                  "min_n", "power", "gap_points", "design_flips", "questions", "sequential")
-ACCURACY_OPTIONAL = ("fp8_tax_points_by_model",)
+ACCURACY_OPTIONAL = ("fp8_tax_points_by_model", "design_flips_by_model", "single_side_questions", "pool_questions")
+COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy")
 SEQUENTIAL_KEYS = ("looks", "beta_spending_rho", "max_questions")
 THROUGHPUT_KEYS = ("tolerance", "alpha", "alpha_unpaired", "multiplicity", "metric", "run_to_run_sd",
                    "run_to_run_sd_source", "rounds")
@@ -222,12 +250,13 @@ def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix:
     probe = _parse_probe(reader, doc["probe"], matrix, source)
     kernels = _parse_kernels(reader, doc["kernels"])
     kv_cache = _parse_kv_cache(reader, doc.get("kv_cache", {}))
+    probe_ab = _parse_probe_ab(reader, doc["probe_ab"], matrix) if "probe_ab" in doc else ProbeAbPolicy()
     floors = _floors(reader, matrix, accuracy)
     if reader.problems:
         raise InputErrors(reader.problems)
     assert accuracy and throughput and probe and kernels
     return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source,
-                  floors=floors, kv_cache=kv_cache)
+                  floors=floors, kv_cache=kv_cache, probe_ab=probe_ab)
 
 
 def _floors(reader: TomlReader, matrix: Matrix | None, accuracy: AccuracyPolicy | None) -> tuple[AccuracyFloor, ...]:
@@ -327,7 +356,44 @@ def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> Ac
         design_flips=_number(reader, table, "design_flips", where, low=0, high=1, low_open=True, high_open=True),
         questions=_count(reader, table, "questions", where, low=1, high=math.inf),
         sequential=_parse_sequential(reader, table["sequential"], f"{where}.sequential"),
+        design_flips_by_model=_flips_by_model(reader, table.get("design_flips_by_model", {}),
+                                              f"{where}.design_flips_by_model"),
+        single_side_questions=_counts_by_name(reader, table.get("single_side_questions", {}),
+                                              f"{where}.single_side_questions",
+                                              list(matrix.archs) if matrix is not None else None, "arch"),
+        pool_questions=_counts_by_name(reader, table.get("pool_questions", {}), f"{where}.pool_questions", None,
+                                       "task"),
     )
+
+
+def _flips_by_model(reader: TomlReader, table: Any, where: str) -> dict[str, dict[str, float]]:
+    """{"model" = { fp8_accuracy = flips, baseline_accuracy = flips, source = "..." }}."""
+    if not isinstance(table, dict):
+        reader.error(f"expected a table of models, got {describe_value(table)}", where)
+        return {}
+    out: dict[str, dict[str, float]] = {}  # models the matrix lacks are allowed: one policy serves several matrices
+    for name, spec in table.items():
+        at = f"{where}.{name}"
+        if not reader.keys(spec, at, ["source"], COMPARISON_KINDS):
+            continue
+        reader.string(spec, "source", at)
+        out[name] = {kind: _number(reader, spec, kind, at, low=0, high=1, low_open=True, high_open=True)
+                     for kind in COMPARISON_KINDS if kind in spec}
+    return out
+
+
+def _counts_by_name(reader: TomlReader, table: Any, where: str, known: Sequence[str] | None,
+                    what: str) -> dict[str, int]:
+    if not isinstance(table, dict):
+        reader.error(f"expected a table of {what} = questions, got {describe_value(table)}", where)
+        return {}
+    out = {}
+    for name in table:
+        if known is not None and name not in known:
+            reader.error(f"unknown {what} '{name}'", f"{where}.{name}", unknown_name_hint(name, known))
+            continue
+        out[name] = _count(reader, table, name, where, low=1, high=math.inf)
+    return out
 
 
 def _parse_sequential(reader: TomlReader, table: Any, where: str) -> SequentialPolicy:
@@ -459,6 +525,42 @@ def _parse_kernels(reader: TomlReader, table: Any) -> KernelsPolicy | None:
         return None
     return KernelsPolicy(min_executed_tests=_count(reader, table, "min_executed_tests", "kernels", low=1,
                                                    high=math.inf))
+
+
+def _parse_probe_ab(reader: TomlReader, table: Any, matrix: Matrix | None) -> ProbeAbPolicy:
+    """[probe_ab] (growth_max, greedy_prefix_drop_max, source) with optional [probe_ab.by_arch.<arch>] overrides."""
+    if not reader.keys(table, "probe_ab", PROBE_AB_KEYS, ["by_arch"]):
+        return ProbeAbPolicy()
+    default = _probe_ab_limits(reader, table, "probe_ab", None)
+    overrides = table.get("by_arch", {})
+    by_arch: dict[str, ProbeAbLimits] = {}
+    if not isinstance(overrides, dict):
+        reader.error(f"expected a table of arch tables, got {describe_value(overrides)}", "probe_ab.by_arch")
+        return ProbeAbPolicy(default=default)
+    archs = list(matrix.archs) if matrix is not None else None
+    for arch, spec in overrides.items():
+        where = f"probe_ab.by_arch.{arch}"
+        if archs is not None and arch not in archs:
+            reader.error(f"unknown arch '{arch}'", where, unknown_name_hint(arch, archs))
+            continue
+        if reader.keys(spec, where, [], PROBE_AB_KEYS):
+            by_arch[arch] = _probe_ab_limits(reader, spec, where, default)
+    return ProbeAbPolicy(default=default, by_arch=by_arch)
+
+
+def _probe_ab_limits(reader: TomlReader, spec: Mapping[str, Any], where: str,
+                     inherit: ProbeAbLimits | None) -> ProbeAbLimits:
+    def get(key: str, **bounds: Any) -> float:
+        if inherit is not None and key not in spec:
+            return getattr(inherit, key)
+        return _number(reader, spec, key, where, **bounds)
+
+    source = spec.get("source", inherit.source if inherit else "")
+    if not isinstance(source, str):
+        reader.error(f"expected a string, got {describe_value(source)}", f"{where}.source")
+        source = ""
+    return ProbeAbLimits(growth_max=get("growth_max", low=1, high=1000),
+                         greedy_prefix_drop_max=get("greedy_prefix_drop_max", low=0, high=1), source=source)
 
 
 def _parse_kv_cache(reader: TomlReader, table: Any) -> KvCachePolicy:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvgate import InputError
 
-VERDICT_VERSION = "1.4"  # major.minor; readers refuse a newer major
+VERDICT_VERSION = "1.5"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
 FAILING = frozenset({"fail", "error", "missing"})
 JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})

@@ -19,11 +19,12 @@ MULTIPLICITY = {
             "alarms this buys)",
 }
 MAX_ROWS_PER_SECTION = 400
-COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe", "fp8_kv_cache")
+COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe", "probe_ab",
+                    "fp8_kv_cache")
 OPEN_COMPARISONS = 40  # shown unfolded up to this many rows
 # which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
-HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe", "kernels", "throughput",
-                     "fp8_throughput", "accuracy", "cell", "host")  # GitHub step summaries hold 1 MiB
+HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe_ab", "probe", "kernels", "throughput",
+                     "fp8_throughput", "accuracy", "cell", "contract", "host")  # GitHub step summaries hold 1 MiB
 
 
 def headline(verdict: Verdict) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.5"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.6"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -65,6 +65,24 @@ class KvCacheEvidence:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class QuestionsRecord:
+    """status.json `accuracy.question_plan` (contract 1.6): the design the runner ran the stage under and how far it
+    got. The gate holds the design against the policy's plan and replays every decision from the answers; nothing
+    here is trusted beyond that. `problem`: why the entry could not be read (the comparisons then error)."""
+
+    design: str = ""  # "fixed" | "kvgate-gs/1"
+    questions: int = 0  # the plan's questions (the most the stage would answer)
+    looks: tuple[int, ...] = ()  # where it could stop
+    answered: int = 0  # questions answered (fewer than `questions`: it stopped at a look)
+    seconds: float | None = None  # answering them
+    problem: str | None = None
+
+    @property
+    def stopped_early(self) -> bool:
+        return 0 < self.answered < self.questions
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StageStatus:
     """One entry of status.json."""
 
@@ -73,6 +91,7 @@ class StageStatus:
     log_tail: str | None = None
     interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
     kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
+    questions: QuestionsRecord | None = None  # accuracy: the design it ran under; None when not recorded
 
 
 def contract_version_tuple(value: Any) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kvgate.change.overlay import VllmUnderTest
 from kvgate.matrix.cells import Cell
+from kvgate.runners.stages.looks import Design, Plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,6 +27,8 @@ class CellContext:
     side: str | None = None  # the side of an A/B run (base | head); None: a run of one side
     vllm: VllmUnderTest | None = None  # what this side runs, when kvgate was told (--vllm / --base-vllm)
     calculate_kv_scales: bool | None = None  # passed to the engine when not None (FP8 cells, kvgate.runners.environment.engine_options)
+    design: Design | None = None  # the accuracy stage's questions and looks (the policy's plan); None: the task's own
+    looks_plan: Plan | None = None  # a candidate's references to stop against at a look; None: answer them all
 
     @property
     def label(self) -> str:

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from kvgate.runners.stage_plan import planned_stages
 from kvgate.runners.stages.accuracy import run_accuracy
 from kvgate.runners.stages.commands import LOCAL_GSM8K_TASK
 from kvgate.runners.stages.kernels import run_kernels
+from kvgate.runners.stages.looks import Design, Plan, Reference
 from kvgate.runners.stages.throughput import run_throughput, run_throughput_interleaved
 
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # a stage whose workload declares no timeout, and the kernels stage
@@ -57,6 +58,8 @@ class RunOptions:
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
     sides: Sequence[Side] = (Side(name=HEAD, vllm=None),)  # [head], or [base, head] for an A/B run
     host: HostPlan | None = None  # which selected cells this host cannot run (kvgate.runners.environment.cpu); None: all run
+    designs: Mapping[str, Design] = field(default_factory=dict)  # cell id -> its accuracy questions (the policy's)
+    base_from: tuple[Path, str] | None = None  # an earlier run's folder and side reused as the base (check_base_from)
     environ: dict[str, str] | None = None  # default os.environ
 
 
@@ -95,14 +98,20 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                   not_planned={cell_id: dict(reasons) for cell_id, (_, reasons) in stage_plan.items() if reasons},
                   sides=[s.name for s in sides], vllm_under_test=sides_record(sides),
                   host_cpu=plan.host.as_record() if plan and plan.host else None,
+                  base_from=str(options.base_from[0]) if options.base_from else None,
                   planned_out=[p.as_record() for p in planned_out])
     write_run_record(run_dir, run_record(**record, finished_at=None))
     point_latest(run_dir)
     for side in sides:
         if side.vllm is not None:
             options.say(f"kvgate: {side.name}: {side.vllm.short()}")
+    for cell in cells:
+        design = options.designs.get(cell.id)
+        if design is not None and "accuracy" in stage_plan[cell.id][0]:
+            options.say(f"kvgate: {cell.id}: {design.questions} questions ({design.reason})")
     warned: set[str] = set()
     outcomes: list[StageOutcome] = []
+    answered: dict[tuple[str, str], Path] = {}  # (cell id, side) -> its accuracy folder, answered in this invocation
     total = sum(len(stage_plan[c.id][0]) for c in cells) * len(sides)
     index = 0
     previous_handler = _terminate_like_ctrl_c()
@@ -125,14 +134,23 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     index += 1
                     label = part.ctx.label if part.ctx else cell.id
                     options.say(progress.start_line(index, total, label, stage))
-                    if part.misrouted:
+                    if options.base_from is not None and part.side.name != HEAD:
+                        stage_outcomes = reuse_base_stage(options.base_from, part.cell_dir, cell, stage, label)
+                        if stage == "accuracy" and stage_outcomes[0].ok:
+                            answered[(cell.id, part.side.name)] = part.cell_dir / "accuracy"
+                    elif part.misrouted:
                         stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.misrouted, status="error")
                     elif part.ctx is None:
                         stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
                     else:
-                        stage_outcomes = _guarded([part], stage, _run_stage, stage,
-                                                  _for_stage(part.ctx, stage, options), part.setup_error, cell,
+                        ctx = _for_stage(part.ctx, stage, options)
+                        if stage == "accuracy":
+                            ctx = replace(ctx, looks_plan=looks_plan(cell, part.side, cells, sides, ctx.design,
+                                                                     answered))
+                        stage_outcomes = _guarded([part], stage, _run_stage, stage, ctx, part.setup_error, cell,
                                                   part.cell_dir)
+                        if stage == "accuracy" and stage_outcomes and stage_outcomes[0].status == "ok":
+                            answered[(cell.id, part.side.name)] = part.cell_dir / "accuracy"
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
                         options.say(progress.end_line(index, total, outcome))
@@ -148,6 +166,78 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                 options.say(line)
             options.say(f"kvgate: next, judge them: `nox -s gate -- {run_dir}` (or `kvgate gate {run_dir}`)")
     return (EXIT_OK if outcomes and not any(o.failed for o in outcomes) else EXIT_FAILED), outcomes
+
+
+SAME_VLLM_KEYS = ("spec", "kind", "version", "release", "changes_sha256", "changed_paths", "source_commit")
+
+
+def check_base_from(folder: Path, cells: Sequence[Cell], stages: Sequence[str], base: Side) -> tuple[Path, str]:
+    """The folder of an earlier run on this machine whose cells stand for this A/B run's base side, and which side
+    of it they are: the base side of an A/B run, or the only side of a run (`kvgate run --vllm SPEC --powered`).
+    That side must have run the same vLLM as this run's --base-vllm (run.json vllm_under_test: spec, version,
+    changes) and hold every selected cell with each stage ok. Raises InputError naming what is wrong."""
+    import json
+
+    from kvgate import InputError
+
+    folder = Path(folder).resolve()
+    try:
+        record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise InputError(str(folder / "run.json"), f"cannot read it ({error})",
+                         hint="--base-from takes the results folder of an earlier run on this machine") from None
+    sides = record.get("sides") if isinstance(record, dict) else None
+    source_side = base.name if isinstance(sides, list) and base.name in sides else HEAD
+    ran = (record.get("vllm_under_test") or {}).get(source_side) if isinstance(record, dict) else None
+    wanted = base.vllm.as_record() if base.vllm is not None else None
+
+    def identity(vllm: object) -> dict | None:
+        return {key: vllm.get(key) for key in SAME_VLLM_KEYS} if isinstance(vllm, dict) else None
+
+    if identity(ran) is None or identity(ran) != identity(wanted):
+        shown = ran.get("spec") if isinstance(ran, dict) else ran
+        raise InputError(str(folder / "run.json"), f"its {source_side} side ran {shown!r}, not this run's --base-vllm "
+                         f"({wanted.get('spec') if wanted else None!r}) with the same changes",
+                         f"vllm_under_test.{source_side}", "Reuse a run of the same vLLM, or run the base side again")
+    for cell in cells:
+        cell_dir = folder / cell_folder.folder_name(cell.id, source_side)
+        try:
+            status = json.loads((cell_dir / "status.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise InputError(str(cell_dir), f"no readable status.json: cell {cell.id} did not run there",
+                             hint="Run the base side again (leave out --base-from)") from None
+        for stage in stages:
+            entry = status.get(stage) if isinstance(status, dict) else None
+            if not isinstance(entry, dict) or entry.get("status") != "ok":
+                raise InputError(str(cell_dir / "status.json"), f"its {stage} stage is not ok", stage,
+                                 "Reuse a run whose stages all passed, or run the base side again")
+    return folder, source_side
+
+
+def reuse_base_stage(source_run: tuple[Path, str], cell_dir: Path, cell: Cell, stage: str,
+                     label: str) -> list[StageOutcome]:
+    """The base side's stage copied from the earlier run (its outputs, its status.json entries), not run again."""
+    import json
+    import shutil
+
+    folder, side = source_run
+    source = Path(folder) / cell_folder.folder_name(cell.id, side)
+    reported = [stage, "probe"] if stage == "accuracy" else [stage]
+    status = json.loads((source / "status.json").read_text(encoding="utf-8"))
+    out = []
+    for name in reported:
+        if (source / name).is_dir():
+            shutil.rmtree(cell_dir / name, ignore_errors=True)
+            shutil.copytree(source / name, cell_dir / name)
+        entry = dict(status.get(name) or {"status": "error", "reason": f"not in {source}/status.json"})
+        entry["reused_from"] = str(source)
+        state = entry.pop("status")
+        reason = entry.pop("reason", None)
+        entry.pop("log_tail", None)
+        cell_folder.write_status(cell_dir, name, state, reason, **entry)
+        out.append(StageOutcome(cell_id=label, stage=name, status=state, reason=reason,
+                                headline=f"reused from {source}"))
+    return out
 
 
 def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warned: set[str],
@@ -227,7 +317,8 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
             options.say(f"kvgate: {cell.id}: model {cell.model} is {model_path} "
                         f"({time.monotonic() - began:.1f} s to find or build)")
         if "accuracy" in options.stages and cell.workload.gsm8k["task"] == LOCAL_GSM8K_TASK:
-            include_path = _local_task_folder(run_dir)
+            include_path = _local_task_folder(run_dir, max((d.questions for d in options.designs.values()),
+                                                            default=0))
     except Exception as error:  # reported as the cell's stage error; the other cells still run
         setup_error = f"setup failed: {type(error).__name__}: {error}"
     if needs_engine and setup_error is None:  # a model or dataset the offline engine cannot find: say so now
@@ -242,20 +333,61 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
                       python=sys.executable, env=env, timeout=options.timeout,
                       passthrough=tuple(options.passthrough), include_path=include_path,
                       matrix_dir=options.matrix_dir, echo=options.echo,
-                      side=side.name if side.ab else None, vllm=side.vllm, calculate_kv_scales=kv_scales)
+                      side=side.name if side.ab else None, vllm=side.vllm, calculate_kv_scales=kv_scales,
+                      design=options.designs.get(cell.id))
     return ctx, setup_error
 
 
-def _local_task_folder(run_dir: Path) -> Path:
-    folder = run_dir / ".kvgate-tasks"
-    if not folder.is_dir() or not any(folder.glob("*.yaml")):
-        from kvgate.workloads.gsm8k_local import write_task
+def _local_task_folder(run_dir: Path, questions: int) -> Path:
+    """The run's copy of kvgate's local gsm8k task, its test split the first `questions` of the held-out pool (at
+    least its 240 test questions; a folder an earlier invocation wrote with enough questions is kept, since every
+    size is a prefix of the same order)."""
+    from kvgate.workloads.gsm8k_local import test_questions, write_task
 
-        folder.mkdir(parents=True, exist_ok=True)
-        name = write_task(folder)
-        if name != LOCAL_GSM8K_TASK:
-            raise RuntimeError(f"kvgate.workloads.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
+    import fcntl
+
+    folder = run_dir / ".kvgate-tasks"
+    with open(run_dir / ".kvgate-tasks.lock", "a+") as lock:  # invocations into one folder at once: one writes
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not folder.is_dir() or not any(folder.glob("*.yaml")) or test_questions(folder) < questions:
+            folder.mkdir(parents=True, exist_ok=True)
+            name = write_task(folder, questions=questions)
+            if name != LOCAL_GSM8K_TASK:
+                raise RuntimeError(f"kvgate.workloads.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
     return folder
+
+
+def looks_plan(cell: Cell, side: Side, cells: Sequence[Cell], sides: Sequence[Side], design: Design | None,
+               answered: Mapping[tuple[str, str], Path]) -> Plan | None:
+    """The looks a candidate cell may stop at, against every reference it is compared with. None (answer every
+    question of the design) for a fixed design; for a cell other comparisons use as their reference (a base side; an
+    auto cell whose FP8 cells run in this invocation); and whenever one of its comparisons has no answered reference
+    in this invocation (an auto cell another invocation runs into the same folder, a base side that failed): a cell
+    may stop only where the gate's replay of every comparison it is in can decide there too."""
+    if design is None or len(design.looks) < 2 or (len(sides) > 1 and side.name != HEAD):
+        return None
+
+    def group(c: Cell) -> tuple:
+        return (c.backend, c.arch, c.model, str(c.workload.gsm8k["task"]))
+
+    if not cell.is_fp8 and any(c.is_fp8 and group(c) == group(cell) for c in cells):
+        return None
+    references = []
+    if len(sides) > 1:
+        base = next(s for s in sides if s.name != HEAD)
+        if (cell.id, base.name) not in answered:
+            return None
+        references.append(Reference(label="base side", kind="baseline_accuracy",
+                                    margin_points=design.margins["baseline_accuracy"],
+                                    samples=str(answered[(cell.id, base.name)])))
+    if cell.is_fp8:
+        auto = next((c for c in cells if c.kv_cache_dtype == "auto" and group(c) == group(cell)), None)
+        if auto is None or (auto.id, side.name) not in answered:
+            return None
+        references.append(Reference(label="auto cell", kind="fp8_accuracy",
+                                    margin_points=design.margins["fp8_accuracy"],
+                                    samples=str(answered[(auto.id, side.name)])))
+    return Plan.for_candidate(design, tuple(references)) if references else None
 
 
 def _wrong_machine(cell: Cell, local_arch: str | None) -> str | None:

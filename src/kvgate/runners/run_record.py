@@ -86,7 +86,7 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
                arch: str | None, cells: Sequence[str], stages: Sequence[str] = (), sides: Sequence[str] = ("head",),
                planned_stages: dict[str, list[str]] | None = None, not_planned: dict[str, dict[str, str]] | None = None,
                vllm_under_test: dict[str, Any] | None = None, host_cpu: dict[str, Any] | None = None,
-               planned_out: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+               planned_out: Sequence[dict[str, Any]] = (), base_from: str | None = None) -> dict[str, Any]:
     gpu_list = gpus()
     return {
         "contract_version": CONTRACT_VERSION,
@@ -111,6 +111,8 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         # the host's CPU as vLLM sees it (kvgate.runners.environment.cpu), and the cells it could not run (not run, said so)
         **({"host_cpu": dict(host_cpu)} if host_cpu else {}),
         "planned_out": [dict(p) for p in planned_out],
+        # an A/B run whose base side was copied from an earlier run on this machine (kvgate run --base-from)
+        **({"base_from": base_from} if base_from else {}),
         "started_at": started_at,
         "finished_at": finished_at,
         "command": list(command),

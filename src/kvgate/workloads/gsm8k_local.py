@@ -62,14 +62,34 @@ def task_yaml(include: Path, train: Path, test: Path) -> str:
     )
 
 
-def write_task(folder: Path) -> str:
-    """Write the task YAML and its data into `folder`; returns the task name for `lm_eval --tasks`."""
+def write_task(folder: Path, *, questions: int = 0) -> str:
+    """Write the task YAML and its data into `folder`; returns the task name for `lm_eval --tasks`. Its test split
+    is the first max(questions, 240) problems of the held-out pool (kvgate.workloads.heldout_pool), whose first 240
+    are the shipped test split."""
+    from kvgate.workloads import heldout_pool
+
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     copies = {}
     for split, source in data_files().items():
         copies[split] = folder / f"{TASK_NAME}_{split}.jsonl"
         shutil.copyfile(source, copies[split])
+    if questions > len(load("test")):
+        problems = heldout_pool.draw(questions)
+        if len(problems) < questions:
+            raise InputError(str(heldout_pool.POOL_FILE), f"the held-out pool holds {len(problems)} questions, the "
+                             f"plan asks {questions}", hint="Lower the policy's questions or grow the pool")
+        copies["test"].write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in problems),
+                                  encoding="utf-8")
     text = task_yaml(lm_eval_gsm8k_yaml(), copies["train"], copies["test"])
     (folder / YAML_NAME).write_text(text, encoding="utf-8")
     return TASK_NAME
+
+
+def test_questions(folder: Path) -> int:
+    """How many test questions the task written into `folder` holds (0 when there is none)."""
+    try:
+        with open(Path(folder) / f"{TASK_NAME}_test.jsonl", encoding="utf-8") as handle:
+            return sum(1 for line in handle if line.strip())
+    except OSError:
+        return 0

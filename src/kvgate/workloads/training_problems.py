@@ -452,10 +452,10 @@ class TrainProblem:
 def test_problems() -> list[Slots]:
     """The 240 TEST problems, re-drawn with the re-implemented samplers (verified identical)."""
     count, seed = G.SPLITS["test"]
-    return _draw(count, seed, TEST_NAMES, SHOP_ITEMS, COUNTED)
+    return draw_slots(count, seed, TEST_NAMES, SHOP_ITEMS, COUNTED)
 
 
-def _draw(count, seed, names, shop, counted) -> list[Slots]:
+def draw_slots(count, seed, names, shop, counted) -> list[Slots]:
     rng = random.Random(seed)
     return [SAMPLERS[TEMPLATE_ORDER[i % 16]](rng, names, shop, counted) for i in range(count)]
 
@@ -493,7 +493,7 @@ def check_reimplementation() -> None:
     """Re-drawing kvgate's splits with the original names/items and seeds reproduces them exactly."""
     for split in G.SPLITS:
         count, seed = G.SPLITS[split]
-        mine = _draw(count, seed, TEST_NAMES, SHOP_ITEMS, COUNTED)
+        mine = draw_slots(count, seed, TEST_NAMES, SHOP_ITEMS, COUNTED)
         theirs = G.generate_split(split)
         for s, p in zip(mine, theirs, strict=True):
             assert s.template == p.template

@@ -5,37 +5,60 @@ comparison, never a fallback."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from kvgate.gate import question_plan
 from kvgate.gate.checks.pairing import PairingError, pair, samples
 from kvgate.gate.checks.pending import Pending
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check
 from kvgate.results.records import AccuracyResult, CellResults
-from kvgate.statistics import margins, power, sequential
+from kvgate.statistics import margins, sequential
 
 
-def fp8_accuracy_checks(cell: CellResults, partner: CellResults | None, policy: Policy) -> list[Any]:
+def cell_plans(cell: CellResults, policy: Policy, *, compared: bool) -> tuple[question_plan.QuestionPlan, ...]:
+    """The policy's plans a cell's questions may follow, the default first: what the runner had to draw, and the
+    design every comparison of the cell is judged by. compared (an A/B run, a gate that requires a baseline): only
+    the powered plan; otherwise the plan of a run compared with nothing, or the powered one (`kvgate run
+    --powered`), whichever the runner recorded."""
+    identity = cell.identity
+    powered = question_plan.plan(policy, arch=identity.arch, task=identity.task, model=identity.model, ab=True)
+    if compared:
+        return (powered,)
+    alone = question_plan.plan(policy, arch=identity.arch, task=identity.task, model=identity.model, ab=False)
+    return (alone, powered) if alone != powered else (alone,)
+
+
+def fp8_accuracy_checks(cell: CellResults, partner: CellResults | None, policy: Policy, *,
+                        plans: tuple[question_plan.QuestionPlan, ...] = (), strict: bool = False) -> list[Any]:
     margin = policy.fp8_tax_points(cell.identity.model)
     return accuracy_comparisons(cell, partner, kind="fp8_accuracy", reference="auto cell", margin=margin,
                                  policy=policy, partner_absent="no auto cell of the same backend, arch, model "
-                                                                       "and task in this run", judged_if_absent=True)
+                                                                       "and task in this run", judged_if_absent=True,
+                                 plans=plans, strict=strict)
 
 
 def baseline_accuracy_checks(cell: CellResults, old: CellResults | None, policy: Policy, *,
-                              ab: bool = False) -> list[Any]:
+                              ab: bool = False, plans: tuple[question_plan.QuestionPlan, ...] = (),
+                              strict: bool = False) -> list[Any]:
     return accuracy_comparisons(cell, old, kind="baseline_accuracy", reference="base side" if ab else "baseline",
                                  margin=policy.accuracy.baseline_margin_points, policy=policy,
                                  partner_absent="the base side of this A/B run has no such cell" if ab else
-                                 "new cell, not in the baseline", judged_if_absent=ab)
+                                 "new cell, not in the baseline", judged_if_absent=ab, plans=plans, strict=strict)
 
 
 def accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kind: str, reference: str, margin: float,
-                          policy: Policy, partner_absent: str, judged_if_absent: bool) -> list[Any]:
-    """One decision per comparison, on the policy's primary filter; the other filters are reported (info)."""
+                          policy: Policy, partner_absent: str, judged_if_absent: bool,
+                          plans: tuple[question_plan.QuestionPlan, ...] = (), strict: bool = False) -> list[Any]:
+    """One decision per comparison, on the policy's primary filter; the other filters are reported (info).
+
+    plans: the policy's plans for the cell (cell_plans; default: those of a run compared with nothing), the one
+    the runner recorded (else the first) decides by its design
+    (group-sequential: every look replayed from the answers; fixed: one margin test), never a design the results
+    folder names; a runner's record of another design is an error. strict (--require-baseline): a comparison with
+    fewer questions than the plan, not decided at a look, errors instead of being judged underpowered."""
     base = dict(cell=cell.identity.id, kind=kind, model=cell.identity.model, reference=reference)
     own = cell.stage("accuracy")
     if own.health in ("not_run", "skipped"):
@@ -56,7 +79,8 @@ def accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kind
     ref: AccuracyResult = theirs.data
     acc = policy.accuracy
     primary = acc.primary_filter
-    design, design_problem = sequential_design(cell, partner, margin, policy)
+    plan, design, design_problem = plan_design(plans or cell_plans(cell, policy, compared=False), cell, partner,
+                                               reference, margin, policy)
     out: list[Any] = []
     for name in [primary, *(f for f in acc.filters if f != primary)]:
         judged = name == primary
@@ -69,40 +93,62 @@ def accuracy_comparisons(cell: CellResults, partner: CellResults | None, *, kind
             out.append(Check(**base, subject=name, status="error" if judged else "info", detail=design_problem,
                              headline=design_problem))
             continue
-        out.append(accuracy_comparison(base, name, candidate, ref, margin, policy, judged=judged, design=design))
+        out.append(accuracy_comparison(base, name, candidate, ref, margin, policy, judged=judged, design=design,
+                                       plan=plan, strict=strict, stopped=_stopped(cell, partner)))
     return out
 
 
-def sequential_design(cell: CellResults, partner: CellResults, margin: float,
-                       policy: Policy) -> tuple[sequential.Design | None, str]:
-    """The group-sequential design a comparison was run under (cell.json "sequential" of either side), or None.
-
-    Proposed record (the runner writes it before the first look): {"design": "kvgate-gs/1", "looks": [n_1, ...,
-    n_K]}; the bounds come from the policy (alpha, power, beta_spending_rho) and the looks' fractions."""
-    records = [(side, c.extra.get("sequential")) for side, c in (("this cell", cell), ("the reference", partner))
-               if c.extra.get("sequential") is not None]
-    if not records:
-        return None, ""
-    looks = []
-    for side, record in records:
-        if not (isinstance(record, Mapping) and record.get("design") == sequential.DESIGN_NAME
-                and isinstance(record.get("looks"), list) and record["looks"]
-                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in record["looks"])
-                and record["looks"] == sorted(set(record["looks"]))):
-            return None, (f"cannot compare: {side}'s cell.json \"sequential\" is not a {sequential.DESIGN_NAME} "
-                          f"record with increasing \"looks\" (numbers of questions)")
-        looks.append(tuple(record["looks"]))
-    if len(set(looks)) > 1:
-        return None, (f"cannot compare: the two cells were run under different sequential designs (looks "
-                      f"{list(looks[0])} and {list(looks[1])})")
+def plan_design(plans: tuple[question_plan.QuestionPlan, ...], cell: CellResults, partner: CellResults,
+                reference: str, margin: float, policy: Policy
+                ) -> tuple[question_plan.QuestionPlan, sequential.Design | None, str]:
+    """The plan and design a comparison is judged by: the policy's plan the runners recorded (status.json
+    accuracy.question_plan; else the default, plans[0]), its group-sequential design when it has looks (None: the
+    fixed margin test); and why it cannot be judged: a side that recorded a design none of the plans is (another
+    policy, an edited record), two sides on different plans, or an unreadable record. Where neither side recorded a
+    plan (no runner looked at its answers early) the fixed margin test decides, at the questions the fixed design
+    needs for the policy's power (fewer: underpowered)."""
+    chosen = None
+    for who, side in (("this cell", cell), (f"the {reference}", partner)):
+        status = side.stage("accuracy").status
+        record = status.questions if status is not None else None
+        if record is None:
+            continue
+        if record.problem:
+            return plans[0], None, f"cannot compare: {who}'s status.json {record.problem}"
+        ran = {"design": record.design, "questions": record.questions, "looks": list(record.looks)}
+        match = next((p for p in plans if p.as_record() == ran), None)
+        if match is None:
+            wanted = " or ".join(f"{p.design} with {p.questions} (looks {list(p.looks)})" for p in plans)
+            return plans[0], None, (f"cannot compare: {who} ran {record.design} with {record.questions} questions "
+                                    f"(looks {list(record.looks)}), the policy plans {wanted}: rerun it with this "
+                                    f"policy ({policy.source})")
+        if chosen is not None and match != chosen:
+            return plans[0], None, (f"cannot compare: the two sides ran different plans ({chosen.questions} and "
+                                    f"{match.questions} questions)")
+        chosen = match
+    plan = chosen or plans[0]
+    if not plan.sequential or chosen is None:  # no runner looked: the fixed test, at the plan's questions or more
+        return plan, None, ""
     acc = policy.accuracy
-    return sequential.design(looks[0], alpha=acc.alpha, beta=1 - acc.power, rho=acc.sequential.beta_spending_rho,
-                             margin_points=margin, gap_points=acc.gap_points), ""
+    return plan, sequential.design(plan.looks, alpha=acc.alpha, beta=1 - acc.power,
+                                   rho=acc.sequential.beta_spending_rho, margin_points=margin,
+                                   gap_points=acc.gap_points), ""
+
+
+def _stopped(cell: CellResults, partner: CellResults) -> str | None:
+    """Which side's runner says it stopped at a look (then the gate's replay must decide there too)."""
+    for who, side in (("this cell", cell), ("the reference", partner)):
+        status = side.stage("accuracy").status
+        record = status.questions if status is not None else None
+        if record is not None and record.stopped_early:
+            return f"{who} stopped after {record.answered} of {record.questions} questions"
+    return None
 
 
 def accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: AccuracyResult, ref: AccuracyResult,
                          margin: float, policy: Policy, *, judged: bool = True,
-                         design: sequential.Design | None = None) -> Any:
+                         design: sequential.Design | None = None, plan: question_plan.QuestionPlan | None = None,
+                         strict: bool = False, stopped: str | None = None) -> Any:
     """The margin test of one filter (H0: drop <= margin). judged: the primary filter (pending a decision);
     otherwise the same figures with status info. A pairing problem is an error of the judged check."""
     acc = policy.accuracy
@@ -125,12 +171,27 @@ def accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: Ac
                      detail=f"only {counts.n} paired questions; the policy needs at least {acc.min_n} "
                             f"to resolve a {margin:.1f}-point margin")
     alpha = acc.alpha
+    result = None
     if design is not None:
         try:
             result = sequential.replay(design, ref_outcomes, cand_outcomes)
         except ValueError as error:
-            return Check(**base, status=unjudged, figures=figures, notes=tuple(notes), detail=f"cannot decide: {error}",
-                         headline=f"sequential comparison incomplete: {error}")
+            if stopped or counts.n >= design.looks[-1]:
+                detail = f"cannot decide: {error}" + (f"; yet {stopped}" if stopped else "")
+                return Check(**base, status=unjudged, figures=figures, notes=tuple(notes), detail=detail,
+                             headline=f"sequential comparison incomplete: {error}")
+    kind = str(base.get("kind"))
+    required = required_questions(plan, design) if plan is not None else 0
+    if result is None and plan is not None and counts.n < required:
+        shortfall = underpowered_text(counts.n, required, plan, policy, str(base.get("model")), kind)
+        if strict:
+            return Check(**base, status=unjudged, figures=figures, notes=tuple(notes),
+                         threshold={"questions": required},
+                         detail=f"{shortfall}; --require-baseline needs the plan's questions (rerun the cell)",
+                         headline=f"underpowered: {counts.n} of the plan's {required} questions")
+        notes.append(shortfall)
+        design = None
+    if result is not None:
         counts = result.counts
         test: Any = result
         drop, lower, upper = counts.drop_points, result.lower_points, result.upper_points
@@ -154,44 +215,59 @@ def accuracy_comparison(base: Mapping[str, Any], filter_name: str, candidate: Ac
         method = test.method
         interval_text = (f"one-sided {1 - alpha:.0%} bounds of the drop (fails when the lower one is above the "
                          "margin), points")
-        if counts.n < acc.questions:
-            notes.append(power_note(counts.n, margin, policy))
+        if plan is not None and counts.n >= plan.questions and plan.questions < plan.fixed_questions:
+            notes.append(power_statement(counts.n, plan, policy, str(base.get("model")), kind))
     figures.update({"drop_points": drop, "lower_bound_points": lower, "upper_bound_points": upper})
+    paired = counts.n
+    ref_mean = sum(ref_outcomes[:paired]) / paired if paired else ref_score.mean  # over the questions judged
+    cand_mean = sum(cand_outcomes[:paired]) / paired if paired else cand_score.mean
+    figures.update({"reference": ref_mean, "candidate": cand_mean})
     check = Check(**base, status="pending" if judged else "info", figures=figures,
                   threshold={"margin_points": margin, "alpha": alpha},
                   threshold_text=f"drop ≤ {margin:.1f} pts", p_value=test.p_value, interval=(lower, upper),
                   interval_text=interval_text, method=method, notes=tuple(notes))
-    text = (f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}, drop {drop:.2f} pts [{lower:.2f}, {upper:.2f}]; "
+    text = (f"{ref_mean:.4f} -> {cand_mean:.4f}, drop {drop:.2f} pts [{lower:.2f}, {upper:.2f}]; "
             f"margin {margin:.1f}")
     if not judged:
         return replace(check, detail=f"{text}; reported, not judged (the decision uses {acc.primary_filter})",
                        notes=(*check.notes, f"only the primary filter ({acc.primary_filter}) is judged"))
-    if design is not None:
+    if result is not None:
         return Pending(check=check, test=test, passed_text=text, family="sequential",
                         failed_headline=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}",
                         failed_text=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}; "
-                                    f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}",
+                                    f"{ref_mean:.4f} -> {cand_mean:.4f}",
                         decide=lambda t, adj: t.decision == "fail")
     return Pending(check=check, test=test, passed_text=text,
                     failed_headline=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}",
                     failed_text=f"drop {drop:.1f} pts, lower bound {lower:.1f} > margin {margin:.1f}; "
-                                f"{ref_score.mean:.4f} -> {cand_score.mean:.4f}",
+                                f"{ref_mean:.4f} -> {cand_mean:.4f}",
                     decide=lambda t, adj: margins.accuracy_regressed(t, alpha=alpha, adjusted_p=adj))
 
 
-@functools.lru_cache(maxsize=256)
-def power_band(n: int, margin: float, gap: float, alpha: float, flips: tuple[float, ...]) -> tuple[float, ...]:
-    return tuple(power.power_at(n, flips=f, margin_points=margin, target_points=margin + gap, alpha=alpha)
-                 for f in flips)
+def required_questions(plan: question_plan.QuestionPlan, design: sequential.Design | None) -> int:
+    """The questions a comparison that did not decide at a look needs: the plan's (a sequential design that ran to
+    its last look; a single-side or pool-capped plan), or the fixed design's for the policy's power (no runner
+    looked, so no inflation is owed)."""
+    if design is not None or not plan.sequential:
+        return plan.questions
+    return min(plan.fixed_questions, plan.questions)
 
 
-def power_note(n: int, margin: float, policy: Policy) -> str:
-    acc = policy.accuracy
-    flips = (0.05, acc.design_flips)
-    low, high = sorted(power_band(n, margin, acc.gap_points, acc.alpha, flips))
-    return (f"{n} questions, fewer than the policy's {acc.questions}: a drop {acc.gap_points:g} pts beyond the "
-            f"margin is caught with power {100 * low:.0f}-{100 * high:.0f} % at {100 * flips[1]:g}-{100 * flips[0]:g} "
-            f"% noise flips (the policy wants {100 * acc.power:g} %)")
+def underpowered_text(n: int, required: int, plan: question_plan.QuestionPlan, policy: Policy, model: str,
+                      kind: str) -> str:
+    margin = policy.fp8_tax_points(model) if kind == "fp8_accuracy" else policy.accuracy.baseline_margin_points
+    power_n = question_plan.power_at(policy, plan, n, model, kind)
+    return (f"{n} paired questions, fewer than the plan's {required} ({plan.reason}), not decided at a look: a "
+            f"drop of {margin + policy.accuracy.gap_points:g} pts is caught with power {100 * power_n:.0f} % here "
+            f"(the policy wants {100 * policy.accuracy.power:g} %)")
+
+
+def power_statement(n: int, plan: question_plan.QuestionPlan, policy: Policy, model: str, kind: str) -> str:
+    margin = policy.fp8_tax_points(model) if kind == "fp8_accuracy" else policy.accuracy.baseline_margin_points
+    power_n = question_plan.power_at(policy, plan, n, model, kind)
+    return (f"{n} questions ({plan.reason}): a drop of {margin + policy.accuracy.gap_points:g} pts is caught with "
+            f"power {100 * power_n:.0f} % at {100 * plan.flips.get(kind, policy.accuracy.design_flips):g} % noise "
+            f"flips (the policy's {100 * policy.accuracy.power:g} % needs {plan.fixed_questions})")
 
 
 def accuracy_floor_check(cell: CellResults, policy: Policy) -> Any:

@@ -68,3 +68,83 @@ def as_mapping(value: Any) -> Mapping[str, Any]:
     if hasattr(value, "__dataclass_fields__"):
         return {name: getattr(value, name) for name in value.__dataclass_fields__}
     return dict(vars(value)) if hasattr(value, "__dict__") else {}
+
+
+def probe_ab_check(cell: CellResults, run: RunResults, base: RunResults, policy: Policy,
+                   probe_compare: Callable[[Any, Any], Any] | None) -> Check | None:
+    """An A/B run's FP8 cell: did the change move it away from its auto cell? The head's divergence from auto
+    (decode mean |delta logprob| over the common greedy prefix, prompt mean, greedy prefix agreement) against the
+    base side's on the same prompts, held against [probe_ab]'s limits (calibrated from A/A runs). Where head and base
+    produce identical outputs the change did not touch this path: said, and passed. None: not applicable (no limits
+    for the arch; the cell's own probe stage is not ok, which the probe check reports)."""
+    identity = cell.identity
+    limits = policy.probe_ab.limits(identity.arch)
+    if limits is None or not identity.is_fp8 or cell.stage("probe").health != "ok":
+        return None
+    base_check = dict(cell=identity.id, kind="probe_ab", model=identity.model, reference="base side")
+    sides = {"head auto": run.find(identity.with_dtype("auto")), "base FP8": base.find(identity),
+             "base auto": base.find(identity.with_dtype("auto"))}
+    lacking = [f"the {who} cell's probe is {c.stage('probe').health.replace('_', ' ') if c else 'absent'}"
+               for who, c in sides.items() if c is None or c.stage("probe").health != "ok"]
+    if lacking:
+        return Check(**base_check, status="missing", detail=f"cannot compare head with base: {'; '.join(lacking)}",
+                     headline="head-vs-base probe incomplete")
+    if probe_compare is None:
+        return Check(**base_check, status="error", detail="this kvgate cannot compare probe outputs")
+    data = {who: c.stage("probe").data for who, c in sides.items()}
+    head = as_mapping(probe_compare(data["head auto"], cell.stage("probe").data))
+    base_side = as_mapping(probe_compare(data["base auto"], data["base FP8"]))
+    same_fp8 = as_mapping(probe_compare(data["base FP8"], cell.stage("probe").data))
+    same_auto = as_mapping(probe_compare(data["base auto"], data["head auto"]))
+    figures: dict[str, Any] = {
+        "head_decode_mean_abs_logprob_diff": head.get("decode_mean_abs_logprob_diff"),
+        "base_decode_mean_abs_logprob_diff": base_side.get("decode_mean_abs_logprob_diff"),
+        "head_mean_abs_logprob_diff": head.get("mean_abs_logprob_diff"),
+        "base_mean_abs_logprob_diff": base_side.get("mean_abs_logprob_diff"),
+        "head_greedy_prefix_match": head.get("greedy_prefix_match"),
+        "base_greedy_prefix_match": base_side.get("greedy_prefix_match"),
+        "head_equals_base": bool(same_fp8.get("identical") and same_auto.get("identical")),
+        "fp8_head_vs_base_greedy_prefix_match": same_fp8.get("greedy_prefix_match"),
+    }
+    threshold = {"growth_max": limits.growth_max, "greedy_prefix_drop_max": limits.greedy_prefix_drop_max}
+    threshold_text = (f"head's divergence from auto ≤ {limits.growth_max:g} x base's; greedy prefix ≥ base's - "
+                      f"{limits.greedy_prefix_drop_max:g}")
+    notes = (f"limits: {limits.source}",) if limits.source else ()
+    if figures["head_equals_base"]:
+        return Check(**base_check, status="pass", figures=figures, threshold=threshold, threshold_text=threshold_text,
+                     notes=notes, detail="head ≡ base: every probe logprob and token of the FP8 and auto cells equals "
+                                         "the base side's (the change did not touch this path)")
+    broken, shown = [], []
+    for name in ("decode_mean_abs_logprob_diff", "mean_abs_logprob_diff"):
+        new, old = figures[f"head_{name}"], figures[f"base_{name}"]
+        growth = _growth(new, old)
+        figures[f"{name}_growth"] = growth
+        label = "decode" if name.startswith("decode") else "prompt"
+        shown.append(f"{label} {fmt(old)} -> {fmt(new)}")
+        if growth is None or growth != growth or growth > limits.growth_max:
+            broken.append(f"{label} divergence from auto {fmt(old)} (base) -> {fmt(new)} (head), x{fmt(growth)} > "
+                          f"x{limits.growth_max:g}")
+    old_prefix, new_prefix = figures["base_greedy_prefix_match"], figures["head_greedy_prefix_match"]
+    drop = old_prefix - new_prefix if isinstance(old_prefix, (int, float)) and isinstance(new_prefix, (int, float)) \
+        else None
+    figures["greedy_prefix_drop"] = drop
+    shown.append(f"greedy prefix {fmt(old_prefix)} -> {fmt(new_prefix)}")
+    if drop is None or drop != drop or drop > limits.greedy_prefix_drop_max:
+        broken.append(f"greedy prefix agreement with auto {fmt(old_prefix)} (base) -> {fmt(new_prefix)} (head), "
+                      f"down {fmt(drop)} > {limits.greedy_prefix_drop_max:g}")
+    return Check(**base_check, status="fail" if broken else "pass", figures=figures, threshold=threshold,
+                 threshold_text=threshold_text, notes=notes,
+                 headline="the change moved FP8 away from auto" if broken else "",
+                 detail=("; ".join(broken) if broken else "; ".join(shown)) + " (FP8 vs auto, base side -> head)")
+
+
+GROWTH_FLOOR = 1e-4  # |delta logprob| below this is rounding: a divergence growing from ~0 to ~0 is no growth
+
+
+def _growth(new: Any, old: Any) -> float | None:
+    """new / old divergence; 1 when both are at rounding level; None when either is missing."""
+    if not isinstance(new, (int, float)) or not isinstance(old, (int, float)):
+        return None
+    if new <= GROWTH_FLOOR and old <= GROWTH_FLOOR:
+        return 1.0
+    return new / max(old, GROWTH_FLOOR)

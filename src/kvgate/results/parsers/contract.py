@@ -18,6 +18,7 @@ from kvgate.results.records import (
     STAGES,
     CellIdentity,
     KvCacheEvidence,
+    QuestionsRecord,
     StageStatus,
 )
 
@@ -85,8 +86,10 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
             raise InputError(source, f"expected an object, got {kind(interleaved)}", f"{stage}.interleaved")
         kv_cache = parse_kv_cache(entry["kv_cache"], f"{stage}.kv_cache") if stage == "accuracy" and \
             "kv_cache" in entry else None
+        questions = parse_questions(entry["question_plan"], f"{stage}.question_plan") if stage == "accuracy" and \
+            "question_plan" in entry else None
         out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
-                                 kv_cache=kv_cache)
+                                 kv_cache=kv_cache, questions=questions)
     return out
 
 
@@ -122,6 +125,41 @@ def parse_kv_cache(value: Any, where: str) -> KvCacheEvidence:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         return KvCacheEvidence(problem="; ".join(problems[:3]) + more)
     return KvCacheEvidence(**fields)
+
+
+# accuracy.question_plan (contract 1.6)
+QUESTIONS_MAX = 10**7
+DESIGNS = ("fixed", "kvgate-gs/1")
+
+
+def parse_questions(value: Any, where: str) -> QuestionsRecord:
+    """status.json accuracy.question_plan -> QuestionsRecord. Never raises: a malformed value becomes `problem` and the
+    cell's comparisons error (its questions cannot be held against the policy's plan). Other keys are ignored."""
+    if not isinstance(value, Mapping):
+        return QuestionsRecord(problem=f"{where}: expected an object, got {_describe(value)}")
+    problems: list[str] = []
+    design = value.get("design")
+    if design not in DESIGNS:
+        problems.append(f"{where}.design: expected one of {', '.join(DESIGNS)}, got {_describe(design)}")
+    questions = _count(value.get("questions"), f"{where}.questions", 1, QUESTIONS_MAX, problems)
+    looks = tuple(_count(item, f"{where}.looks[{i}]", 1, QUESTIONS_MAX, problems)
+                  for i, item in enumerate(_list(value.get("looks"), f"{where}.looks", problems)))
+    if looks and (list(looks) != sorted(set(looks)) or looks[-1] != questions):
+        problems.append(f"{where}.looks: expected increasing numbers of questions ending at questions "
+                        f"({questions}), got {list(looks)[:8]}")
+    answered = _count(value.get("answered"), f"{where}.answered", 0, QUESTIONS_MAX, problems)
+    if answered > questions:
+        problems.append(f"{where}.answered: {answered} is more than questions ({questions})")
+    seconds = value.get("seconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not 0 <= seconds < 10**9):
+        problems.append(f"{where}.seconds: expected a number of seconds, got {_describe(seconds)}")
+        seconds = None
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        return QuestionsRecord(problem="; ".join(problems[:3]) + more)
+    return QuestionsRecord(design=design, questions=questions, looks=looks, answered=answered,
+                           seconds=float(seconds) if seconds is not None else None)
 
 
 def _list(value: Any, where: str, problems: list[str]) -> list[Any]:

@@ -42,9 +42,22 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
                 "--backend", cell.backend, "--arch", cell.arch]
         if with_probe:
             argv += ["--probe-dir", str(probe_dir)]
+        if ctx.design is not None:
+            argv += ["--questions", str(ctx.design.questions)]
+        if ctx.looks_plan is not None:
+            plan_path = scratch / "looks.json"
+            plan_path.write_text(json.dumps(ctx.looks_plan.as_dict(), indent=1), encoding="utf-8")
+            argv += ["--looks-plan", str(plan_path)]
         argv += ["--", *lm_args]
         header = (f"kvgate: {cell.id} accuracy: lm_eval {' '.join(_shell_quote(a) for a in lm_args)}")
         result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header)
+        if not result.ok and not result.timed_out and profiling_race(_read_text(log)):
+            # another engine on the GPU freed memory while this one measured its own: nothing of the cell's
+            # doing, and nothing was answered yet (the engine never started), so it starts once more
+            shutil.rmtree(output, ignore_errors=True)
+            result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
+                                header=f"{header}\nkvgate: once more: vLLM's memory profiling saw another engine "
+                                       "free GPU memory (two engines started on one GPU at once)")
         elapsed = time.monotonic() - start
         report = _read_report(report_path)
         engine_backends = report.get("attention_backends")
@@ -76,6 +89,8 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         kv_cache = kv_cache_evidence(report.get("kv_cache"), read_kv_cache_tokens(_read_text(log)))
         if kv_cache:
             extra["kv_cache"] = kv_cache
+        if ctx.design is not None:
+            extra["question_plan"] = {**ctx.design.record(), **_answered(report.get("questions"))}
         if status == "ok":
             commit_stage(cell_dir, "accuracy", output)
             figures = accuracy_figures(cell_dir / "accuracy", str(cell.workload.gsm8k["task"]))
@@ -91,6 +106,29 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         return outcomes
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+PROFILING_RACE = "Error in memory profiling"  # vLLM's words when another process freed GPU memory meanwhile
+
+
+def profiling_race(log_text: str) -> bool:
+    """The engine refused to start because GPU memory was freed by someone else while it profiled its own."""
+    cause = failure_cause(log_text) or ""
+    return PROFILING_RACE in cause and "engine" not in _steps_after_start(log_text)
+
+
+def _steps_after_start(log_text: str) -> str:
+    """'engine' when the log shows the engine came up (kvgate's worker printed its backends), else ''."""
+    return "engine" if "kvgate: the engine's attention layers use" in log_text else ""
+
+
+def _answered(worker: Any) -> dict[str, Any]:
+    """The worker's figures of the questions it answered (answered, seconds, each look's decisions), as far as they
+    are well formed (the gate re-reads and checks them)."""
+    if not isinstance(worker, dict):
+        return {"answered": 0}
+    keep = ("answered", "seconds", "decisions", "questions_saved", "seconds_saved_estimate")
+    return {key: worker[key] for key in keep if key in worker}
 
 
 def _wrong_vllm(ctx: CellContext, vllm_file: str | None) -> str | None:

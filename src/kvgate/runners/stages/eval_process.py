@@ -14,6 +14,7 @@ what happened; exit status 0 ok, 3 the engine runs another backend than the cell
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -35,6 +36,11 @@ def main(argv: list[str]) -> int:
     own.add_argument("--probe-dir", type=Path, default=None)
     own.add_argument("--backend", required=True)
     own.add_argument("--arch", required=True)
+    own.add_argument("--questions", type=int, default=None,
+                     help="answer the first N questions of the task's fixed order (the policy's plan)")
+    own.add_argument("--looks-plan", type=Path, default=None,
+                     help="a candidate's sequential design and references (kvgate.runners.stages.looks): stop at the "
+                          "first look where every comparison is decided")
     options = own.parse_args(argv[:split])
     report: dict[str, Any] = {"steps": []}
 
@@ -69,8 +75,10 @@ def main(argv: list[str]) -> int:
 
     tracker = EvaluationTracker(output_path=cfg.output_path)
     task_manager = cfg.process_tasks(cfg.metadata)
-    lm = lm_eval.api.registry.get_model(cfg.model).create_from_arg_obj(
-        cfg.model_args, {"batch_size": cfg.batch_size, "max_batch_size": cfg.max_batch_size, "device": cfg.device})
+    with engine_start_lock():
+        lm = lm_eval.api.registry.get_model(cfg.model).create_from_arg_obj(
+            cfg.model_args, {"batch_size": cfg.batch_size, "max_batch_size": cfg.max_batch_size,
+                             "device": cfg.device})
     engine = getattr(lm, "model", None)  # lm-eval's vllm model keeps the vllm.LLM it built (data_parallel_size 1)
 
     try:
@@ -96,21 +104,27 @@ def main(argv: list[str]) -> int:
         print(f"kvgate: {mismatch}", file=sys.stderr, flush=True)
         return EXIT_BACKEND_MISMATCH
 
-    results = simple_evaluate(
-        model=lm, model_args=cfg.model_args, tasks=cfg.tasks, num_fewshot=cfg.num_fewshot,
-        batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size, device=cfg.device,
-        use_cache=cfg.use_cache, limit=cfg.limit, samples=cfg.samples, check_integrity=cfg.check_integrity,
-        write_out=cfg.write_out, log_samples=cfg.log_samples, evaluation_tracker=tracker,
-        system_instruction=cfg.system_instruction, apply_chat_template=cfg.apply_chat_template,
-        fewshot_as_multiturn=cfg.fewshot_as_multiturn, gen_kwargs=cfg.gen_kwargs, task_manager=task_manager,
-        verbosity=cfg.verbosity, predict_only=cfg.predict_only,
-        random_seed=cfg.seed[0] if cfg.seed else None, numpy_random_seed=cfg.seed[1] if cfg.seed else None,
-        torch_random_seed=cfg.seed[2] if cfg.seed else None,
-        fewshot_random_seed=cfg.seed[3] if cfg.seed else None,
-        confirm_run_unsafe_code=cfg.confirm_run_unsafe_code, metadata=cfg.metadata,
-    )
-    if results is None:
-        raise RuntimeError("lm-eval's simple_evaluate returned no results")
+    def evaluate(indices: list[int] | None) -> dict[str, Any]:
+        found = simple_evaluate(
+            model=lm, model_args=cfg.model_args, tasks=cfg.tasks, num_fewshot=cfg.num_fewshot,
+            batch_size=cfg.batch_size, max_batch_size=cfg.max_batch_size, device=cfg.device,
+            use_cache=cfg.use_cache, limit=None if indices is not None else cfg.limit,
+            samples={task: indices for task in cfg.tasks} if indices is not None else cfg.samples,
+            check_integrity=cfg.check_integrity, write_out=cfg.write_out, log_samples=cfg.log_samples,
+            evaluation_tracker=tracker, system_instruction=cfg.system_instruction,
+            apply_chat_template=cfg.apply_chat_template, fewshot_as_multiturn=cfg.fewshot_as_multiturn,
+            gen_kwargs=cfg.gen_kwargs, task_manager=task_manager, verbosity=cfg.verbosity,
+            predict_only=cfg.predict_only,
+            random_seed=cfg.seed[0] if cfg.seed else None, numpy_random_seed=cfg.seed[1] if cfg.seed else None,
+            torch_random_seed=cfg.seed[2] if cfg.seed else None,
+            fewshot_random_seed=cfg.seed[3] if cfg.seed else None,
+            confirm_run_unsafe_code=cfg.confirm_run_unsafe_code, metadata=cfg.metadata,
+        )
+        if found is None:
+            raise RuntimeError("lm-eval's simple_evaluate returned no results")
+        return found
+
+    results, answered = _answer(evaluate, options, cfg, save)
     samples = results.pop("samples") if cfg.log_samples else None
     tracker.save_results_aggregated(results=results, samples=samples)
     if samples is not None:
@@ -121,7 +135,7 @@ def main(argv: list[str]) -> int:
         after = engine_kv_cache_facts(engine)
     except Exception:
         after = None
-    save("accuracy", kv_cache=after or report.get("kv_cache"))
+    save("accuracy", kv_cache=after or report.get("kv_cache"), questions=answered)
 
     if options.probe_dir is not None:
         try:
@@ -136,6 +150,97 @@ def main(argv: list[str]) -> int:
         else:
             save("probe")
     return 0
+
+
+ENGINE_START_LOCK_ENV = "KVGATE_ENGINE_START_LOCK"
+
+
+@contextlib.contextmanager
+def engine_start_lock():
+    """Hold $KVGATE_ENGINE_START_LOCK (a file, flock) while the engine starts, when set: engines that share a GPU
+    start one at a time, so none measures its memory while another's profiling frees some (vLLM then refuses to
+    start: "Error in memory profiling"); they run their questions side by side. Unset: nothing is held."""
+    path = os.environ.get(ENGINE_START_LOCK_ENV)
+    if not path:
+        yield
+        return
+    import fcntl
+    import time
+
+    with open(path, "a+") as handle:
+        waited = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        print(f"kvgate: engine start lock {path} held after {time.monotonic() - waited:.1f} s", flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _answer(evaluate, options: argparse.Namespace, cfg: Any, save) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """lm-eval's results over the plan's questions: all at once, or look by look for a candidate that stops as soon
+    as every comparison it is in is decided (the samples of the looks merged, the figures recomputed from them)."""
+    import time
+
+    if options.questions is None:
+        return evaluate(None), None
+    started = time.monotonic()
+    if options.looks_plan is None:
+        results = evaluate(list(range(options.questions)))
+        return results, {"answered": options.questions, "seconds": round(time.monotonic() - started, 1)}
+    from kvgate.runners.stages import looks as looks_module
+
+    plan = looks_module.Plan.from_file(options.looks_plan)
+    references = {r.label: looks_module.read_outcomes(Path(r.samples), plan.filter) for r in plan.references}
+    merged: list[dict[str, Any]] = []
+    answered, decisions, last = 0, [], None
+    for n in plan.looks:
+        last = evaluate(list(range(answered, n)))
+        for task_samples in last["samples"].values():
+            merged += task_samples
+        answered = n
+        answers = {int(r["doc_id"]): float(r.get("exact_match", 0.0)) == 1.0 for r in merged
+                   if r.get("filter") == plan.filter}
+        decisions = looks_module.decide(plan, references, answers, n)
+        shown = "; ".join(f"vs {r.label}: {look.action if look else 'no answers to compare'}" for r, look in decisions)
+        print(f"kvgate: look at {n} of {plan.looks[-1]} questions: {shown}", flush=True)
+        save(f"look-{n}", answered=n)
+        if looks_module.all_decided(decisions):
+            break
+    seconds = time.monotonic() - started
+    results = _merged_results(last, merged)
+    record = {"answered": answered, "seconds": round(seconds, 1),
+              "decisions": [{"reference": r.label, "kind": r.kind, "look": look.look if look else None,
+                             "action": look.action if look else None} for r, look in decisions]}
+    if answered < plan.looks[-1]:
+        record["questions_saved"] = plan.looks[-1] - answered
+        record["seconds_saved_estimate"] = round(seconds / answered * (plan.looks[-1] - answered), 1)
+    return results, record
+
+
+def _merged_results(last: dict[str, Any], merged: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last look's results with the merged samples of every look (each filter's in question order) and the
+    exact_match figures recomputed over them."""
+    import math
+
+    results = dict(last)
+    filters = list(dict.fromkeys(r.get("filter") for r in merged))
+    ordered = sorted(merged, key=lambda r: (filters.index(r.get("filter")), int(r["doc_id"])))
+    for task in results["results"]:
+        block = dict(results["results"][task])
+        for name in filters:
+            values = [float(r.get("exact_match", 0.0)) for r in ordered if r.get("filter") == name]
+            if values and f"exact_match,{name}" in block:
+                mean = sum(values) / len(values)
+                block[f"exact_match,{name}"] = mean
+                block[f"exact_match_stderr,{name}"] = math.sqrt(mean * (1 - mean) / (len(values) - 1)) \
+                    if len(values) > 1 else "N/A"
+        results["results"][task] = block
+        docs = len({int(r["doc_id"]) for r in ordered})
+        if task in results.get("n-samples", {}):
+            results["n-samples"][task] = {**results["n-samples"][task], "effective": docs}
+    results["samples"] = {task: ordered for task in results["results"]}
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+#!/bin/bash
+# The GPU canary table on the lent H200 (issue 20): small patches to vLLM 0.26.0's FP8 paths, each A/B against the
+# release through the real CLI and gate, plus A/A runs (release against release) for the false alarms. Assumes
+# .gpu/h200_unpack.sh unpacked vLLM 0.26.0 + lm-eval + FlashInfer into /tmp/site. Run from the repository root:
+#
+#   run.sh setup                        the matrix folder: the repository's matrix/ with the tiny models' workloads
+#                                       (benchmarks/h200_engine/workloads.toml), as KVGATE_MATRIX_DIR
+#   run.sh base BACKEND                 the base side once: the release, each of the backend's cells (auto, fp8) in a
+#                                       process of its own (--powered: the policy's questions), into $H/base-BACKEND
+#   run.sh heads BACKEND NAME...        one A/B run per NAME, at once: a canary of canaries/canaries.toml or a
+#                                       measurement of patches/ (its patch as --vllm patch:), or aaN (the release
+#                                       again: an A/A run); each reuses the
+#                                       base side (--base-from) and runs its head cells, auto then fp8, in one process
+#   run.sh wait SECONDS                 until every started run has ended, or SECONDS; prints each cell's stages
+#   run.sh gate                         kvgate gate --require-baseline on every A/B run; the table (table.py), the
+#                                       verdicts and the raw results (logs left out) to $OUT
+#
+# Engines share the GPU (gpu_memory_utilization 0.08 each): their starts take turns through
+# KVGATE_ENGINE_START_LOCK, so none profiles its memory while another frees some (vLLM refuses to start then), and
+# a start that still meets that race is made once more by the accuracy stage.
+set -uo pipefail
+H=${KVGATE_CANARY_ROOT:-/tmp/h200c}
+M=$H/matrix
+ARCH=${KVGATE_CANARY_ARCH:-sm90}  # cpu: the same flow on the CPU default, to try the script where no GPU is
+export PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src PYTHONUNBUFFERED=1 KVGATE_MATRIX_DIR=$M
+export OMP_NUM_THREADS=2 FLASHINFER_WORKSPACE_BASE=$H/flashinfer TOKENIZERS_PARALLELISM=false
+export KVGATE_ENGINE_START_LOCK=$H/engine-start.lock
+mkdir -p "$H/logs" "$H/ab" "$M" "$FLASHINFER_WORKSPACE_BASE"
+
+cells_of() {  # BACKEND -> --cell flags of its auto and fp8 cells on sm90
+  local b; b=$(echo "$1" | tr 'A-Z' 'a-z')
+  echo "--cell ${b}-auto-$ARCH --cell ${b}-fp8-$ARCH"
+}
+
+patch_of() {  # name -> its patch: a canary of canaries/canaries.toml, else benchmarks/h200_canaries/patches/NAME.patch
+  python3 - "$1" <<'PY'
+import sys, tomllib
+from pathlib import Path
+doc = tomllib.loads(Path("canaries/canaries.toml").read_text())
+name = sys.argv[1]
+print(Path("canaries") / doc[name]["patch"] if name in doc else Path("benchmarks/h200_canaries/patches") / f"{name}.patch")
+PY
+}
+
+case "${1:-}" in
+setup)
+  cp matrix/*.toml "$M/"
+  if [ "$ARCH" != cpu ]; then
+    cp benchmarks/h200_engine/workloads.toml "$M/workloads.toml"
+    sed -i '/^"deepseek-ai\/DeepSeek-V2-Lite-Chat" = /d' "$M/policy.toml"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+  fi
+  python3 -m kvgate matrix --arch "$ARCH" --matrix-dir "$M" | head -30 ;;
+base)
+  b=$2; dir=$H/base-$b
+  for cell in $(cells_of "$b" | sed 's/--cell //g'); do
+    setsid nohup python3 -m kvgate run accuracy --run-dir "$dir" --cell "$cell" --vllm release --powered \
+      --matrix-dir "$M" > "$H/logs/base-$cell.log" 2>&1 < /dev/null &
+    echo "$!" | tee -a "$H/pids" >> "$H/pids-base-$b"; echo "started base $cell (pid $!)"
+  done ;;
+heads)
+  b=$2; shift 2
+  for _ in $(seq 120); do  # the base side first: --base-from checks that it is complete
+    alive=0
+    for pid in $(cat "$H/pids-base-$b" 2>/dev/null); do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 5
+  done
+  for name in "$@"; do
+    case "$name" in aa*) spec=release ;; *) spec="patch:$(patch_of "$name")" ;; esac
+    # shellcheck disable=SC2046
+    setsid nohup python3 -m kvgate run accuracy --run-dir "$H/ab/$b-$name" $(cells_of "$b") --vllm "$spec" \
+      --base-vllm release --base-from "$H/base-$b" --matrix-dir "$M" > "$H/logs/$b-$name.log" 2>&1 < /dev/null &
+    echo "$!" >> "$H/pids"; echo "started $b-$name: --vllm $spec (pid $!)"
+  done ;;
+wait)
+  deadline=$(( $(date +%s) + ${2:-300} ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    alive=0
+    for pid in $(cat "$H/pids" 2>/dev/null); do kill -0 "$pid" 2>/dev/null && alive=$((alive + 1)); done
+    [ "$alive" -eq 0 ] && break
+    sleep 5
+  done
+  echo "alive: $alive at $(date -u +%H:%M:%S)"
+  for log in "$H"/logs/*.log; do echo "== $(basename "$log")"; grep -E "^kvgate: (\[|look at|engine start lock)" "$log" | tail -8; done ;;
+gate)
+  for dir in "$H"/ab/*/; do
+    python3 -m kvgate gate "$dir" --require-baseline --matrix-dir "$M" > "$dir/gate.out" 2>&1
+    echo "$(basename "$dir"): exit $? $(head -1 "$dir/gate.out")"
+  done
+  python3 benchmarks/h200_canaries/table.py "$H" | tee "${OUT:-$H}/table.md"
+  tar cf - -C "$H" --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' ab $(cd "$H" && ls -d base-* 2>/dev/null) \
+    | xz -T8 -6 > "${OUT:-$H}/runs.tar.xz"
+  tar cf - -C "$H" logs $(cd "$H" && ls -d ab/*/*/logs base-*/*/logs 2>/dev/null) | xz -T8 -6 > "${OUT:-$H}/logs.tar.xz"
+  ls -la "${OUT:-$H}" ;;
+*)
+  sed -n '2,22p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,102 @@
+"""The head-vs-base probe of an A/B run: did the change move the FP8 cell away from its auto cell, compared with the
+base side doing the same on the same prompts? Folders written in the contract's format (tests/synthetic_run.py),
+judged through `kvgate gate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.gate import policy as policy_module
+from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_probe, write_status
+
+FILTERS = ("strict-match", "flexible-extract")
+FP8 = "flashmla-fp8-sm90"
+
+
+def ab_run(tmp_path: Path, *, head_fp8: dict, base_fp8: dict | None = None) -> Path:
+    """FLASHMLA auto and fp8 on both sides, identical answers; the FP8 probes as given (write_probe's arguments)."""
+    run = tmp_path / "run"
+    ref = paired_outcomes(1331, reference_correct=1000, only_reference=0, only_candidate=0, seed=1)[0]
+    probes = {("auto", "base"): {}, ("auto", "head"): {}, ("fp8", "base"): base_fp8 or {"decode_shift": 0.01},
+              ("fp8", "head"): head_fp8}
+    for (dtype, side), probe in probes.items():
+        folder = f"flashmla-{dtype}-sm90" + ("--base" if side == "base" else "")
+        cell = write_cell(run, backend="FLASHMLA", kv_cache_dtype=dtype, arch="sm90", folder=folder,
+                          model="kvgate:tiny-deepseek-v2", task="kvgate_gsm8k_local",
+                          extra={"contract_version": "1.6", "side": side})
+        write_accuracy(cell, {name: ref for name in FILTERS}, task="kvgate_gsm8k_local",
+                       model="kvgate:tiny-deepseek-v2")
+        evidence = {"element_bytes": [1 if dtype == "fp8" else 2], "layer_kv_cache_dtypes": [dtype],
+                    "tokens": 200_000 if dtype == "fp8" else 100_000}
+        write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}, "probe": {"status": "ok"}})
+        write_probe(cell, generated=16, **{"shift": 0.0, **probe})
+    return run
+
+
+def probe_ab(run: Path) -> dict:
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    return next(c for c in verdict["checks"] if c["kind"] == "probe_ab")
+
+
+def test_head_identical_to_base_is_said_and_passes(tmp_path):
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.01})
+    main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"])
+    check = probe_ab(run)
+    assert check["status"] == "pass" and check["figures"]["head_equals_base"] is True
+    assert check["detail"].startswith("head ≡ base: every probe logprob and token")
+
+
+def test_a_divergence_that_doubled_fails_with_both_figures(tmp_path):
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.02})
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    check = probe_ab(run)
+    assert check["status"] == "fail" and check["headline"] == "the change moved FP8 away from auto"
+    assert check["figures"]["decode_mean_abs_logprob_diff_growth"] == pytest.approx(2.0)
+    assert "decode divergence from auto 0.01 (base) -> 0.02 (head), x2 > x1.5" in check["detail"]
+
+
+def test_a_shorter_greedy_prefix_fails(tmp_path):
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.01, "diverge_at": 4})
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    check = probe_ab(run)
+    assert check["status"] == "fail"
+    assert check["figures"]["greedy_prefix_drop"] == pytest.approx(0.75)
+    assert "greedy prefix agreement with auto 1 (base) -> 0.25 (head), down 0.75 > 0.15" in check["detail"]
+
+
+def test_a_small_move_within_the_limits_passes(tmp_path):
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.012})
+    main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"])
+    check = probe_ab(run)
+    assert check["status"] == "pass" and check["figures"]["head_equals_base"] is False
+    assert check["figures"]["decode_mean_abs_logprob_diff_growth"] == pytest.approx(1.2)
+
+
+def test_a_lost_base_probe_is_missing_not_passed(tmp_path):
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.01})
+    import shutil
+
+    shutil.rmtree(run / f"{FP8}--base" / "probe")
+    (run / f"{FP8}--base" / "status.json").write_text(json.dumps({"accuracy": {"status": "ok", "kv_cache": {
+        "element_bytes": [1], "layer_kv_cache_dtypes": ["fp8"], "tokens": 200_000}}}))
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    check = probe_ab(run)
+    assert check["status"] == "missing" and "the base FP8 cell's probe is not run" in check["detail"]
+
+
+def test_the_policy_states_its_limits_and_checks_them():
+    policy = policy_module.load()
+    limits = policy.probe_ab.limits("sm90")
+    assert limits is not None and limits.growth_max > 1 and 0 < limits.greedy_prefix_drop_max < 1
+    doc = {"growth_max": 0.5, "greedy_prefix_drop_max": 0.1}
+    import tomllib
+
+    text = (policy_module.default_policy_path()).read_text()
+    parsed = tomllib.loads(text)
+    parsed["probe_ab"] = doc
+    with pytest.raises(Exception, match="probe_ab"):
+        policy_module.parse(parsed)
