@@ -14,11 +14,28 @@ t0=$(date +%s)
 
 mapfile -t PIECES < <(awk '$2 ~ /^site\.tar\.xz\.p[0-9][0-9]$/ {print $2}' "$P/SHA256SUMS" | sort)
 [ "${#PIECES[@]}" -gt 0 ] || die "SHA256SUMS lists no pieces"
-LIMIT=$((48*1024*1024))
-for p in "${PIECES[@]}"; do
+# Per-piece limit = the piece size the bundle was split with: $PIECE_MIB if set, else the "# Piece size: N MiB"
+# line of pieces/MANIFEST.txt (build_pieces.sh writes it), else 48 MiB; never above 64 MiB (a device call carries
+# at most 64 MiB in all, working tree included).
+MAX_MIB=64
+if [ -z "${PIECE_MIB:-}" ] && [ -f "$P/MANIFEST.txt" ]; then
+  PIECE_MIB=$(sed -n 's/^# Piece size: \([0-9][0-9]*\) MiB.*/\1/p' "$P/MANIFEST.txt" | head -1)
+fi
+PIECE_MIB=${PIECE_MIB:-48}
+[[ "$PIECE_MIB" =~ ^[0-9]+$ ]] && [ "$PIECE_MIB" -ge 1 ] && [ "$PIECE_MIB" -le "$MAX_MIB" ] \
+  || die "piece size '$PIECE_MIB' MiB is not an integer in 1..$MAX_MIB"
+LIMIT=$((PIECE_MIB*1024*1024))
+last=$(( ${#PIECES[@]} - 1 ))
+for i in "${!PIECES[@]}"; do
+  p=${PIECES[$i]}
   [ -f "$P/$p" ] || die "missing piece $p"
-  s=$(stat -c %s "$P/$p"); [ "$s" -le "$LIMIT" ] || die "$p is $s bytes > 48 MiB"
+  s=$(stat -c %s "$P/$p"); [ "$s" -le "$LIMIT" ] || die "$p is $s bytes > $PIECE_MIB MiB"
+  # split -b gives equal full-size pieces and a last one no larger than them
+  [ "$i" -gt 0 ] || first=$s
+  if [ "$i" -lt "$last" ]; then [ "$s" -eq "$first" ] || die "$p is $s bytes, ${PIECES[0]} is $first: not one split -b run"
+  else [ "$s" -le "$first" ] || die "last piece $p ($s B) is larger than ${PIECES[0]} ($first B)"; fi
 done
+echo "verify_local: ${#PIECES[@]} pieces, each <= $PIECE_MIB MiB"
 ( cd "$P" && awk '$2 ~ /^site\.tar\.xz\.p[0-9][0-9]$/' SHA256SUMS | sha256sum -c --strict ) || die "piece checksum mismatch"
 want=$(awk '$2 == "site.tar.xz" {print $1}' "$P/SHA256SUMS")
 got=$(cd "$P" && cat "${PIECES[@]}" | sha256sum | cut -d' ' -f1)
