@@ -24,8 +24,12 @@ CANARIES = REPO_ROOT / "canaries"
 def test_the_shipped_canaries_are_well_formed_patches_of_the_package():
     canaries = {c.name: c for c in load_canaries(CANARIES)}
     assert set(canaries) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "silent-backend-handover",
-                             "fp8-decode-extra-work", "harmless-refactor"}
+                             "fp8-decode-extra-work", "harmless-refactor", "triton-mla-kv-scale-x05",
+                             "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless"}
+    assert {name for name, c in canaries.items() if c.vllm} == {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08",
+                                                                "triton-mla-kv-scale-x09", "triton-mla-harmless"}
     assert {name for name, c in canaries.items() if c.ci} >= {"fp8-scale-mismatch", "harmless-refactor"}
+    assert not any(c.ci for c in canaries.values() if c.vllm)  # CI has no GPU
     for canary in canaries.values():
         patches = parse_patch(canary.patch.read_text(), str(canary.patch))
         assert patches and all(classify(p) == "package" for patch in patches for p in patch.paths), canary.name
@@ -119,3 +123,14 @@ def test_the_ci_canaries_get_their_verdicts_on_the_real_engine(tmp_path, fp8_cpu
     assert scale["vllm_under_test"]["base"]["kind"] == "release"
     status = json.loads((tmp_path / "fp8-scale-mismatch" / "cpu_attn-fp8-cpu" / "status.json").read_text())
     assert Path(status["accuracy"]["vllm_file"]).is_relative_to(Path(scale["vllm_under_test"]["head"]["overlay"]))
+
+
+def test_gpu_canaries_are_said_to_need_their_gpu_and_vllm_up_front(capsys, tmp_path):
+    """On this CPU host `kvgate canaries --only` a GPU canary names what it needs and runs nothing."""
+    from kvgate.cli import main
+
+    assert main(["canaries", "--only", "triton-mla-kv-scale-x09", "--run-root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "kvgate canaries: triton-mla-kv-scale-x09: this host cannot run it: triton_mla-auto-sm90 needs sm90; " \
+           "this machine is cpu" in out
+    assert not any(tmp_path.iterdir())

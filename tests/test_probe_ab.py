@@ -20,7 +20,7 @@ FP8 = "flashmla-fp8-sm90"
 def ab_run(tmp_path: Path, *, head_fp8: dict, base_fp8: dict | None = None) -> Path:
     """FLASHMLA auto and fp8 on both sides, identical answers; the FP8 probes as given (write_probe's arguments)."""
     run = tmp_path / "run"
-    ref = paired_outcomes(1331, reference_correct=1000, only_reference=0, only_candidate=0, seed=1)[0]
+    ref = paired_outcomes(1619, reference_correct=1200, only_reference=0, only_candidate=0, seed=1)[0]
     probes = {("auto", "base"): {}, ("auto", "head"): {}, ("fp8", "base"): base_fp8 or {"decode_shift": 0.01},
               ("fp8", "head"): head_fp8}
     for (dtype, side), probe in probes.items():
@@ -44,7 +44,7 @@ def probe_ab(run: Path) -> dict:
 
 def test_head_identical_to_base_is_said_and_passes(tmp_path):
     run = ab_run(tmp_path, head_fp8={"decode_shift": 0.01})
-    main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"])
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 0
     check = probe_ab(run)
     assert check["status"] == "pass" and check["figures"]["head_equals_base"] is True
     assert check["detail"].startswith("head ≡ base: every probe logprob and token")
@@ -70,7 +70,7 @@ def test_a_shorter_greedy_prefix_fails(tmp_path):
 
 def test_a_small_move_within_the_limits_passes(tmp_path):
     run = ab_run(tmp_path, head_fp8={"decode_shift": 0.012})
-    main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"])
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 0
     check = probe_ab(run)
     assert check["status"] == "pass" and check["figures"]["head_equals_base"] is False
     assert check["figures"]["decode_mean_abs_logprob_diff_growth"] == pytest.approx(1.2)

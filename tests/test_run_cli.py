@@ -42,3 +42,49 @@ def test_cells_of_another_arch_are_skipped_with_the_reason(tmp_path, capsys, mon
     cell = json.loads((tmp_path / "run" / "flashinfer_mla-fp8-sm100" / "cell.json").read_text())
     assert (cell["backend"], cell["kv_cache_dtype"], cell["arch"], cell["task"]) == ("FLASHINFER_MLA", "fp8", "sm100", "gsm8k")
     assert "1 stage runs, 0 ok, 0 failed, 1 skipped" in capsys.readouterr().out
+
+
+def _earlier_run(folder, *, spec="release", sides=("head",), accuracy="ok", cells=("cpu_attn-auto-cpu",)):
+    """A results folder as an earlier `kvgate run` on this machine left it (run.json + each cell's status.json)."""
+    from kvgate.change.sides import prepare_sides
+
+    side = prepare_sides(spec, None)[0]
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"sides": list(sides), "vllm_under_test": {
+        name: side.vllm.as_record() for name in sides}}))
+    for cell in cells:
+        name = cell if "base" not in sides else f"{cell}--base"
+        (folder / name).mkdir()
+        (folder / name / "status.json").write_text(json.dumps({"accuracy": {"status": accuracy},
+                                                               "probe": {"status": "ok"}}))
+    return folder
+
+
+@pytest.mark.parametrize(("earlier", "error"), [
+    ({"spec": "patch:canaries/harmless-refactor.patch"},
+     "its head side ran 'patch:canaries/harmless-refactor.patch', not this run's --base-vllm ('release') with the "
+     "same changes in vllm_under_test.head. Reuse a run of the same vLLM, or run the base side again"),
+    ({"accuracy": "error"}, "its accuracy stage is not ok in accuracy. Reuse a run whose stages all passed, or run "
+                            "the base side again"),
+    ({"cells": ()}, "no readable status.json: cell cpu_attn-auto-cpu did not run there. Run the base side again "
+                    "(leave out --base-from)"),
+])
+def test_a_base_side_is_reused_only_when_it_ran_the_same_vllm_and_every_stage_passed(tmp_path, capsys, earlier,
+                                                                                      error, monkeypatch):
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[1])
+    base = _earlier_run(tmp_path / "base", **earlier)
+    argv = ["run", "accuracy", "--run-dir", str(tmp_path / "x"), "--cell", "cpu_attn-auto-cpu", "--vllm",
+            "patch:canaries/harmless-refactor.patch", "--base-vllm", "release", "--base-from", str(base)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith(error)
+    assert not (tmp_path / "x").exists()
+
+
+def test_base_from_needs_an_ab_run_and_no_throughput(tmp_path, capsys):
+    base = _earlier_run(tmp_path / "base")
+    assert main(["run", "accuracy", "--run-dir", str(tmp_path / "x"), "--cell", "cpu_attn-auto-cpu",
+                 "--base-from", str(base)]) == 2
+    assert capsys.readouterr().err.strip() == "ERROR --base-from: reuses the base side of an A/B run. Pass --base-vllm too"
+    assert main(["run", "throughput", "--run-dir", str(tmp_path / "x"), "--cell", "cpu_attn-auto-cpu", "--vllm",
+                 "release", "--base-vllm", "release", "--base-from", str(base)]) == 2
+    assert "throughput compares the two sides run by turns" in capsys.readouterr().err

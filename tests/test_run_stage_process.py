@@ -62,3 +62,31 @@ def _alive(pid: int) -> bool:
             return handle.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_engine_starts_take_turns_through_the_lock(tmp_path, monkeypatch):
+    """KVGATE_ENGINE_START_LOCK: a second engine start waits until the first one is up (two processes here, so the
+    flock is the real one), and nothing is held when it is unset."""
+    import subprocess
+    import sys
+    import time
+
+    from kvgate.runners.stages import eval_process
+
+    lock = tmp_path / "start.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time\n"
+        f"h = open({str(lock)!r}, 'a+'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1.5)")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    monkeypatch.setenv(eval_process.ENGINE_START_LOCK_ENV, str(lock))
+    began = time.monotonic()
+    with eval_process.engine_start_lock():
+        waited = time.monotonic() - began
+    holder.wait(timeout=10)
+    holder.stdout.close()
+    assert waited >= 1.0
+    monkeypatch.delenv(eval_process.ENGINE_START_LOCK_ENV)
+    began = time.monotonic()
+    with eval_process.engine_start_lock():
+        assert time.monotonic() - began < 0.5

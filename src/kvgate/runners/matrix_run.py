@@ -342,9 +342,9 @@ def _local_task_folder(run_dir: Path, questions: int) -> Path:
     """The run's copy of kvgate's local gsm8k task, its test split the first `questions` of the held-out pool (at
     least its 240 test questions; a folder an earlier invocation wrote with enough questions is kept, since every
     size is a prefix of the same order)."""
-    from kvgate.workloads.gsm8k_local import test_questions, write_task
-
     import fcntl
+
+    from kvgate.workloads.gsm8k_local import test_questions, write_task
 
     folder = run_dir / ".kvgate-tasks"
     with open(run_dir / ".kvgate-tasks.lock", "a+") as lock:  # invocations into one folder at once: one writes
