@@ -36,7 +36,15 @@ def test_outside_a_checkout_the_missing_matrix_is_one_line_with_the_way_out(tmp_
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr.splitlines() == [
-        "ERROR matrix: no kvgate matrix here (it holds axes.toml, backends.toml, exclusions.toml, waivers.toml, "
-        "workloads.toml). kvgate looks in --matrix-dir, then $KVGATE_MATRIX_DIR, then the checkout it runs from, "
-        "then ./matrix: pass --matrix-dir DIR or set KVGATE_MATRIX_DIR to a kvgate checkout's matrix/ folder"]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ERROR ") and lines[0].endswith(
+        "no kvgate matrix here (it holds axes.toml, backends.toml, exclusions.toml, waivers.toml, "
+        "workloads.toml). kvgate looks in --matrix-dir, then $KVGATE_MATRIX_DIR, then the checkout it runs from "
+        "(never the current directory): pass --matrix-dir DIR or set KVGATE_MATRIX_DIR to a kvgate checkout's "
+        "matrix/ folder")
+    # a matrix (and policy) in the folder a command runs in is never read: a results folder or a PR's checkout
+    # cannot bring its own rules
+    subprocess.run(["cp", "-r", str(SRC.parent / "matrix"), str(work / "matrix")], check=True)
+    again = subprocess.run([sys.executable, "-m", "kvgate", "gate", "some-run"], cwd=work, env=env,
+                           capture_output=True, text=True, check=False)
+    assert (again.returncode, again.stderr) == (2, done.stderr)

@@ -159,6 +159,17 @@ def _rename(table: str, old: str, new: str):
 
 
 BAD_POLICIES = {
+    "a contract newer than this kvgate reads": (
+        _set("results", "oldest_contract", value="1.9"),
+        ['matrix/policy.toml: expected a contract version from "1.0" to "1.6" (a string), got the string \'1.9\' in '
+         'results.oldest_contract']),
+    "probe_ab growth below 1": (
+        _set("probe_ab", "growth_max", value=0.5),
+        ["matrix/policy.toml: expected a number >= 1 and <= 1000, got the number 0.5 in probe_ab.growth_max"]),
+    "design flips of a kind the gate does not have": (
+        _set("accuracy", "design_flips_by_model", value={"kvgate:tiny-llama": {"fp8": 0.03, "source": "x"}}),
+        ["matrix/policy.toml: unknown key 'fp8' in accuracy.design_flips_by_model.kvgate:tiny-llama. Known: "
+         "baseline_accuracy, fp8_accuracy, source"]),
     "misspelt key": (
         _rename("accuracy", "fp8_tax_points", "fp8_tax_point"),
         ["matrix/policy.toml: unknown key 'fp8_tax_point' in accuracy. Did you mean fp8_tax_points?",

@@ -88,3 +88,17 @@ def test_base_from_needs_an_ab_run_and_no_throughput(tmp_path, capsys):
     assert main(["run", "throughput", "--run-dir", str(tmp_path / "x"), "--cell", "cpu_attn-auto-cpu", "--vllm",
                  "release", "--base-vllm", "release", "--base-from", str(base)]) == 2
     assert "throughput compares the two sides run by turns" in capsys.readouterr().err
+
+
+def test_a_base_side_that_stopped_early_is_not_reused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[1])
+    base = _earlier_run(tmp_path / "base")
+    status = base / "cpu_attn-auto-cpu" / "status.json"
+    status.write_text(json.dumps({"accuracy": {"status": "ok", "question_plan": {
+        "design": "kvgate-gs/1", "questions": 1331, "looks": [333, 666, 999, 1331], "answered": 333}},
+        "probe": {"status": "ok"}}))
+    assert main(["run", "accuracy", "--run-dir", str(tmp_path / "x"), "--cell", "cpu_attn-auto-cpu", "--vllm",
+                 "patch:canaries/harmless-refactor.patch", "--base-vllm", "release", "--base-from", str(base)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "cell cpu_attn-auto-cpu stopped after 333 of 1331 questions in accuracy.question_plan. A base side answers "
+        "them all: make it with `kvgate run ... --powered`")

@@ -55,3 +55,14 @@ def test_fresh_log_keeps_the_previous_runs_log(tmp_path):
     second = fresh_log(tmp_path, "accuracy")
     assert second == first and second.read_text() == ""
     assert (tmp_path / "logs" / "accuracy.previous.log").read_text() == "run 1\n"
+
+
+def test_the_accuracy_headline_says_when_a_cell_stopped_at_a_look():
+    from kvgate.runners.stages.accuracy import accuracy_headline
+
+    figures = {"strict_match": 0.8138, "flexible_extract": 0.8138, "questions": 333}
+    assert accuracy_headline(figures) == "gsm8k strict 0.814 flexible 0.814 (n=333)"
+    plan = {"design": "kvgate-gs/1", "questions": 1331, "looks": [333, 666, 999, 1331], "answered": 333,
+            "questions_saved": 998, "seconds_saved_estimate": 26.3}
+    assert accuracy_headline(figures, plan) == ("gsm8k strict 0.814 flexible 0.814 (n=333 of 1331: decided at a "
+                                                "look, 998 questions (~26 s) saved)")

@@ -26,6 +26,8 @@ export PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src PYTHONUNBUFFERED=1 KVG
 export OMP_NUM_THREADS=2 FLASHINFER_WORKSPACE_BASE=$H/flashinfer TOKENIZERS_PARALLELISM=false
 export KVGATE_ENGINE_START_LOCK=$H/engine-start.lock
 mkdir -p "$H/logs" "$H/ab" "$M" "$FLASHINFER_WORKSPACE_BASE"
+# shellcheck source=../wait_for_pids.sh
+. "$(dirname "$0")/../wait_for_pids.sh"
 
 cells_of() {  # BACKEND -> --cell flags of its auto and fp8 cells on sm90
   local b; b=$(echo "$1" | tr 'A-Z' 'a-z')
@@ -60,12 +62,7 @@ base)
   done ;;
 heads)
   b=$2; shift 2
-  for _ in $(seq 120); do  # the base side first: --base-from checks that it is complete
-    alive=0
-    for pid in $(cat "$H/pids-base-$b" 2>/dev/null); do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ "$alive" -eq 0 ] && break
-    sleep 5
-  done
+  wait_for_pids "$H/pids-base-$b" 600  # the base side first: --base-from checks that it is complete
   for name in "$@"; do
     case "$name" in aa*) spec=release ;; *) spec="patch:$(patch_of "$name")" ;; esac
     # shellcheck disable=SC2046
@@ -74,19 +71,14 @@ heads)
     echo "$!" >> "$H/pids"; echo "started $b-$name: --vllm $spec (pid $!)"
   done ;;
 wait)
-  deadline=$(( $(date +%s) + ${2:-300} ))
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    alive=0
-    for pid in $(cat "$H/pids" 2>/dev/null); do kill -0 "$pid" 2>/dev/null && alive=$((alive + 1)); done
-    [ "$alive" -eq 0 ] && break
-    sleep 5
-  done
+  wait_for_pids "$H/pids" "${2:-300}"
   echo "alive: $alive at $(date -u +%H:%M:%S)"
   for log in "$H"/logs/*.log; do echo "== $(basename "$log")"; grep -E "^kvgate: (\[|look at|engine start lock)" "$log" | tail -8; done ;;
 gate)
   for dir in "$H"/ab/*/; do
     python3 -m kvgate gate "$dir" --require-baseline --matrix-dir "$M" > "$dir/gate.out" 2>&1
-    echo "$(basename "$dir"): exit $? $(head -1 "$dir/gate.out")"
+    rc=$?
+    echo "$(basename "$dir"): exit $rc $(head -1 "$dir/gate.out")"
   done
   python3 benchmarks/h200_canaries/table.py "$H" | tee "${OUT:-$H}/table.md"
   tar cf - -C "$H" --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' ab $(cd "$H" && ls -d base-* 2>/dev/null) \

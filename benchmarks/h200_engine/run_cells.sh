@@ -75,13 +75,9 @@ install-mla)
   sha256sum "$H/deepseek.tar.xz" | tee "$OUT/deepseek.sha256"
   echo "installed the trained tiny-deepseek-v2 into $dest" ;;
 wait)
-  deadline=$(( $(date +%s) + ${2:-300} ))
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    alive=0
-    for pid in $(cat "$H/pids" 2>/dev/null); do kill -0 "$pid" 2>/dev/null && alive=$((alive + 1)); done
-    [ "$alive" -eq 0 ] && break
-    sleep 10
-  done
+  # shellcheck source=../wait_for_pids.sh
+  . "$(dirname "$0")/../wait_for_pids.sh"
+  wait_for_pids "$H/pids" "${2:-300}" 10
   echo "groups still running: $alive"
   progress ;;
 gate)

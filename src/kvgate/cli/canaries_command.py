@@ -4,7 +4,8 @@
 
 A canary (canaries/canaries.toml) is a small patch to the release's Python sources with the verdict kvgate must
 give it. Each runs through the real flow, `kvgate run cell ... --vllm patch:<it> --base-vllm release` then
-`kvgate gate --require-baseline`, and the table says whether the expected checks failed (or passed).
+`kvgate gate --require-baseline`, and the table says whether the expected checks failed (or passed). The base side
+(the release) runs once per set of cells and is reused by every canary of those cells (`--base-from`).
 Exit status 0 when every canary got its verdict, 1 otherwise, 2 for a malformed canaries file.
 """
 
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     for name, reason in cannot.items():
         print(f"kvgate canaries: {name}: this host cannot run it: {reason}", flush=True)
     rows = []
+    bases: dict[tuple, Path | None] = {}  # (cells, stages) -> the base side those canaries share
     for canary in selected:
         if canary.name in cannot:
             rows.append((canary.name, canary.expect, "-", "not run here", cannot[canary.name]))
@@ -139,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
                 "--timeout", f"{args.timeout:g}"]
         for cell in canary.cells:
             argv += ["--cell", cell]
+        base = shared_base(canary, root, bases, args.timeout)
+        if base is not None:
+            argv += ["--base-from", str(base)]
         print(f"kvgate canaries: {canary.name}: {canary.what}", flush=True)
         subprocess.run(argv, check=False)
         gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run_dir), "--require-baseline"],
@@ -155,6 +160,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate canaries: {len(cannot)} of {len(rows)} canaries could not run on this host (above); they run "
               "on a host that has what their cells need (`kvgate matrix` shows each cell's runner label)")
     return EXIT_OK if ran and all(r[3] == "yes" for r in ran) else EXIT_FAILED
+
+
+def shared_base(canary: Canary, root: Path, bases: dict[tuple, Path | None], timeout: float) -> Path | None:
+    """The release's run of the canary's cells, made once and reused as the base side of every canary with the same
+    cells and stages (`kvgate run --base-from`; throughput runs its sides by turns, so it is never shared). None:
+    the canary runs its own base side (throughput, or the shared run did not pass every stage)."""
+    if "throughput" in canary.stages:
+        return None
+    key = (tuple(sorted(canary.cells)), tuple(canary.stages))
+    if key not in bases:
+        folder = root / f"base-{len(bases) + 1}"
+        argv = [sys.executable, "-m", "kvgate", "run", "cell", "--run-dir", str(folder), "--stages",
+                ",".join(canary.stages), "--vllm", "release", "--powered", "--timeout", f"{timeout:g}"]
+        for cell in canary.cells:
+            argv += ["--cell", cell]
+        print(f"kvgate canaries: the release's run of {', '.join(canary.cells)}, the base side of every canary of "
+              f"these cells", flush=True)
+        done = subprocess.run(argv, check=False)
+        bases[key] = folder if done.returncode == 0 else None
+    return bases[key]
 
 
 def cannot_run_here(canaries: Sequence[Canary]) -> dict[str, str]:

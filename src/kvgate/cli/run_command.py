@@ -42,9 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", default=None,
                         help="for `run cell`: comma-separated, of kernels,accuracy,throughput (default: all)")
     parser.add_argument("--powered", action="store_true",
-                        help="draw the policy's questions for a comparison with a stored baseline even with no base "
-                             "side (what `kvgate gate --require-baseline` needs); an A/B run and every GPU cell "
-                             "always do")
+                        help="a reference run (a baseline, the base side --base-from reuses): every cell answers "
+                             "the policy's questions for a comparison in full, with no base side too, and none "
+                             "stops early")
     parser.add_argument("--base-from", type=Path, default=None, metavar="RUN_DIR",
                         help="an A/B run: reuse the base side of this earlier A/B run on this machine (same "
                              "--base-vllm, every stage ok) instead of running it again; accuracy and kernels only")
@@ -127,10 +127,11 @@ def run(args: argparse.Namespace) -> int:
 
     from kvgate.runners.matrix_run import RunOptions, run_cells
 
-    designs = accuracy_designs(cells, args.matrix_dir, ab=len(sides) > 1 or args.powered,
-                               passthrough=passthrough) if "accuracy" in stages else {}
+    designs, questions_note = accuracy_designs(cells, args.matrix_dir, ab=len(sides) > 1 or args.powered,
+                                               passthrough=passthrough) if "accuracy" in stages else ({}, None)
     options = RunOptions(run_dir=args.run_dir, stages=stages, passthrough=passthrough, sides=sides,
-                         timeout=args.timeout, designs=designs, base_from=base_from,
+                         timeout=args.timeout, designs=designs, questions_note=questions_note,
+                         base_from=base_from, stop_early=not args.powered,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
                          matrix_dir=args.matrix_dir, local_arch=local_arch, host=plan)
     status, _ = run_cells(cells, options)
@@ -141,20 +142,20 @@ def run(args: argparse.Namespace) -> int:
 USER_SAMPLING_FLAGS = ("--limit", "--samples")
 
 
-def accuracy_designs(cells, matrix_dir: Path | None, *, ab: bool, passthrough: list[str]) -> dict:
-    """cell id -> the questions its accuracy stage answers and where it may stop: the policy's plan
-    (kvgate.gate.question_plan) from the matrix folder's policy, never the results folder's. Empty when the caller
-    chose the questions itself (`-- --limit N`): the gate then states the power those have."""
+def accuracy_designs(cells, matrix_dir: Path | None, *, ab: bool, passthrough: list[str]) -> tuple[dict, str | None]:
+    """(cell id -> the questions its accuracy stage answers and where it may stop: the policy's plan
+    (kvgate.gate.question_plan) from the matrix folder's policy, never the results folder's; a note for the run). When
+    the caller chose the questions itself (`-- --limit N`) no cell has a plan and the note says so (the gate then
+    states the power those questions give)."""
     from kvgate.gate import policy as policy_module
     from kvgate.gate import question_plan
     from kvgate.matrix.cells import load as load_matrix
     from kvgate.runners.stages.looks import Design
 
     chosen = [flag for flag in passthrough if flag.split("=", 1)[0] in USER_SAMPLING_FLAGS]
-    if chosen:
-        print(f"kvgate: {chosen[0].split('=', 1)[0]} given: the accuracy stage answers the questions asked, not the "
-              "policy's plan (the gate states the power they give)", flush=True)
-        return {}
+    if chosen:  # said by the run, after what the host cannot run (kvgate.runners.matrix_run)
+        return {}, (f"{chosen[0].split('=', 1)[0]} given: the accuracy stage answers the questions asked, not the "
+                    "policy's plan (the gate states the power they give)")
     matrix_dir = Path(matrix_dir) if matrix_dir is not None else None
     policy = policy_module.load(matrix_dir / policy_module.POLICY_FILE if matrix_dir else None,
                                 matrix=load_matrix(matrix_dir))
@@ -169,4 +170,4 @@ def accuracy_designs(cells, matrix_dir: Path | None, *, ab: bool, passthrough: l
             margins={"fp8_accuracy": policy.fp8_tax_points(cell.model),
                      "baseline_accuracy": acc.baseline_margin_points},
             reason=plan.reason)
-    return designs
+    return designs, None

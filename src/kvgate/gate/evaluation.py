@@ -68,7 +68,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     pending: list[Pending] = []
     if baseline is None:
         checks.append(no_baseline_check(require_baseline))
-    checks += contract_checks(run, baseline, require_baseline)
+    checks += contract_checks(run, baseline, require_baseline, policy.oldest_contract)
     for cell in run.cells:
         required = required_stages(cell.identity.id, require, planned_stages or {})
         unplanned = (not_planned or {}).get(cell.identity.id, {})
@@ -179,14 +179,11 @@ def planned_out_checks(run: RunResults, planned_out: Sequence[tuple[str, str]], 
     return out
 
 
-# Results written before this contract cannot show that every planned stage ran and that every comparison had the
-# policy's questions (run.json planned_stages, status.json accuracy.question_plan): under --require-baseline they
-# fail, so relabelling a folder as an older contract cannot buy a green check.
-REQUIRED_CONTRACT = (1, 6)
-
-
-def contract_checks(run: RunResults, baseline: RunResults | None, required: bool) -> list[Check]:
-    """One check per results folder older than REQUIRED_CONTRACT: failing under require_baseline, else a note."""
+def contract_checks(run: RunResults, baseline: RunResults | None, required: bool,
+                    oldest: tuple[int, int] = (1, 6)) -> list[Check]:
+    """One check per results folder older than the policy's oldest contract (results/oldest_contract: 1.6, the
+    first that shows every planned stage ran and every comparison had the policy's questions): failing under
+    require_baseline, so relabelling a folder as an older contract cannot buy a green check; else a note."""
     out = []
     for results in (run, baseline):
         if results is None:
@@ -195,10 +192,10 @@ def contract_checks(run: RunResults, baseline: RunResults | None, required: bool
         for cell in results.cells:
             declared = cell.extra.get("contract_version", results.run_info.get("contract_version"))
             versions[cell.folder] = (1, 0) if declared is None else contract_version_tuple(declared)
-        old = sorted(folder for folder, version in versions.items() if version is None or version < REQUIRED_CONTRACT)
+        old = sorted(folder for folder, version in versions.items() if version is None or version < oldest)
         if not old:
             continue
-        need = ".".join(map(str, REQUIRED_CONTRACT))
+        need = ".".join(map(str, oldest))
         shown = ", ".join(old[:3]) + (f" (+{len(old) - 3} more)" if len(old) > 3 else "")
         what = (f"{len(old)} cell folder(s) of {results.folder} predate results contract {need} ({shown}): they "
                 "cannot show that every planned stage ran or that the comparisons had the policy's questions")
@@ -253,6 +250,7 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
             "accuracy_floors": [{"workload": f.workload, "model": f.model, "expected": dict(f.expected),
                                  "rtol": f.rtol} for f in policy.floors],
             "kernels_min_executed_tests": policy.kernels.min_executed_tests,
+            "oldest_contract": ".".join(map(str, policy.oldest_contract)),
             "probe_ab": {arch: {"growth_max": limits.growth_max,
                                 "greedy_prefix_drop_max": limits.greedy_prefix_drop_max, "source": limits.source}
                          for arch, limits in ([("default", policy.probe_ab.default)] if policy.probe_ab.default

@@ -202,6 +202,8 @@ class Policy:
     floors: tuple[AccuracyFloor, ...] = ()  # from the matrix's workloads
     kv_cache: KvCachePolicy = field(default_factory=KvCachePolicy)
     probe_ab: ProbeAbPolicy = field(default_factory=ProbeAbPolicy)
+    # the oldest results contract judged under --require-baseline ([results] oldest_contract)
+    oldest_contract: tuple[int, int] = (1, 6)
 
     def fp8_tax_points(self, model: str) -> float:
         """The allowed FP8-vs-auto accuracy drop (points) for this model."""
@@ -226,7 +228,7 @@ def load(path: Path | None = None, *, matrix: Matrix | None = None) -> Policy:
 
 
 TOP_KEYS = ("accuracy", "throughput", "probe", "kernels")
-TOP_OPTIONAL = ("kv_cache", "probe_ab")
+TOP_OPTIONAL = ("kv_cache", "probe_ab", "results")
 PROBE_AB_KEYS = ("growth_max", "greedy_prefix_drop_max", "source")
 KV_CACHE_OPTIONAL = ("fp8_min_token_ratio",)
 ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "primary_filter", "filters",
@@ -251,12 +253,13 @@ def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix:
     kernels = _parse_kernels(reader, doc["kernels"])
     kv_cache = _parse_kv_cache(reader, doc.get("kv_cache", {}))
     probe_ab = _parse_probe_ab(reader, doc["probe_ab"], matrix) if "probe_ab" in doc else ProbeAbPolicy()
+    oldest = _parse_results(reader, doc["results"]) if "results" in doc else (1, 6)
     floors = _floors(reader, matrix, accuracy)
     if reader.problems:
         raise InputErrors(reader.problems)
     assert accuracy and throughput and probe and kernels
     return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source,
-                  floors=floors, kv_cache=kv_cache, probe_ab=probe_ab)
+                  floors=floors, kv_cache=kv_cache, probe_ab=probe_ab, oldest_contract=oldest)
 
 
 def _floors(reader: TomlReader, matrix: Matrix | None, accuracy: AccuracyPolicy | None) -> tuple[AccuracyFloor, ...]:
@@ -525,6 +528,22 @@ def _parse_kernels(reader: TomlReader, table: Any) -> KernelsPolicy | None:
         return None
     return KernelsPolicy(min_executed_tests=_count(reader, table, "min_executed_tests", "kernels", low=1,
                                                    high=math.inf))
+
+
+def _parse_results(reader: TomlReader, table: Any) -> tuple[int, int]:
+    """[results] oldest_contract = "MAJOR.MINOR": results of an older contract fail under --require-baseline."""
+    from kvgate.results.records import CONTRACT_VERSION, contract_version_tuple
+
+    if not reader.keys(table, "results", ["oldest_contract"]):
+        return (1, 6)
+    value = table["oldest_contract"]
+    parsed = contract_version_tuple(value) if isinstance(value, str) else None
+    newest = contract_version_tuple(CONTRACT_VERSION)
+    if parsed is None or newest is None or parsed > newest or parsed < (1, 0):
+        reader.error(f"expected a contract version from \"1.0\" to \"{CONTRACT_VERSION}\" (a string), got "
+                     f"{describe_value(value)}", "results.oldest_contract")
+        return (1, 6)
+    return parsed
 
 
 def _parse_probe_ab(reader: TomlReader, table: Any, matrix: Matrix | None) -> ProbeAbPolicy:

@@ -48,13 +48,12 @@ MATRIX_DIR_ENV = "KVGATE_MATRIX_DIR"
 
 
 def default_matrix_dir() -> Path:
-    """$KVGATE_MATRIX_DIR, else the checkout's matrix/ (editable install), else ./matrix."""
+    """$KVGATE_MATRIX_DIR, else the matrix/ of the checkout kvgate runs from. Never the current directory: a results
+    folder or a PR's checkout that a command happens to run in must not bring its own matrix or policy (pass
+    --matrix-dir to choose one)."""
     if os.environ.get(MATRIX_DIR_ENV):
         return Path(os.environ[MATRIX_DIR_ENV])
-    checkout = Path(__file__).resolve().parents[3] / "matrix"
-    if (checkout / MATRIX_FILES[0]).exists():
-        return checkout
-    return Path.cwd() / "matrix"
+    return Path(__file__).resolve().parents[3] / "matrix"
 
 
 def load(folder: Path | None = None) -> Matrix:
@@ -62,9 +61,9 @@ def load(folder: Path | None = None) -> Matrix:
     folder = folder or default_matrix_dir()
     if not any((folder / name).is_file() for name in MATRIX_FILES):
         raise InputError(shown_path(folder), f"no kvgate matrix here (it holds {', '.join(MATRIX_FILES)})",
-                         hint=f"kvgate looks in --matrix-dir, then ${MATRIX_DIR_ENV}, then the checkout it runs from, "
-                              f"then ./matrix: pass --matrix-dir DIR or set {MATRIX_DIR_ENV} to a kvgate checkout's "
-                              f"matrix/ folder")
+                         hint=f"kvgate looks in --matrix-dir, then ${MATRIX_DIR_ENV}, then the checkout it runs from "
+                              f"(never the current directory): pass --matrix-dir DIR or set {MATRIX_DIR_ENV} to a "
+                              f"kvgate checkout's matrix/ folder")
     documents: dict[str, dict[str, Any]] = {}
     problems = []
     for name in MATRIX_FILES:

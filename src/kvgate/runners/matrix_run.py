@@ -59,7 +59,9 @@ class RunOptions:
     sides: Sequence[Side] = (Side(name=HEAD, vllm=None),)  # [head], or [base, head] for an A/B run
     host: HostPlan | None = None  # which selected cells this host cannot run (kvgate.runners.environment.cpu); None: all run
     designs: Mapping[str, Design] = field(default_factory=dict)  # cell id -> its accuracy questions (the policy's)
+    questions_note: str | None = None  # why no cell has the policy's questions (the caller chose them: --limit)
     base_from: tuple[Path, str] | None = None  # an earlier run's folder and side reused as the base (check_base_from)
+    stop_early: bool = True  # False: a reference run (--powered), every cell answers its design's questions in full
     environ: dict[str, str] | None = None  # default os.environ
 
 
@@ -105,6 +107,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     for side in sides:
         if side.vllm is not None:
             options.say(f"kvgate: {side.name}: {side.vllm.short()}")
+    if options.questions_note:
+        options.say(f"kvgate: {options.questions_note}")
     for cell in cells:
         design = options.designs.get(cell.id)
         if design is not None and "accuracy" in stage_plan[cell.id][0]:
@@ -146,7 +150,7 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                         ctx = _for_stage(part.ctx, stage, options)
                         if stage == "accuracy":
                             ctx = replace(ctx, looks_plan=looks_plan(cell, part.side, cells, sides, ctx.design,
-                                                                     answered))
+                                                                     answered) if options.stop_early else None)
                         stage_outcomes = _guarded([part], stage, _run_stage, stage, ctx, part.setup_error, cell,
                                                   part.cell_dir)
                         if stage == "accuracy" and stage_outcomes and stage_outcomes[0].status == "ok":
@@ -211,6 +215,11 @@ def check_base_from(folder: Path, cells: Sequence[Cell], stages: Sequence[str], 
             if not isinstance(entry, dict) or entry.get("status") != "ok":
                 raise InputError(str(cell_dir / "status.json"), f"its {stage} stage is not ok", stage,
                                  "Reuse a run whose stages all passed, or run the base side again")
+        plan = (status.get("accuracy") or {}).get("question_plan") if "accuracy" in stages else None
+        if isinstance(plan, dict) and plan.get("answered") != plan.get("questions"):
+            raise InputError(str(cell_dir / "status.json"), f"cell {cell.id} stopped after {plan.get('answered')} of "
+                             f"{plan.get('questions')} questions", "accuracy.question_plan",
+                             "A base side answers them all: make it with `kvgate run ... --powered`")
     return folder, source_side
 
 

@@ -96,7 +96,7 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             figures = accuracy_figures(cell_dir / "accuracy", str(cell.workload.gsm8k["task"]))
             cell_folder.write_status(cell_dir, "accuracy", "ok", **extra, **figures)
             outcomes.append(StageOutcome(cell_id=ctx.label, stage="accuracy", status="ok", elapsed=elapsed,
-                                         headline=accuracy_headline(figures)))
+                                         headline=accuracy_headline(figures, extra.get("question_plan"))))
         else:
             cell_folder.write_status(cell_dir, "accuracy", status, reason, result.log_tail, **extra)
             outcomes.append(StageOutcome(cell_id=ctx.label, stage="accuracy", status=status, elapsed=elapsed,
@@ -192,12 +192,17 @@ def accuracy_figures(accuracy_dir: Path, task: str) -> dict[str, Any]:
     return figures
 
 
-def accuracy_headline(figures: dict[str, Any]) -> str:
+def accuracy_headline(figures: dict[str, Any], plan: dict[str, Any] | None = None) -> str:
     def fmt(key: str) -> str:
         value = figures.get(key)
         return f"{value:.3f}" if isinstance(value, (int, float)) else "?"
 
-    return f"gsm8k strict {fmt('strict_match')} flexible {fmt('flexible_extract')} (n={figures.get('questions', '?')})"
+    n = f"n={figures.get('questions', '?')}"
+    if isinstance(plan, dict) and plan.get("questions_saved"):
+        saved = plan.get("seconds_saved_estimate")
+        n += (f" of {plan.get('questions')}: decided at a look, {plan['questions_saved']} questions"
+              + (f" (~{saved:.0f} s)" if isinstance(saved, (int, float)) else "") + " saved")
+    return f"gsm8k strict {fmt('strict_match')} flexible {fmt('flexible_extract')} ({n})"
 
 
 def _read_report(path: Path) -> dict:
