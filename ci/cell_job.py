@@ -8,9 +8,12 @@ worker per GPU) is, in order: the repository variable (passed as $KVGATE_KERNEL_
 runner's own environment (its .env file), else the number of GPUs nvidia-smi lists when there are several.
 
 A/B against a vLLM change (kvgate-vllm.yml): with $KVGATE_VLLM_HEAD and $KVGATE_VLLM_BASE (the two git checkouts of
-the vLLM pull request) every session runs `-- --vllm source:HEAD@REV --base-vllm source:BASE@REV`, REV being
-$KVGATE_VLLM_OVERLAY_BASE (the commit both sides' Python changes are counted from, over the matching release's
-compiled parts). Both sides of the cell then run on this machine into one results folder.
+the vLLM pull request) every session runs `-- --vllm SPEC --base-vllm SPEC`, each side's SPEC being, in order:
+`wheel:$KVGATE_VLLM_HEAD_WHEEL` / `wheel:$KVGATE_VLLM_BASE_WHEEL` (vLLM's per-commit wheel of that side, which the
+workflow downloads where vLLM published one: the side's own compiled kernels), else `source:CHECKOUT@REV`, REV being
+$KVGATE_VLLM_OVERLAY_BASE (the commit the side's Python changes are counted from, over the installed release's
+compiled parts; kvgate refuses it unless REV and the release hold the same compiled sources). Both sides of the cell
+then run on this machine into one results folder; run.json's vllm_under_test says which each side ran and why.
 
 A `cell(<id>)` session skips (exit 0) on a machine of another arch; here that is a failure: the runner's
 label promised the cell's GPU. Every session runs even when one fails, so the artifact holds what there is;
@@ -60,7 +63,8 @@ _REV = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 
 def vllm_arguments(environ: dict[str, str]) -> list[str]:
-    """`--vllm source:HEAD@REV --base-vllm source:BASE@REV` for an A/B run of a vLLM change; [] otherwise."""
+    """`--vllm SPEC --base-vllm SPEC` for an A/B run of a vLLM change (a side's per-commit wheel where the workflow
+    found one, else its checkout's Python over the release: source:CHECKOUT@REV); [] otherwise."""
     head, base = environ.get("KVGATE_VLLM_HEAD", ""), environ.get("KVGATE_VLLM_BASE", "")
     if not head and not base:
         return []
@@ -74,7 +78,13 @@ def vllm_arguments(environ: dict[str, str]) -> list[str]:
     for name, value in (("KVGATE_VLLM_HEAD", head), ("KVGATE_VLLM_BASE", base)):
         if "@" in value or not Path(value).is_absolute():
             raise CellJobError(f"${name}: {value[:80]!r} must be an absolute path without '@'")
-        specs.append(f"source:{value}@{rev}")
+        wheel = environ.get(f"{name}_WHEEL", "")
+        if wheel:
+            if not Path(wheel).is_absolute() or not wheel.endswith(".whl"):
+                raise CellJobError(f"${name}_WHEEL: {wheel[:80]!r} must be the absolute path of a .whl file")
+            specs.append(f"wheel:{wheel}")
+        else:
+            specs.append(f"source:{value}@{rev}")
     return ["--vllm", specs[0], "--base-vllm", specs[1]]
 
 

@@ -363,6 +363,19 @@ def test_an_ab_cell_job_runs_head_against_base_from_one_revision():
     assert cell_job.vllm_arguments({}) == []
 
 
+def test_a_sides_per_commit_wheel_is_preferred_to_an_overlay():
+    env = {"KVGATE_VLLM_HEAD": "/w/vllm-head", "KVGATE_VLLM_BASE": "/w/vllm-base", "KVGATE_VLLM_OVERLAY_BASE": "a" * 40,
+           "KVGATE_VLLM_BASE_WHEEL": "/t/base/vllm-0.27.0.dev12+gaaaa-cp38-abi3-manylinux1_x86_64.whl"}
+    assert cell_job.vllm_arguments(env) == [
+        "--vllm", f"source:/w/vllm-head@{'a' * 40}",
+        "--base-vllm", "wheel:/t/base/vllm-0.27.0.dev12+gaaaa-cp38-abi3-manylinux1_x86_64.whl"]
+    env["KVGATE_VLLM_HEAD_WHEEL"] = "/t/head/vllm-0.27.0.dev13+gbbbb-cp38-abi3-manylinux1_x86_64.whl"
+    assert cell_job.vllm_arguments(env)[:2] == ["--vllm", f"wheel:{env['KVGATE_VLLM_HEAD_WHEEL']}"]
+    env["KVGATE_VLLM_HEAD_WHEEL"] = "relative.whl"
+    with pytest.raises(cell_job.CellJobError, match=r"KVGATE_VLLM_HEAD_WHEEL: 'relative.whl' must be the absolute"):
+        cell_job.vllm_arguments(env)
+
+
 @pytest.mark.parametrize(("environ", "message"), [
     ({"KVGATE_VLLM_HEAD": "/w/h"}, "$KVGATE_VLLM_HEAD and $KVGATE_VLLM_BASE: set both (the vLLM checkouts of head "
                                    "and base), or neither"),

@@ -161,6 +161,54 @@ def test_a_source_checkout_without_the_release_tag_asks_for_a_base(tmp_path, rel
     assert prepare(parse_spec(f"source:{checkout}@{first}"), release, tmp_path / "overlays").kind == "source"
 
 
+def _merge_base_then_change(checkout: Path, base_edit: tuple[str, str]) -> str:
+    """A merge-base commit after the release tag (base_edit: one file it changes), then the change on top."""
+    path, text = base_edit
+    (checkout / path).write_text(text)
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-qm", "main moves on")
+    base = git(checkout, "rev-parse", "HEAD").strip()
+    (checkout / CPU_ATTN).write_text(ORIGINAL.replace("def read", "def read_back"))
+    git(checkout, "commit", "-qam", "the change")
+    return base
+
+
+def test_an_overlay_over_the_release_says_why_its_kernels_fit(tmp_path, release, checkout):
+    """A pull request's merge-base after the release, with the release's compiled sources: the overlay runs, and
+    run.json says why the release's kernels fit it."""
+    base = _merge_base_then_change(checkout, ("vllm/config_note.py", "NOTE = 1\n"))
+    under_test = prepare(parse_spec(f"source:{checkout}@{base}"), release, tmp_path / "overlays")
+    assert under_test.changed_files == (CPU_ATTN,)
+    assert under_test.as_record()["why"] == (f"{base} ({base[:12]}) and v0.32.0, the release whose compiled kernels "
+                                             "the change runs over, hold the same compiled and build sources (csrc/, "
+                                             "CMake, setup.py; checked with git)")
+    release_side = prepare(parse_spec("release"), release, tmp_path / "overlays")
+    assert release_side.as_record()["why"] == "the installed release itself"
+
+
+def test_an_overlay_over_a_release_built_from_other_kernels_is_refused(tmp_path, release, checkout):
+    """The merge-base changed a kernel since the release: its Python over the release's kernels would test neither
+    side of the pull request, so kvgate asks for the two sides' wheels."""
+    base = _merge_base_then_change(checkout, ("csrc/attention.cpp", "// main's newer kernel\n"))
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{checkout}@{base}"), release, tmp_path / "overlays")
+    assert str(caught.value) == (
+        f"{checkout}: {base} is not built like the installed release v0.32.0: 1 compiled or build source(s) differ "
+        f"(csrc/attention.cpp), so its Python over v0.32.0's kernels would test neither. Pass the two sides as wheels "
+        f"instead (wheel:PATH; vLLM publishes one per commit at https://wheels.vllm.ai/<commit>), or "
+        f"source:PATH@v0.32.0")
+    assert not (tmp_path / "overlays").exists() or not any((tmp_path / "overlays").iterdir())
+
+
+def test_an_overlay_whose_release_tag_is_not_in_the_checkout_is_refused(tmp_path, release, checkout):
+    base = _merge_base_then_change(checkout, ("vllm/config_note.py", "NOTE = 1\n"))
+    git(checkout, "tag", "-d", "v0.32.0")
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{checkout}@{base}"), release, tmp_path / "overlays")
+    assert str(caught.value).startswith(f"{checkout}: has no tag v0.32.0 (the installed release) to hold {base}'s "
+                                        "compiled sources against. Fetch it (git fetch origin tag v0.32.0).")
+
+
 def test_a_folder_that_is_not_a_git_checkout_is_refused(tmp_path, release):
     folder = tmp_path / "plain"
     (folder / "vllm").mkdir(parents=True)

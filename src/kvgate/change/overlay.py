@@ -73,6 +73,7 @@ class VllmUnderTest:
     source_base: str | None = None
     source_dirty: bool | None = None
     notes: tuple[str, ...] = ()
+    why: str | None = None  # why this side runs this code (an overlay: why the release's compiled parts fit it)
     build_seconds: float | None = None
     overlay_new_bytes: int | None = None
     overlay_links: int | None = None
@@ -85,7 +86,7 @@ class VllmUnderTest:
             "changes_sha256": self.changes_sha256, "changed_paths": list(self.changed_paths),
             "not_applied": list(self.not_applied),
         }
-        for key in ("source_commit", "source_base", "source_dirty", "build_seconds", "overlay_new_bytes",
+        for key in ("source_commit", "source_base", "source_dirty", "why", "build_seconds", "overlay_new_bytes",
                     "overlay_links"):
             value = getattr(self, key)
             if value is not None:
@@ -148,7 +149,8 @@ def prepare(spec: VllmSpec, release: Release, overlay_root: Path | None = None) 
             raise InputError(spec.text, f"this engine environment has vllm {release.distribution_version}, not "
                                         f"{spec.version}", hint=f"Use release (= {release.version}), or pass the "
                                                                 f"other version as wheel:PATH")
-        return VllmUnderTest(spec=spec.text, kind="release", version=release.version, release=release.version)
+        return VllmUnderTest(spec=spec.text, kind="release", version=release.version, release=release.version,
+                             why="the installed release itself")
     assert spec.path is not None
     if spec.kind == "patch":
         return _from_patch(spec, release, root)
@@ -327,13 +329,14 @@ def _from_source(spec: VllmSpec, release: Release, root: Path) -> VllmUnderTest:
         return VllmUnderTest(spec=spec.text, kind="source", version=release.version, release=release.version,
                              changed_paths=tuple(paths), not_applied=tuple(paths), source_commit=head,
                              source_base=f"{base} ({base_commit[:12]})", source_dirty=dirty, notes=(note,))
+    why = _compiled_parts_match(checkout, shown, base, base_commit, release)
     drift = _release_drift(checkout, base_commit, release)
     notes = (f"{len(drift)} Python file(s) of the release differ from {base} ({', '.join(drift[:SHOWN_LIMIT])}): "
              f"the release may not be built from {base}",) if drift else ()
     result = _overlay_from_release(spec, release, root, files, paths=paths,
                                    not_applied=[p for p in paths if classify(p) == "elsewhere"])
     return _replace(result, source_commit=head, source_base=f"{base} ({base_commit[:12]})", source_dirty=dirty,
-                    notes=notes)
+                    notes=notes, why=why)
 
 
 def _name_status(raw: bytes) -> list[tuple[str, tuple[str, ...]]]:
@@ -354,6 +357,37 @@ def _read_bytes(path: Path, source: str) -> bytes:
         return path.read_bytes()
     except OSError as error:
         raise InputError(source, f"cannot read {path.name}: {error.strerror or error}") from None
+
+
+PER_COMMIT_WHEELS = "https://wheels.vllm.ai/<commit>"  # vLLM's per-commit wheels (its installation docs)
+
+
+def _compiled_parts_match(checkout: Path, shown: str, base: str, base_commit: str, release: Release) -> str:
+    """Why the change's Python may run over the installed release's compiled kernels: the release's tag and BASE hold
+    the same compiled and build sources (csrc/, CMake, setup.py, ...). Otherwise, or when that cannot be checked,
+    an InputError: BASE's Python over another commit's kernels would test neither; a wheel of each side can."""
+    tag = f"v{release.version}"
+    fix = (f"Pass the two sides as wheels instead (wheel:PATH; vLLM publishes one per commit at {PER_COMMIT_WHEELS}), "
+           f"or source:PATH@{tag}")
+    resolved = _git(checkout, "rev-parse", "--verify", "--quiet", f"{tag}^{{commit}}")
+    if resolved.returncode != 0:
+        raise InputError(shown, f"has no tag {tag} (the installed release) to hold {base}'s compiled sources against",
+                         hint=f"Fetch it (git fetch origin tag {tag}). {fix}")
+    if resolved.stdout.strip() == base_commit:
+        return f"the change is counted from {tag}, the release whose compiled kernels it runs over"
+    diff = _git(checkout, "diff", "-z", "--name-only", "--no-ext-diff", resolved.stdout.strip(), base_commit,
+                text=False)
+    if diff.returncode != 0:
+        raise InputError(shown, f"git diff {tag} {base} failed: {diff.stderr.decode(errors='replace').strip()[:200]}")
+    built = [p for p in diff.stdout.decode("utf-8", "surrogateescape").split("\0") if p and classify(p) == "build"]
+    if built:
+        listed = ", ".join(built[:SHOWN_LIMIT]) + (f" (+{len(built) - SHOWN_LIMIT} more)" if len(built) > SHOWN_LIMIT
+                                                   else "")
+        raise InputError(shown, f"{base} is not built like the installed release {tag}: {len(built)} compiled or "
+                                f"build source(s) differ ({listed}), so its Python over {tag}'s kernels would test "
+                                f"neither", hint=fix)
+    return (f"{base} ({base_commit[:12]}) and {tag}, the release whose compiled kernels the change runs over, hold "
+            f"the same compiled and build sources (csrc/, CMake, setup.py; checked with git)")
 
 
 def _release_drift(checkout: Path, base_commit: str, release: Release) -> list[str]:
@@ -443,7 +477,9 @@ def _from_wheel(spec: VllmSpec, release: Release, root: Path) -> VllmUnderTest:
         spec=spec.text, kind="wheel", version=version, release=release.version, overlay=target,
         changed_files=tuple(changed), deleted_files=tuple(deleted), changes_sha256=digest.hexdigest(),
         changed_paths=tuple(changed + deleted), build_seconds=round(time.monotonic() - started, 2),
-        overlay_new_bytes=sum(len(v) for v in contents.values()), overlay_links=0)
+        overlay_new_bytes=sum(len(v) for v in contents.values()), overlay_links=0,
+        why="a whole vLLM wheel, its compiled kernels included (a per-commit wheel of vLLM, or one built from the "
+            "change)")
 
 
 def _unsupported_tags(tags: str) -> str | None:
@@ -521,7 +557,9 @@ def _overlay_from_release(spec: VllmSpec, release: Release, root: Path, files: M
                          overlay=target, changed_files=tuple(changed), deleted_files=tuple(deleted),
                          changes_sha256=changes.hexdigest(), changed_paths=tuple(paths),
                          not_applied=tuple(not_applied), build_seconds=round(time.monotonic() - started, 3),
-                         overlay_new_bytes=new_bytes, overlay_links=links)
+                         overlay_new_bytes=new_bytes, overlay_links=links,
+                         why="Python files changed over the installed release's own compiled kernels (a change to "
+                             "compiled or build sources is refused)")
 
 
 def _staging(root: Path, key: str) -> Path:
