@@ -23,11 +23,14 @@ CANARIES = REPO_ROOT / "canaries"
 
 def test_the_shipped_canaries_are_well_formed_patches_of_the_package():
     canaries = {c.name: c for c in load_canaries(CANARIES)}
-    assert set(canaries) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "silent-backend-handover",
+    assert set(canaries) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "fp8-kv-scale-loader-twice-normalised",
+                             "fp8-cached-context-scale", "silent-backend-handover",
                              "fp8-decode-extra-work", "harmless-refactor", "triton-mla-kv-scale-x05",
-                             "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless"}
+                             "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless",
+                             "triton-mla-context-dequant-x2"}
     assert {name for name, c in canaries.items() if c.vllm} == {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08",
-                                                                "triton-mla-kv-scale-x09", "triton-mla-harmless"}
+                                                                "triton-mla-kv-scale-x09", "triton-mla-harmless",
+                                                                "triton-mla-context-dequant-x2"}
     assert {name for name, c in canaries.items() if c.ci} >= {"fp8-scale-mismatch", "harmless-refactor"}
     assert not any(c.ci for c in canaries.values() if c.vllm)  # CI has no GPU
     for canary in canaries.values():
@@ -123,6 +126,14 @@ def test_the_ci_canaries_get_their_verdicts_on_the_real_engine(tmp_path, fp8_cpu
     assert scale["vllm_under_test"]["base"]["kind"] == "release"
     status = json.loads((tmp_path / "fp8-scale-mismatch" / "cpu_attn-fp8-cpu" / "status.json").read_text())
     assert Path(status["accuracy"]["vllm_file"]).is_relative_to(Path(scale["vllm_under_test"]["head"]["overlay"]))
+    # The FP8 cell loaded the checkpoint's k/v scales (matrix/workloads.toml fp8_kv_scales), and its layers held them
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "src/kvgate/workloads/models/tiny-llama/kv_scales.json")
+                         .read_text())["scales"]
+    evidence = status["accuracy"]["kv_cache"]
+    assert evidence["k_scales"] == sorted({v for k, v in shipped.items() if k.endswith("k_scale")})
+    assert evidence["v_scales"] == sorted({v for k, v in shipped.items() if k.endswith("v_scale")})
+    probe = json.loads((tmp_path / "fp8-scale-mismatch" / "cpu_attn-fp8-cpu" / "probe" / "probe.json").read_text())
+    assert all(p["cached_tokens"] > 0 for p in probe["cached_context"][1:])  # the prefix came from the cache
 
 
 def test_gpu_canaries_are_said_to_need_their_gpu_and_vllm_up_front(capsys, tmp_path):

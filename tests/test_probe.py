@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,48 @@ def test_identical_records_agree_exactly() -> None:
         "prompts": 2, "prompt_positions": 8, "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0,
         "top1_agreement": 1.0, "generated_positions": 8, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
         "decode_positions": 8, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
-        "identical": True,
+        "identical": True, "cached_context_prompts": 0, "cached_tokens": 0,
     }
+
+
+def with_cached_context(record: dict, cached_tokens: int = 128, logprob: float = -0.3) -> dict:
+    """The record plus one cached-context prompt (no prompt logprobs; 4 generated tokens)."""
+    record["cached_context"] = [{
+        "prompt": "shared prefix + question", "prompt_token_ids": list(range(1, 201)), "cached_tokens": cached_tokens,
+        "generated_token_ids": [500, 501, 502, 503], "generated_logprobs": [logprob] * 4,
+        "generated_top": [[[500 + i, logprob], [400, -1.5]] for i in range(4)], "generated_text": "wxyz"}]
+    return record
+
+
+def test_cached_context_prompts_count_as_decode_positions_and_say_what_the_cache_served() -> None:
+    agreement = probe_agreement.compare(with_cached_context(make_record()),
+                                        with_cached_context(make_record(), cached_tokens=192, logprob=-0.9))
+    assert agreement.prompt_positions == 8  # no prompt logprobs on the cached-context prompt
+    assert (agreement.generated_positions, agreement.decode_positions) == (12, 12)
+    assert agreement.decode_max_abs_logprob_diff == pytest.approx(0.6)
+    assert agreement.decode_mean_abs_logprob_diff == pytest.approx(0.6 * 4 / 12)
+    assert (agreement.cached_context_prompts, agreement.cached_tokens) == (1, 192)
+    assert agreement.identical is False
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda r: r.pop("cached_context"), "1 cached-context prompts that differ from the 0 of the reference"),
+    (lambda r: r["cached_context"][0].update(cached_tokens=201), "201 cached tokens for a prompt of 200 in "
+                                                                 "cached_context[0].cached_tokens"),
+    (lambda r: r["cached_context"][0].update(cached_tokens=True), "expected a whole number, got bool"),
+    (lambda r: r.update(cached_context={}), "expected a list, got dict in 'cached_context'"),
+    (lambda r: r["cached_context"][0]["generated_logprobs"].pop(), "3 positions for 4 generated tokens"),
+])
+def test_cached_context_that_cannot_be_compared_is_named(edit, message) -> None:
+    from kvgate import InputError
+
+    candidate = with_cached_context(make_record())
+    edit(candidate)
+    reference = with_cached_context(make_record()) if "reference" not in message else make_record()
+    if "reference" in message:
+        reference, candidate = candidate, with_cached_context(make_record())
+    with pytest.raises(InputError, match=re.escape(message)):
+        probe_agreement.compare(reference, candidate)
 
 
 def test_decode_positions_are_judged_over_the_common_greedy_prefix_only() -> None:
@@ -201,13 +242,19 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
     assert all(len(p.generated_token_ids) == 64 for p in read.prompts)
     assert all(len(top) == 5 for p in read.prompts for top in p.prompt_top[1:])
     assert first["engine"]["kv_cache_dtype"] == "auto"
+    cached = probe.cached_context_prompts()
+    assert [p.prompt for p in read.cached_context] == cached and len(cached) == 6
+    # The first cached-context prompt computed the shared prefix; the others took it from the prefix cache (the
+    # CPU's blocks are 128 tokens: every whole block of the prefix), and in the second probe all of them did.
+    assert read.cached_context[0].cached_tokens == 0 and all(p.cached_tokens >= 256 for p in read.cached_context[1:])
     assert agreement.as_record() == {
         "prompts": 16, "prompt_positions": sum(len(p.prompt_token_ids) - 1 for p in read.prompts),
         "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0, "top1_agreement": 1.0,
-        "generated_positions": 16 * 64, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
-        "decode_positions": 16 * 64, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
-        "identical": True,
+        "generated_positions": 22 * 64, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
+        "decode_positions": 22 * 64, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
+        "identical": True, "cached_context_prompts": 6, "cached_tokens": agreement.cached_tokens,
     }
+    assert agreement.cached_tokens >= 6 * 256
     # The tops are sorted, and greedy picked a most likely token (bf16 logits can tie).
     for p in read.prompts:
         for logprob, top in zip(p.generated_logprobs, p.generated_top, strict=True):

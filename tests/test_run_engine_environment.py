@@ -178,7 +178,7 @@ def _cpu_build(checkout: Path, monkeypatch, version: str, system: tuple[str, str
     calls: list[list[str]] = []
     lines: list[str] = []
     engine_venv.ensure(checkout, "cpu", run=recording_run(venv, calls, version), log=lines.append)
-    return calls + [["log", *lines]]
+    return [*calls, ["log", *lines]]
 
 
 def test_the_cpu_environment_installs_its_lock_with_hashes_then_the_repairs(checkout, monkeypatch):

@@ -4,7 +4,10 @@
 # .gpu/h200_unpack.sh unpacked vLLM 0.26.0 + lm-eval + FlashInfer into /tmp/site. Run from the repository root:
 #
 #   run.sh setup                        the matrix folder: the repository's matrix/ with the tiny models' workloads
-#                                       (benchmarks/h200_engine/workloads.toml), as KVGATE_MATRIX_DIR
+#                                       (benchmarks/h200_engine/workloads.toml), as KVGATE_MATRIX_DIR; with
+#                                       KVGATE_CANARY_CALCULATE_KV_SCALES=1 their FP8 cells compute the k/v scales
+#                                       from the data (workloads' calculate_kv_scales = true; use another
+#                                       KVGATE_CANARY_ROOT for it)
 #   run.sh base BACKEND                 the base side once: the release, each of the backend's cells (auto, fp8) in a
 #                                       process of its own (--powered: the policy's questions), into $H/base-BACKEND
 #   run.sh heads BACKEND NAME...        one A/B run per NAME, at once: a canary of canaries/canaries.toml or a
@@ -24,7 +27,7 @@ M=$H/matrix
 ARCH=${KVGATE_CANARY_ARCH:-sm90}  # cpu: the same flow on the CPU default, to try the script where no GPU is
 export PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src PYTHONUNBUFFERED=1 KVGATE_MATRIX_DIR=$M
 export OMP_NUM_THREADS=2 FLASHINFER_WORKSPACE_BASE=$H/flashinfer TOKENIZERS_PARALLELISM=false
-export KVGATE_ENGINE_START_LOCK=$H/engine-start.lock
+export KVGATE_ENGINE_START_LOCK=${KVGATE_ENGINE_START_LOCK:-$H/engine-start.lock}  # one lock for every root on this GPU
 mkdir -p "$H/logs" "$H/ab" "$M" "$FLASHINFER_WORKSPACE_BASE"
 # shellcheck source=../wait_for_pids.sh
 . "$(dirname "$0")/../wait_for_pids.sh"
@@ -50,6 +53,10 @@ setup)
   if [ "$ARCH" != cpu ]; then
     cp benchmarks/h200_engine/workloads.toml "$M/workloads.toml"
     sed -i '/^"deepseek-ai\/DeepSeek-V2-Lite-Chat" = /d' "$M/policy.toml"
+    if [ "${KVGATE_CANARY_CALCULATE_KV_SCALES:-0}" = 1 ]; then
+      sed -i 's/^\(\[workloads\.tiny-[a-z0-9-]*-any\]\)$/\1\ncalculate_kv_scales = true/' "$M/workloads.toml"
+      grep -B1 '^calculate_kv_scales' "$M/workloads.toml"
+    fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
   fi
   python3 -m kvgate matrix --arch "$ARCH" --matrix-dir "$M" | head -30 ;;

@@ -7,7 +7,9 @@ limits. Two families of figures:
   through the prefill path, which computes attention from fresh latents, not from the KV cache, so a decode
   kernel that FP8 breaks cannot move them (seen on the H200: TRITON_MLA fp8 matched auto exactly there);
 - decode positions: the generated tokens over the common greedy prefix, where both sides had the same context
-  and the same chosen token, so the logprob difference is the cache's doing. These judge the decode path.
+  and the same chosen token, so the logprob difference is the cache's doing. These judge the decode path. They
+  include the cached-context prompts' (probe_file.CachedContextProbe): their question was prefilled against a
+  prefix read back from the cache, the path of a prefix-cache hit and of a chunked prefill's later chunks.
 
 `identical` is true when nothing differs at all (every logprob and token equal): for an FP8 cell that means
 the FP8 cache had no measurable effect, i.e. it was probably never used.
@@ -37,6 +39,8 @@ class ProbeAgreement:
     decode_mean_abs_logprob_diff: float = 0.0
     decode_max_abs_logprob_diff: float = 0.0
     identical: bool = False  # every logprob and every token the same as the reference
+    cached_context_prompts: int = 0  # prompts that continued a cached prefix (their generated positions count above)
+    cached_tokens: int = 0  # the candidate's prompt tokens served from vLLM's prefix cache, over those prompts
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,8 @@ class ProbeAgreement:
             "decode_mean_abs_logprob_diff": encode_float(self.decode_mean_abs_logprob_diff),
             "decode_max_abs_logprob_diff": encode_float(self.decode_max_abs_logprob_diff),
             "identical": self.identical,
+            "cached_context_prompts": self.cached_context_prompts,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -72,8 +78,10 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
     top1_same = 0
     generated = matched = prefix = 0
     identical = True
-    for ref, cand in zip(reference.prompts, candidate.prompts, strict=True):
-        for i in range(1, len(ref.prompt_token_ids)):
+    pairs = [*zip(reference.prompts, candidate.prompts, strict=True),
+             *zip(reference.cached_context, candidate.cached_context, strict=True)]
+    for ref, cand in pairs:
+        for i in range(1, len(getattr(ref, "prompt_logprobs", ()))):  # cached-context prompts have none
             diffs.append(_abs_diff(ref.prompt_logprobs[i], cand.prompt_logprobs[i]))
             top1_same += ref.prompt_top[i][0][0] == cand.prompt_top[i][0][0]
             identical = identical and ref.prompt_top[i] == cand.prompt_top[i]
@@ -99,6 +107,8 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
         decode_mean_abs_logprob_diff=math.fsum(decode) / len(decode) if decode else math.nan,
         decode_max_abs_logprob_diff=max(decode, default=math.nan),
         identical=identical,
+        cached_context_prompts=len(candidate.cached_context),
+        cached_tokens=sum(p.cached_tokens for p in candidate.cached_context),
     )
 
 
@@ -120,6 +130,14 @@ def _check_comparable(reference: ProbeRecord, candidate: ProbeRecord) -> None:
         if ref.prompt_token_ids != cand.prompt_token_ids:
             raise InputError(candidate.source, f"prompt token ids differ from the reference {reference.source}",
                              f"prompts[{i}].prompt_token_ids", "Compare cells of the same model and tokenizer")
+    if [p.prompt for p in reference.cached_context] != [p.prompt for p in candidate.cached_context]:
+        raise InputError(candidate.source, f"{len(candidate.cached_context)} cached-context prompts that differ from "
+                         f"the {len(reference.cached_context)} of the reference {reference.source}",
+                         "'cached_context'", "Probe both cells with the same kvgate version")
+    for i, (ref, cand) in enumerate(zip(reference.cached_context, candidate.cached_context, strict=True)):
+        if ref.prompt_token_ids != cand.prompt_token_ids:
+            raise InputError(candidate.source, f"prompt token ids differ from the reference {reference.source}",
+                             f"cached_context[{i}].prompt_token_ids", "Compare cells of the same model and tokenizer")
     ref_max, cand_max = reference.settings.get("max_tokens"), candidate.settings.get("max_tokens")
     if ref_max != cand_max:
         raise InputError(candidate.source, f"max_tokens {cand_max} differs from the reference's {ref_max}",

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvgate import InputError, InputErrors, unknown_name_hint
 from kvgate.matrix.declarations import (
+    FP8_KV_SCALES,
     GSM8K_FILTERS,
     LOCAL_MODEL_PREFIX,
     MATCH_KEYS,
@@ -299,7 +300,7 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
                            ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy",
-                            "architectures"]):
+                            "architectures", "fp8_kv_scales"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -326,8 +327,26 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             expected_accuracy=_expected_accuracy(reader, spec["expected_accuracy"], f"{where}.expected_accuracy")
             if "expected_accuracy" in spec else None,
             architectures=_architectures(reader, spec.get("architectures", []), f"{where}.architectures"),
+            fp8_kv_scales=_fp8_kv_scales(reader, spec, where),
         )
     return workloads
+
+
+def _fp8_kv_scales(reader: TomlReader, spec: Mapping[str, Any], where: str) -> str:
+    value = spec.get("fp8_kv_scales", "none")
+    if value not in FP8_KV_SCALES:
+        reader.error(f"expected one of {', '.join(map(repr, FP8_KV_SCALES))}, got {describe_value(value)}",
+                     f"{where}.fp8_kv_scales", "Write \"checkpoint\" (the FP8 cells load k/v scales shipped with the "
+                     "model) or \"none\"")
+        return "none"
+    if value == "checkpoint":
+        if not str(spec.get("model", "")).startswith(LOCAL_MODEL_PREFIX):
+            reader.error("kvgate ships FP8 KV scales for its own models only", f"{where}.fp8_kv_scales",
+                         "Name an FP8 checkpoint as the model of a workload of its own, or drop fp8_kv_scales")
+        if spec.get("calculate_kv_scales") is True:
+            reader.error("the scales come from the checkpoint or from the data, not both", f"{where}.fp8_kv_scales",
+                         "Drop fp8_kv_scales or calculate_kv_scales")
+    return value
 
 
 def _architectures(reader: TomlReader, value: Any, where: str) -> tuple[str, ...]:

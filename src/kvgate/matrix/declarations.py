@@ -61,6 +61,9 @@ class ExpectedAccuracy:
     source: str  # where the figures come from (a link, a run)
 
 
+FP8_KV_SCALES = ("none", "checkpoint")  # workloads.toml fp8_kv_scales
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
     name: str
@@ -72,6 +75,9 @@ class Workload:
     throughput: Mapping[str, Any]
     timeouts: Mapping[str, int] = field(default_factory=dict)  # stage -> seconds (accuracy, throughput)
     calculate_kv_scales: bool = False  # FP8 cells: vLLM computes k/v scales from the data (else checkpoint or 1.0)
+    # FP8 cells: "checkpoint" loads the model's FP8-checkpoint variant, which ships per-tensor k/v scales
+    # (compressed-tensors kv_cache_scheme; kvgate.workloads.kv_scales); "none": the model as it is (scales 1.0)
+    fp8_kv_scales: str = "none"
     expected_accuracy: ExpectedAccuracy | None = None
     architectures: tuple[str, ...] = ()  # the model's architectures (config.json), for the import-graph selection
 
@@ -147,6 +153,11 @@ class Cell:
     def is_fp8(self) -> bool:
         return self.kv_cache_dtype != "auto"
 
+    @property
+    def loads_checkpoint_kv_scales(self) -> bool:
+        """An FP8 cell of a workload whose FP8 cells load the model's k/v scales from its checkpoint."""
+        return self.is_fp8 and self.workload.fp8_kv_scales == "checkpoint"
+
     def as_record(self) -> dict[str, Any]:
         """The identity written to a results folder's cell.json (docs/results-folder.md)."""
         return {
@@ -159,6 +170,8 @@ class Cell:
             "workload": self.workload.name,
             # FP8 cells: the engine's calculate_kv_scales, passed explicitly (docs/results-folder.md 1.3)
             **({"calculate_kv_scales": self.workload.calculate_kv_scales} if self.is_fp8 else {}),
+            # FP8 cells: whether the engine loaded k/v scales shipped with the checkpoint (1.7)
+            **({"checkpoint_kv_scales": self.loads_checkpoint_kv_scales} if self.is_fp8 else {}),
         }
 
 

@@ -10,6 +10,11 @@ module owns the format, its writer and its checked reader.
 given the tokens before it (null for the first token); `*_top` hold the top-k [token id, logprob] pairs at
 each position, most likely first. Non-finite logprobs (a broken kernel can give NaN) are written as the
 strings "nan", "inf", "-inf", so the file stays JSON.
+
+Optional (results contract 1.7), "cached_context": [{"prompt", "prompt_token_ids", "cached_tokens",
+"generated_token_ids", "generated_logprobs", "generated_top", "generated_text"}, ...]: prompts that continue a
+prefix read back from vLLM's prefix cache (no prompt logprobs: vLLM serves no cached prefix to a request that asks
+for them); `cached_tokens` is how many prompt tokens came from the cache.
 """
 
 from __future__ import annotations
@@ -45,11 +50,25 @@ class PromptProbe:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CachedContextProbe:
+    """A prompt that continued a cached prefix: only its generated positions are scored."""
+
+    prompt: str
+    prompt_token_ids: tuple[int, ...]
+    cached_tokens: int  # prompt tokens vLLM took from its prefix cache
+    generated_token_ids: tuple[int, ...]
+    generated_logprobs: tuple[float, ...]
+    generated_top: tuple[TopList, ...]
+    generated_text: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProbeRecord:
     source: str  # the file it was read from, or "<memory>"
     settings: dict[str, Any]
     engine: dict[str, Any]
     prompts: tuple[PromptProbe, ...]
+    cached_context: tuple[CachedContextProbe, ...] = ()
 
 
 # ---- the file ---------------------------------------------------------------------------------------
@@ -104,7 +123,46 @@ def from_dict(data: Any, source: str = "<memory>") -> ProbeRecord:
     if not items:
         raise InputError(source, "no prompts", "'prompts'")
     prompts = tuple(_prompt_from_dict(item, source, f"prompts[{i}]") for i, item in enumerate(items))
-    return ProbeRecord(source=source, settings=settings, engine=engine, prompts=prompts)
+    cached_items = data.get("cached_context", [])
+    if not isinstance(cached_items, list):
+        raise InputError(source, f"expected a list, got {type(cached_items).__name__}", "'cached_context'")
+    cached = tuple(_cached_from_dict(item, source, f"cached_context[{i}]") for i, item in enumerate(cached_items))
+    return ProbeRecord(source=source, settings=settings, engine=engine, prompts=prompts, cached_context=cached)
+
+
+def _cached_from_dict(item: Any, source: str, where: str) -> CachedContextProbe:
+    if not isinstance(item, dict):
+        raise InputError(source, "expected an object", where)
+    token_ids = _token_ids(_field(item, "prompt_token_ids", list, source, where), source,
+                           f"{where}.prompt_token_ids")
+    cached = _field(item, "cached_tokens", int, source, where)
+    if not 0 <= cached <= len(token_ids):
+        raise InputError(source, f"{cached} cached tokens for a prompt of {len(token_ids)}", f"{where}.cached_tokens")
+    generated = _generated_from_dict(item, source, where)
+    return CachedContextProbe(prompt=_field(item, "prompt", str, source, where), prompt_token_ids=token_ids,
+                              cached_tokens=cached, **generated)
+
+
+def _generated_from_dict(item: dict, source: str, where: str) -> dict[str, Any]:
+    generated = _token_ids(_field(item, "generated_token_ids", list, source, where), source,
+                           f"{where}.generated_token_ids")
+    generated_logprobs_in = _field(item, "generated_logprobs", list, source, where)
+    generated_top_in = _field(item, "generated_top", list, source, where)
+    for key, values in (("generated_logprobs", generated_logprobs_in), ("generated_top", generated_top_in)):
+        if len(values) != len(generated):
+            raise InputError(source, f"{len(values)} positions for {len(generated)} generated tokens",
+                             f"{where}.{key}")
+    text = item.get("generated_text", "")
+    if not isinstance(text, str):
+        raise InputError(source, f"expected a string, got {type(text).__name__}", f"{where}.generated_text")
+    return {
+        "generated_token_ids": generated,
+        "generated_logprobs": tuple(_logprob(v, source, f"{where}.generated_logprobs[{i}]")
+                                    for i, v in enumerate(generated_logprobs_in)),
+        "generated_top": tuple(_top_list(v, source, f"{where}.generated_top[{i}]")
+                               for i, v in enumerate(generated_top_in)),
+        "generated_text": text,
+    }
 
 
 def _field(data: dict, key: str, kind: type, source: str, where: str) -> Any:
@@ -168,28 +226,12 @@ def _prompt_from_dict(item: Any, source: str, where: str) -> PromptProbe:
         _logprob(v, source, f"{where}.prompt_logprobs[{i}]") for i, v in enumerate(logprobs_in) if i > 0))
     prompt_top = (None, *(
         _top_list(v, source, f"{where}.prompt_top[{i}]") for i, v in enumerate(top_in) if i > 0))
-    generated = _token_ids(_field(item, "generated_token_ids", list, source, where), source,
-                           f"{where}.generated_token_ids")
-    generated_logprobs_in = _field(item, "generated_logprobs", list, source, where)
-    generated_top_in = _field(item, "generated_top", list, source, where)
-    for key, values in (("generated_logprobs", generated_logprobs_in), ("generated_top", generated_top_in)):
-        if len(values) != len(generated):
-            raise InputError(source, f"{len(values)} positions for {len(generated)} generated tokens",
-                             f"{where}.{key}")
-    text = item.get("generated_text", "")
-    if not isinstance(text, str):
-        raise InputError(source, f"expected a string, got {type(text).__name__}", f"{where}.generated_text")
     return PromptProbe(
         prompt=prompt,
         prompt_token_ids=token_ids,
         prompt_logprobs=prompt_logprobs,
         prompt_top=prompt_top,
-        generated_token_ids=generated,
-        generated_logprobs=tuple(_logprob(v, source, f"{where}.generated_logprobs[{i}]")
-                                 for i, v in enumerate(generated_logprobs_in)),
-        generated_top=tuple(_top_list(v, source, f"{where}.generated_top[{i}]")
-                            for i, v in enumerate(generated_top_in)),
-        generated_text=text,
+        **_generated_from_dict(item, source, where),
     )
 
 

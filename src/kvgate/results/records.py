@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.6"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.7"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -56,6 +56,8 @@ class KvCacheEvidence:
     tensor_dtypes: tuple[str, ...] = ()  # the dtypes of the cache tensors bound to them, e.g. ("uint8",)
     element_bytes: tuple[int, ...] = ()  # their element sizes: (1,) for an FP8 cache, (2,) for bf16/fp16
     tokens: int | None = None  # the KV cache size the engine log reported, in tokens
+    k_scales: tuple[float, ...] = ()  # the distinct k/v scales the layers used (contract 1.7; 1.0 = none loaded)
+    v_scales: tuple[float, ...] = ()
     problem: str | None = None
 
     @property

@@ -322,8 +322,10 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
             from kvgate.workloads.tiny_models import resolve_model
 
             began = time.monotonic()
-            model_path = resolve_model(cell.model)
-            options.say(f"kvgate: {cell.id}: model {cell.model} is {model_path} "
+            model_path = resolve_model(cell.model, kv_scales=cell.loads_checkpoint_kv_scales)
+            options.say(f"kvgate: {cell.id}: model {cell.model}"
+                        f"{' with the k/v scales of its FP8 checkpoint' if cell.loads_checkpoint_kv_scales else ''} "
+                        f"is {model_path} "
                         f"({time.monotonic() - began:.1f} s to find or build)")
         if "accuracy" in options.stages and cell.workload.gsm8k["task"] == LOCAL_GSM8K_TASK:
             include_path = _local_task_folder(run_dir, max((d.questions for d in options.designs.values()),

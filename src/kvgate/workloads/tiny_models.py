@@ -115,22 +115,44 @@ def _lookup(name: str) -> TinyModel:
     return MODELS[name]
 
 
-def model_dir(name: str, cache_dir: Path | None = None) -> Path:
-    """Where `ensure_model(name, cache_dir)` keeps (or will keep) the model."""
+def model_dir(name: str, cache_dir: Path | None = None, *, kv_scales: bool = False) -> Path:
+    """Where `ensure_model(name, cache_dir, kv_scales=...)` keeps (or will keep) the model."""
     model = _lookup(name)
-    return (cache_dir or default_cache_dir()) / f"{model.name}-{recipe_key(model)}"
+    folder = (cache_dir or default_cache_dir()) / f"{model.name}-{recipe_key(model)}"
+    if not kv_scales:
+        return folder
+    scales = _shipped_kv_scales(model)
+    digest = hashlib.sha256(json.dumps(scales, sort_keys=True).encode()).hexdigest()[:8]
+    return folder.with_name(f"{folder.name}-kv-scales-{digest}")
 
 
-def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
-    """The folder of tiny model `name`, built first if it is not in the cache yet."""
+def _shipped_kv_scales(model: TinyModel) -> dict[str, float]:
+    from kvgate.workloads.kv_scales import SCALES_FILE, shipped_scales
+
+    scales = shipped_scales(model.shipped) if model.shipped is not None else None
+    if not scales:
+        raise InputError(f"{PREFIX}{model.name}", "ships no FP8 KV scales",
+                         hint=f"its workload cannot say fp8_kv_scales = \"checkpoint\" without "
+                              f"workloads/models/{model.name}/{SCALES_FILE} (python -m kvgate.workloads.kv_scales "
+                              f"{model.name})")
+    return scales
+
+
+def ensure_model(name: str, cache_dir: Path | None = None, *, kv_scales: bool = False) -> Path:
+    """The folder of tiny model `name`, built first if it is not in the cache yet. kv_scales: the variant an FP8
+    checkpoint would be (the same weights, its shipped k/v scales and the compressed-tensors KV cache scheme)."""
     model = _lookup(name)
-    target = model_dir(name, cache_dir)
+    target = model_dir(name, cache_dir, kv_scales=kv_scales)
     if (target / MARKER).is_file():
         return target
+    source = ensure_model(name, cache_dir) if kv_scales else None
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        build(model, staging)
+        if source is not None:
+            _build_kv_scales_variant(model, source, staging)
+        else:
+            build(model, staging)
         for path in [staging, *staging.iterdir()]:  # mkdtemp and safetensors create owner-only modes
             path.chmod(0o755 if path.is_dir() else 0o644)
         try:
@@ -146,10 +168,14 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def resolve_model(model: str, cache_dir: Path | None = None) -> str:
-    """`kvgate:<name>` -> the built folder (as a string); any other model id or path unchanged."""
+def resolve_model(model: str, cache_dir: Path | None = None, *, kv_scales: bool = False) -> str:
+    """`kvgate:<name>` -> the built folder (as a string; kv_scales: its FP8-checkpoint variant); any other model id
+    or path unchanged."""
     if model.startswith(PREFIX):
-        return str(ensure_model(model[len(PREFIX):], cache_dir))
+        return str(ensure_model(model[len(PREFIX):], cache_dir, kv_scales=kv_scales))
+    if kv_scales:
+        raise InputError(model, "kvgate ships FP8 KV scales only for its own models",
+                         hint="give the FP8 checkpoint as the workload's model, or drop fp8_kv_scales")
     return model
 
 
@@ -180,6 +206,17 @@ def build(model: TinyModel, folder: Path) -> None:
         "parameters": parameters,
         "built_by": "kvgate.workloads.tiny_models",
     }
+    (folder / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
+def _build_kv_scales_variant(model: TinyModel, source: Path, folder: Path) -> None:
+    from kvgate.workloads.kv_scales import write_variant
+
+    scales = _shipped_kv_scales(model)
+    write_variant(source, folder, scales)
+    marker = json.loads((source / MARKER).read_text(encoding="utf-8"))
+    marker.update(name=f"{model.name} (FP8 KV scales)", kv_scales=scales,
+                  built_by="kvgate.workloads.kv_scales (the model, its shipped k/v scales, the KV cache scheme)")
     (folder / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
 

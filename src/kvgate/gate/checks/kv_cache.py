@@ -49,6 +49,7 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
     not_fp8 = [name for name in evidence.layer_kv_cache_dtypes if not is_fp8_name(name)]
     if not_fp8:
         broken.append(f"the attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type")
+    scales_text = _checkpoint_scales(cell, evidence, figures, threshold, broken)
     # the size against the auto cell's: judged where both engine logs reported one
     ratio_text, compared, problem = "", False, ""
     auto = partner.stage("accuracy") if partner is not None else None
@@ -106,8 +107,34 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
     if evidence.layer_kv_cache_dtypes:
         layers = f"{evidence.layers} layers" if evidence.layers is not None else "layers"
         parts.append(f"{layers} built for {', '.join(evidence.layer_kv_cache_dtypes)}")
+    if scales_text:
+        parts.append(scales_text)
     return Check(**base, status="pass", figures=figures, threshold=threshold, threshold_text=threshold_text,
                  notes=tuple(notes), detail=", ".join(parts))
+
+
+def _checkpoint_scales(cell: CellResults, evidence: KvCacheEvidence, figures: dict[str, Any],
+                       threshold: dict[str, Any], broken: list[str]) -> str:
+    """The k/v scales the layers used; for a cell that was to load them from its checkpoint (cell.json
+    `checkpoint_kv_scales`, contract 1.7), every layer at 1.0 means the loader dropped them (fails), and no scales
+    recorded at all means no evidence (fails: the writer of 1.7 records them). Returns the text for a pass."""
+    if evidence.k_scales or evidence.v_scales:
+        figures.update(k_scales=list(evidence.k_scales), v_scales=list(evidence.v_scales))
+    if cell.extra.get("checkpoint_kv_scales") is not True:
+        return ""
+    threshold["checkpoint_kv_scales"] = "loaded (not 1.0)"
+    if not (evidence.k_scales or evidence.v_scales):
+        broken.append("the cell was to load its checkpoint's k/v scales, but accuracy.kv_cache records no "
+                      "k_scales or v_scales (a 1.7 writer records them)")
+        return ""
+    if set(evidence.k_scales) | set(evidence.v_scales) == {1.0}:
+        broken.append("the checkpoint's k/v scales were not loaded: every layer wrote and read its FP8 cache with "
+                      "scale 1.0")
+        return ""
+    def span(values: tuple[float, ...]) -> str:
+        return "none" if not values else f"{min(values):.4g}" if len(values) == 1 else \
+            f"{min(values):.4g}-{max(values):.4g}"
+    return f"k/v scales from the checkpoint (k {span(evidence.k_scales)}, v {span(evidence.v_scales)})"
 
 
 def is_fp8_name(name: str) -> bool:

@@ -48,8 +48,21 @@ def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Map
     shown = ", ".join(f"{k[4:]} {fmt(figures.get(k[4:]))}" for k in limits) or "no thresholds for this dtype"
     threshold_text = ", ".join(f"{k[4:]} {'≤' if k.startswith('max_') else '≥'} {v:g}" for k, v in limits.items())
     return Check(**base, status="fail" if broken else "pass", reference="auto cell", figures=figures,
-                 threshold=dict(limits), threshold_text=threshold_text,
+                 threshold=dict(limits), threshold_text=threshold_text, notes=cached_context_notes(figures),
                  detail=("; ".join(broken) if broken else shown) + " vs the auto cell")
+
+
+def cached_context_notes(figures: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the cached-context prompts reached: prompts that continued a prefix from vLLM's prefix cache (the path
+    of prefix-cache hits and of a chunked prefill's later chunks), or that the engine served none from its cache."""
+    prompts, tokens = figures.get("cached_context_prompts") or 0, figures.get("cached_tokens") or 0
+    if not prompts:
+        return ()
+    if not tokens:
+        return (f"{prompts} cached-context prompts, but the engine served none of their tokens from its prefix cache "
+                "(prefix caching off?): the cached-context attention path was not reached",)
+    return (f"{prompts} cached-context prompts continued a prefix read back from the KV cache ({tokens:,} prompt "
+            "tokens from the prefix cache); their decode positions are judged with the others",)
 
 
 def probe_limits(policy: Policy, identity: CellIdentity) -> dict[str, float]:
@@ -109,7 +122,7 @@ def probe_ab_check(cell: CellResults, run: RunResults, base: RunResults, policy:
     threshold = {"growth_max": limits.growth_max, "greedy_prefix_drop_max": limits.greedy_prefix_drop_max}
     threshold_text = (f"head's divergence from auto ≤ {limits.growth_max:g} x base's; greedy prefix ≥ base's - "
                       f"{limits.greedy_prefix_drop_max:g}")
-    notes = (f"limits: {limits.source}",) if limits.source else ()
+    notes = ((f"limits: {limits.source}",) if limits.source else ()) + cached_context_notes(head)
     if figures["head_equals_base"]:
         return Check(**base_check, status="pass", figures=figures, threshold=threshold, threshold_text=threshold_text,
                      notes=notes, detail="head ≡ base: every probe logprob and token of the FP8 and auto cells equals "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -98,13 +99,15 @@ KV_CACHE_MAX_LAYERS = 100_000
 KV_CACHE_MAX_TOKENS = 10**15 - 1  # the engine log's figure, at most 15 digits (kvgate.runners.engine.log)
 KV_CACHE_MAX_ELEMENT_BYTES = 64
 KV_CACHE_MAX_NAMES = 64
+KV_CACHE_MAX_SCALES = 1024  # distinct k (or v) scales: one per layer at most
+KV_SCALE_MAX = 1e6
 _DTYPE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def parse_kv_cache(value: Any, where: str) -> KvCacheEvidence:
     """status.json accuracy.kv_cache -> KvCacheEvidence. Never raises: the evidence is optional and judged by one
     check, so a malformed value becomes `problem` (every fault, each with its key path) and that check errors,
-    while the rest of the cell is still read. Keys beyond the five known ones are ignored (a newer minor)."""
+    while the rest of the cell is still read. Keys beyond the seven known ones are ignored (a newer minor)."""
     if not isinstance(value, Mapping):
         return KvCacheEvidence(problem=f"{where}: expected an object, got {_describe(value)}")
     problems: list[str] = []
@@ -121,10 +124,23 @@ def parse_kv_cache(value: Any, where: str) -> KvCacheEvidence:
             for i, item in enumerate(items))
     if "tokens" in value:
         fields["tokens"] = _count(value["tokens"], f"{where}.tokens", 1, KV_CACHE_MAX_TOKENS, problems)
+    for key in ("k_scales", "v_scales"):  # 1.7
+        if key in value:
+            items = _list(value[key], f"{where}.{key}", problems, KV_CACHE_MAX_SCALES)
+            fields[key] = tuple(_scale(item, f"{where}.{key}[{i}]", problems) for i, item in enumerate(items))
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         return KvCacheEvidence(problem="; ".join(problems[:3]) + more)
     return KvCacheEvidence(**fields)
+
+
+def _scale(value: Any, where: str, problems: list[str]) -> float:
+    """A k/v scale: a finite float in (0, KV_SCALE_MAX]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= KV_SCALE_MAX:
+        problems.append(f"{where}: expected a scale in (0, {KV_SCALE_MAX:g}], got {_describe(value)}")
+        return 0.0
+    return float(value)
 
 
 # accuracy.question_plan (contract 1.6)
@@ -162,12 +178,12 @@ def parse_questions(value: Any, where: str) -> QuestionsRecord:
                            seconds=float(seconds) if seconds is not None else None)
 
 
-def _list(value: Any, where: str, problems: list[str]) -> list[Any]:
+def _list(value: Any, where: str, problems: list[str], limit: int = KV_CACHE_MAX_NAMES) -> list[Any]:
     if not isinstance(value, list):
         problems.append(f"{where}: expected a list, got {_describe(value)}")
         return []
-    if len(value) > KV_CACHE_MAX_NAMES:
-        problems.append(f"{where}: {len(value)} entries, more than {KV_CACHE_MAX_NAMES}")
+    if len(value) > limit:
+        problems.append(f"{where}: {len(value)} entries, more than {limit}")
         return []
     return value
 

@@ -1,5 +1,6 @@
 """What a running vLLM engine's attention layers really hold, read from the engine itself: the backends they
-use and the KV cache they write (an FP8 cell whose cache holds 2-byte elements ran without FP8).
+use, the KV cache they write (an FP8 cell whose cache holds 2-byte elements ran without FP8) and the k/v scales
+they write and read it with (1.0 unless the checkpoint shipped scales or the engine computed them).
 
 `vllm.LLM.apply_model(fn)` runs fn on the model inside each worker process; vLLM pickles fn there, which
 its V1 multiprocess engine allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (set by the accuracy
@@ -40,6 +41,7 @@ def layer_kv_cache_facts(model: Any) -> dict[str, Any]:
     layer_dtypes: set[str] = set()
     tensor_dtypes: set[str] = set()
     element_bytes: set[int] = set()
+    scales: dict[str, set[float]] = {"k_scales": set(), "v_scales": set()}
     layers = 0
     for module in model.modules():
         if getattr(module, "attn_backend", None) is None:
@@ -48,6 +50,10 @@ def layer_kv_cache_facts(model: Any) -> dict[str, Any]:
         dtype = getattr(module, "kv_cache_dtype", None)
         if dtype is not None:
             layer_dtypes.add(str(dtype))
+        for key, attribute in (("k_scales", "_k_scale_float"), ("v_scales", "_v_scale_float")):
+            value = getattr(module, attribute, None)  # the scale the backend passes to its cache write and read
+            if isinstance(value, (int, float)):
+                scales[key].add(float(f"{float(value):.6g}"))
         caches = getattr(module, "kv_cache", None)
         for tensor in caches if isinstance(caches, (list, tuple)) else [caches]:
             if tensor is None or not hasattr(tensor, "element_size") or tensor.numel() == 0:
@@ -55,15 +61,16 @@ def layer_kv_cache_facts(model: Any) -> dict[str, Any]:
             tensor_dtypes.add(str(tensor.dtype).removeprefix("torch."))
             element_bytes.add(int(tensor.element_size()))
     return {"layers": layers, "layer_kv_cache_dtypes": sorted(layer_dtypes),
-            "tensor_dtypes": sorted(tensor_dtypes), "element_bytes": sorted(element_bytes)}
+            "tensor_dtypes": sorted(tensor_dtypes), "element_bytes": sorted(element_bytes),
+            **{key: sorted(values) for key, values in scales.items()}}
 
 
 def engine_kv_cache_facts(llm: Any) -> dict[str, Any]:
     """Every worker's layer KV cache facts, merged."""
-    merged: dict[str, Any] = {"layers": 0, "layer_kv_cache_dtypes": set(), "tensor_dtypes": set(),
-                              "element_bytes": set()}
+    listed = ("layer_kv_cache_dtypes", "tensor_dtypes", "element_bytes", "k_scales", "v_scales")
+    merged: dict[str, Any] = {"layers": 0, **{key: set() for key in listed}}
     for per_worker in llm.apply_model(layer_kv_cache_facts):
         merged["layers"] += per_worker["layers"]
-        for key in ("layer_kv_cache_dtypes", "tensor_dtypes", "element_bytes"):
-            merged[key].update(per_worker[key])
+        for key in listed:
+            merged[key].update(per_worker.get(key, ()))
     return {key: sorted(value) if isinstance(value, set) else value for key, value in merged.items()}

@@ -169,6 +169,9 @@ def kv_cache_evidence(layers: Any, logged_tokens: list[int]) -> dict[str, Any]:
         for key in ("layers", "layer_kv_cache_dtypes", "tensor_dtypes", "element_bytes"):
             if key in layers:
                 evidence[key] = layers[key]
+        for key in ("k_scales", "v_scales"):  # 1.7: what the layers write and read their cache with
+            if layers.get(key):
+                evidence[key] = layers[key]
     if logged_tokens:
         evidence["tokens"] = logged_tokens[-1]
     return evidence

@@ -42,6 +42,43 @@ PROMPTS: tuple[str, ...] = (
     "\nAnswer: An average of 85 over 4 tests needs 85*4 = <<85*4=340>>340 points.\n",
 )
 
+# Prompts that continue a cached prefix: one shared prefix of worked problems (well over two CPU cache blocks of 128
+# tokens, dozens of GPU blocks of 16) and a question each. The first is run alone, which computes the prefix and
+# leaves it in vLLM's prefix cache; the others then prefill only their question, attending to the prefix *read
+# back from the KV cache* (the FP8 cache in an FP8 cell). That is the attention path of a prefix-cache hit and of
+# every later chunk of a chunked prefill (a prefill continuing context already in the cache: on MLA backends the
+# context path that dequantizes the FP8 latent cache), which plain prompts and 0-shot gsm8k never reach.
+CACHED_CONTEXT_PREFIX = (
+    "Question: Ava buys 4 packs of 12 pencils and gives 9 pencils to her brother. How many pencils does she keep?\n"
+    "Answer: She buys 4*12 = <<4*12=48>>48 pencils.\nShe keeps 48-9 = <<48-9=39>>39 pencils.\n#### 39\n\n"
+    "Question: A farmer has 3 fields with 45 cows each. He sells 28 cows. How many cows are left?\n"
+    "Answer: He has 3*45 = <<3*45=135>>135 cows.\nAfter selling he has 135-28 = <<135-28=107>>107 cows.\n"
+    "#### 107\n\n"
+    "Question: Ben reads 18 pages a day for 7 days and then 25 more pages. How many pages does he read?\n"
+    "Answer: In 7 days he reads 18*7 = <<18*7=126>>126 pages.\nIn all he reads 126+25 = <<126+25=151>>151 "
+    "pages.\n#### 151\n\n"
+    "Question: A shop sells 6 boxes of 15 apples and 4 boxes of 20 pears. How many fruits does it sell?\n"
+    "Answer: It sells 6*15 = <<6*15=90>>90 apples.\nIt sells 4*20 = <<4*20=80>>80 pears.\nIn all it sells "
+    "90+80 = <<90+80=170>>170 fruits.\n#### 170\n\n"
+    "Question: Mia earns $14 an hour for 6 hours and spends $37 on a game. How much money does she have left?\n"
+    "Answer: She earns 14*6 = <<14*6=84>>84 dollars.\nShe has 84-37 = <<84-37=47>>47 dollars left.\n#### 47\n\n"
+    "Question: A school orders 9 crates of 32 bottles and 47 bottles break. How many bottles are whole?\n"
+    "Answer: It orders 9*32 = <<9*32=288>>288 bottles.\nWhole bottles: 288-47 = <<288-47=241>>241.\n#### 241\n\n"
+)
+CACHED_CONTEXT_QUESTIONS: tuple[str, ...] = (
+    "Question: A library has 8 shelves of 35 books and lends out 56 books. How many books are on the shelves?\n"
+    "Answer:",
+    "Question: Noah runs 5 laps of 400 meters each day for 6 days. How many meters does he run?\nAnswer:",
+    "Question: A baker makes 7 trays of 18 rolls and sells 99 rolls. How many rolls are left?\nAnswer:",
+    "Question: Lily has $250 and buys 3 chairs for $46 each. How much money does she have left?\nAnswer:",
+    "Question: A bus carries 42 people on each of 5 trips and 17 people on a sixth trip. How many people ride?\n"
+    "Answer:",
+    "Question: Tom plants 12 rows of 14 trees and 19 trees die. How many trees are alive?\nAnswer:",
+)
+
+
+def cached_context_prompts() -> list[str]:
+    return [CACHED_CONTEXT_PREFIX + question for question in CACHED_CONTEXT_QUESTIONS]
 
 
 # ---- collecting (needs vLLM) -----------------------------------------------------------------------
@@ -59,28 +96,18 @@ def collect(llm: Any, prompts: Sequence[str] | None = None, max_tokens: int = 64
     outputs = llm.generate(prompts, params, use_tqdm=False)
     records = []
     for prompt, output in zip(prompts, outputs, strict=True):
-        completion = output.outputs[0]
         token_ids = list(output.prompt_token_ids)
         prompt_positions = list(output.prompt_logprobs or [])
         if len(prompt_positions) != len(token_ids):
             raise RuntimeError(
                 f"vLLM returned {len(prompt_positions)} prompt logprob positions for {len(token_ids)} tokens")
-        generated_ids = list(completion.token_ids)
-        generated_positions = list(completion.logprobs or [])
-        if len(generated_positions) != len(generated_ids):
-            raise RuntimeError(
-                f"vLLM returned {len(generated_positions)} logprob positions for {len(generated_ids)} tokens")
         records.append({
             "prompt": prompt,
             "prompt_token_ids": token_ids,
             "prompt_logprobs": [None] + [_actual(p, t) for p, t in zip(prompt_positions[1:], token_ids[1:],
                                                                         strict=True)],
             "prompt_top": [None] + [_top(p, top_k) for p in prompt_positions[1:]],
-            "generated_token_ids": generated_ids,
-            "generated_logprobs": [_actual(p, t) for p, t in zip(generated_positions, generated_ids,
-                                                                  strict=True)],
-            "generated_top": [_top(p, top_k) for p in generated_positions],
-            "generated_text": completion.text,
+            **_generated(output, top_k),
         })
     return {
         "format": FORMAT,
@@ -89,6 +116,36 @@ def collect(llm: Any, prompts: Sequence[str] | None = None, max_tokens: int = 64
                      "ignore_eos": True},
         "engine": _engine_facts(llm),
         "prompts": records,
+        "cached_context": collect_cached_context(llm, max_tokens=max_tokens, top_k=top_k),
+    }
+
+
+def collect_cached_context(llm: Any, max_tokens: int = 64, top_k: int = 5) -> list[dict]:
+    """The cached-context prompts: the first alone (it computes the shared prefix), then the rest (they continue
+    it from the cache). No prompt logprobs: vLLM serves no cached prefix to a request that asks for them. Each
+    record says how many prompt tokens vLLM took from its prefix cache (`cached_tokens`)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, seed=0, ignore_eos=True)
+    prompts = cached_context_prompts()
+    outputs = [*llm.generate(prompts[:1], params, use_tqdm=False), *llm.generate(prompts[1:], params, use_tqdm=False)]
+    return [{"prompt": prompt, "prompt_token_ids": list(output.prompt_token_ids),
+             "cached_tokens": int(getattr(output, "num_cached_tokens", None) or 0), **_generated(output, top_k)}
+            for prompt, output in zip(prompts, outputs, strict=True)]
+
+
+def _generated(output: Any, top_k: int) -> dict[str, Any]:
+    completion = output.outputs[0]
+    generated_ids = list(completion.token_ids)
+    generated_positions = list(completion.logprobs or [])
+    if len(generated_positions) != len(generated_ids):
+        raise RuntimeError(
+            f"vLLM returned {len(generated_positions)} logprob positions for {len(generated_ids)} tokens")
+    return {
+        "generated_token_ids": generated_ids,
+        "generated_logprobs": [_actual(p, t) for p, t in zip(generated_positions, generated_ids, strict=True)],
+        "generated_top": [_top(p, top_k) for p in generated_positions],
+        "generated_text": completion.text,
     }
 
 
