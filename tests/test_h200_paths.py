@@ -70,7 +70,11 @@ def test_the_a_a_runs_pass_with_head_equal_to_base(judged, run):
 
 def test_the_context_dequantization_break_fails_on_accuracy(judged):
     """gsm8k reached MLA's context path; the head-vs-base probe, cached-context prompts included, did not fail it."""
+    from kvgate.cli.canaries_command import judge, load_canaries
+
     code, verdict, run = judged["context/TRITON_MLA-triton-mla-context-dequant-x2"]
+    canary = next(c for c in load_canaries(REPO / "canaries") if c.name == "triton-mla-context-dequant-x2")
+    assert judge(canary, verdict, code)[0] is True
     assert code == 1
     assert status(verdict, "baseline_accuracy") == status(verdict, "fp8_accuracy") == "fail"
     assert status(verdict, "probe_ab") == "pass"

@@ -288,9 +288,10 @@ def test_the_canaries_say_which_ones_this_host_cannot_run(monkeypatch):
     monkeypatch.setenv(cpu.WITHOUT_ENV, "avx512,amx")
     monkeypatch.setenv("KVGATE_ARCH", "cpu")
     cannot = cannot_run_here(canaries)
-    gpu = {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless"}
+    gpu = {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless",
+           "triton-mla-context-dequant-x2"}
     assert set(cannot) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "fp8-decode-extra-work", "harmless-refactor",
-                           *gpu}
+                           "fp8-kv-scale-loader-twice-normalised", "fp8-cached-context-scale", *gpu}
     assert cannot["fp8-scale-mismatch"].startswith("cpu_attn-fp8-cpu needs a CPU with AVX-512 or AMX")
     assert cannot["triton-mla-kv-scale-x09"] == "triton_mla-auto-sm90 needs sm90; this machine is cpu"
     monkeypatch.setenv(cpu.WITHOUT_ENV, "")
