@@ -11,9 +11,11 @@ A/B against a vLLM change (kvgate-vllm.yml): with $KVGATE_VLLM_HEAD and $KVGATE_
 the vLLM pull request) every session runs `-- --vllm SPEC --base-vllm SPEC`, each side's SPEC being, in order:
 `wheel:$KVGATE_VLLM_HEAD_WHEEL` / `wheel:$KVGATE_VLLM_BASE_WHEEL` (vLLM's per-commit wheel of that side, which the
 workflow downloads where vLLM published one: the side's own compiled kernels), else `source:CHECKOUT@REV`, REV being
-$KVGATE_VLLM_OVERLAY_BASE (the commit the side's Python changes are counted from, over the installed release's
-compiled parts; kvgate refuses it unless REV and the release hold the same compiled sources). Both sides of the cell
-then run on this machine into one results folder; run.json's vllm_under_test says which each side ran and why.
+$KVGATE_VLLM_OVERLAY_BASE (the commit the side's Python changes are counted from). A source head against a wheel
+base goes over that wheel (the merge base's own kernels on both sides); a source side otherwise goes over the
+installed release, which kvgate refuses unless REV and the release hold the same compiled sources. Both sides of
+the cell then run on this machine into one results folder; run.json's vllm_under_test says which each side ran and
+why.
 
 A `cell(<id>)` session skips (exit 0) on a machine of another arch; here that is a failure: the runner's
 label promised the cell's GPU. Every session runs even when one fails, so the artifact holds what there is;

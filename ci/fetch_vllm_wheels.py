@@ -8,8 +8,9 @@ kernels; the Python-over-the-release overlay is only right where the release was
 sources. For the merge base (a main commit) the wheel normally exists; for a pull request's head it normally does
 not. Each wheel found is downloaded (no dependencies) and named to the job in $GITHUB_ENV as
 KVGATE_VLLM_BASE_WHEEL / KVGATE_VLLM_HEAD_WHEEL, which ci/cell_job.py prefers to the side's source overlay. A
-side without a wheel is said (::notice::) and keeps the overlay, which kvgate refuses, naming the files, where the
-release's compiled sources are not the merge base's. $KVGATE_VLLM_WHEEL_INDEX replaces the index root (a mirror).
+head without a wheel is said (::notice::) and runs its Python changes since the merge base over the merge base's
+wheel; without the merge base's wheel both sides go over the installed release, which kvgate refuses, naming the
+files, where the release's compiled sources are not the merge base's. $KVGATE_VLLM_WHEEL_INDEX replaces the index root (a mirror).
 """
 
 from __future__ import annotations

@@ -209,6 +209,56 @@ def test_an_overlay_whose_release_tag_is_not_in_the_checkout_is_refused(tmp_path
                                         "compiled sources against. Fetch it (git fetch origin tag v0.32.0).")
 
 
+def _merge_base_wheel(tmp_path: Path, commit: str) -> Path:
+    """vLLM's per-commit wheel of `commit` as vLLM names them (version 0.33.0.dev5+g<sha>), with its own kernels."""
+    version = f"0.33.0.dev5+g{commit[:9]}"
+    return make_wheel(tmp_path, f"vllm-{version}-py3-none-any.whl", {
+        "vllm/__init__.py": f"__version__ = '{version}'\n".encode(), CPU_ATTN: ORIGINAL.encode(),
+        "vllm/_C.abi3.so": b"the merge base's kernels", f"vllm-{version}.dist-info/METADATA":
+            f"Name: vllm\nVersion: {version}\n".encode()})
+
+
+def test_a_source_head_goes_over_the_base_sides_per_commit_wheel(tmp_path, release, checkout):
+    """The cells job's A/B for a pull request whose head has no wheel: base = vLLM's wheel of the merge base, head =
+    the head's Python since the merge base over that wheel. A kernel change on main since the release does not
+    matter then: both sides run the merge base's kernels."""
+    base = _merge_base_then_change(checkout, ("csrc/attention.cpp", "// main's newer kernel\n"))
+    wheel_side = prepare(parse_spec(f"wheel:{_merge_base_wheel(tmp_path, base)}"), release, tmp_path / "overlays")
+    head = prepare(parse_spec(f"source:{checkout}@{base}"), release, tmp_path / "overlays", over=wheel_side)
+    assert head.changed_files == (CPU_ATTN,)
+    assert (head.overlay / "vllm/_C.abi3.so").read_bytes() == b"the merge base's kernels"
+    assert "def read_back" in (head.overlay / CPU_ATTN).read_text()
+    assert head.as_record()["why"] == (f"the change's Python since {base} ({base[:12]}) over the base side's wheel "
+                                       f"0.33.0.dev5+g{base[:9]}, vLLM's build of that commit: the same compiled "
+                                       "kernels on both sides")
+
+
+def test_the_sides_of_an_ab_run_put_a_source_head_over_a_wheel_base(tmp_path, release, checkout, monkeypatch):
+    from kvgate.change import sides
+
+    base = _merge_base_then_change(checkout, ("csrc/attention.cpp", "// main's newer kernel\n"))
+    wheel = _merge_base_wheel(tmp_path, base)
+    monkeypatch.setattr(sides, "installed_release", lambda: release)
+    monkeypatch.setenv("KVGATE_OVERLAY_DIR", str(tmp_path / "overlays"))
+    base_side, head_side = sides.prepare_sides(f"source:{checkout}@{base}", f"wheel:{wheel}")
+    assert (base_side.name, base_side.vllm.kind, head_side.name, head_side.vllm.kind) == ("base", "wheel", "head",
+                                                                                          "source")
+    assert (head_side.vllm.overlay / "vllm/_C.abi3.so").read_bytes() == b"the merge base's kernels"
+    with pytest.raises(InputError, match="is not built like the installed release v0.32.0"):
+        sides.prepare_sides(f"source:{checkout}@{base}", "release")  # over the release: refused, as before
+
+
+def test_a_base_wheel_of_another_commit_is_refused_as_the_heads_foundation(tmp_path, release, checkout):
+    base = _merge_base_then_change(checkout, ("vllm/config_note.py", "NOTE = 1\n"))
+    wheel_side = prepare(parse_spec(f"wheel:{_merge_base_wheel(tmp_path, 'f' * 40)}"), release, tmp_path / "overlays")
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{checkout}@{base}"), release, tmp_path / "overlays", over=wheel_side)
+    assert str(caught.value) == (
+        f"{checkout}: its Python changes would go over the base side's wheel 0.33.0.dev5+gfffffffff, which is a build "
+        f"of fffffffff, not of {base} ({base[:12]}). Give the base side vLLM's per-commit wheel of BASE, or both "
+        "sides as wheels")
+
+
 def test_a_folder_that_is_not_a_git_checkout_is_refused(tmp_path, release):
     folder = tmp_path / "plain"
     (folder / "vllm").mkdir(parents=True)

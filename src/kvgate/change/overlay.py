@@ -141,9 +141,16 @@ def default_overlay_root(release: Release) -> Path:
     return venv.parent / "_vllm-overlays" if venv.parent.name == ".nox" else venv / "kvgate-vllm-overlays"
 
 
-def prepare(spec: VllmSpec, release: Release, overlay_root: Path | None = None) -> VllmUnderTest:
-    """Check the spec against the release and build its overlay (cached). InputError for every problem."""
+def prepare(spec: VllmSpec, release: Release, overlay_root: Path | None = None,
+            over: VllmUnderTest | None = None) -> VllmUnderTest:
+    """Check the spec against the release and build its overlay (cached). InputError for every problem.
+    over: a prepared wheel side (the base of an A/B run) that a `source:` spec's Python changes go over instead of the
+    installed release: vLLM's per-commit wheel of BASE carries BASE's own compiled kernels."""
     root = overlay_root or default_overlay_root(release)
+    if spec.kind == "source" and over is not None and over.kind == "wheel" and over.overlay is not None:
+        foundation = Release(version=over.version, distribution_version=over.version,
+                             package_dir=over.overlay / "vllm")
+        return _from_source(spec, foundation, root, wheel=over)
     if spec.kind == "release":
         if spec.version and spec.version not in (release.version, release.distribution_version):
             raise InputError(spec.text, f"this engine environment has vllm {release.distribution_version}, not "
@@ -298,7 +305,7 @@ def changed_paths_of(spec: VllmSpec) -> list[str]:
     return list(prepare(spec, installed_release()).changed_paths)
 
 
-def _from_source(spec: VllmSpec, release: Release, root: Path) -> VllmUnderTest:
+def _from_source(spec: VllmSpec, release: Release, root: Path, wheel: VllmUnderTest | None = None) -> VllmUnderTest:
     change = _source_change(spec, release.version)
     checkout, shown, base, base_commit = change.checkout, str(change.checkout), change.base, change.base_commit
     head, entries, untracked, dirty, paths = change.head, change.entries, change.untracked, change.dirty, change.paths
@@ -329,7 +336,8 @@ def _from_source(spec: VllmSpec, release: Release, root: Path) -> VllmUnderTest:
         return VllmUnderTest(spec=spec.text, kind="source", version=release.version, release=release.version,
                              changed_paths=tuple(paths), not_applied=tuple(paths), source_commit=head,
                              source_base=f"{base} ({base_commit[:12]})", source_dirty=dirty, notes=(note,))
-    why = _compiled_parts_match(checkout, shown, base, base_commit, release)
+    why = _compiled_parts_match(checkout, shown, base, base_commit, release) if wheel is None else \
+        _wheel_is_base(wheel, shown, base, base_commit)
     drift = _release_drift(checkout, base_commit, release)
     notes = (f"{len(drift)} Python file(s) of the release differ from {base} ({', '.join(drift[:SHOWN_LIMIT])}): "
              f"the release may not be built from {base}",) if drift else ()
@@ -388,6 +396,22 @@ def _compiled_parts_match(checkout: Path, shown: str, base: str, base_commit: st
                                 f"neither", hint=fix)
     return (f"{base} ({base_commit[:12]}) and {tag}, the release whose compiled kernels the change runs over, hold "
             f"the same compiled and build sources (csrc/, CMake, setup.py; checked with git)")
+
+
+_GIT_LOCAL = re.compile(r"\+g?([0-9a-f]{7,40})(?:\.|$)")
+
+
+def _wheel_is_base(wheel: VllmUnderTest, shown: str, base: str, base_commit: str) -> str:
+    """The source change goes over the base side's wheel: that wheel must be vLLM's build of BASE (its version's
+    local part names the commit, as vLLM's per-commit wheels do: 0.11.1.dev45+g1234567)."""
+    found = _GIT_LOCAL.search(wheel.version)
+    if found is None or not base_commit.startswith(found.group(1)):
+        built = f"a build of {found.group(1)}" if found else "of no commit its version names"
+        raise InputError(shown, f"its Python changes would go over the base side's wheel {wheel.version}, which is "
+                                f"{built}, not of {base} ({base_commit[:12]})",
+                         hint="Give the base side vLLM's per-commit wheel of BASE, or both sides as wheels")
+    return (f"the change's Python since {base} ({base_commit[:12]}) over the base side's wheel {wheel.version}, vLLM's "
+            f"build of that commit: the same compiled kernels on both sides")
 
 
 def _release_drift(checkout: Path, base_commit: str, release: Release) -> list[str]:

@@ -1,7 +1,8 @@
 """The sides of a run: `head` (the vLLM under test) and, in an A/B run, `base` (what it is compared with).
 
     kvgate run ... --vllm SPEC                    one side, head (default spec: release)
-    kvgate run ... --vllm SPEC --base-vllm SPEC   both sides of each cell on this machine, base first
+    kvgate run ... --vllm SPEC --base-vllm SPEC   both sides of each cell on this machine, base first; a
+                                                  source: head against a wheel: base goes over that wheel
 
 Both specs are checked and their overlays built before anything is written, so bad input (a patch that does
 not apply, a wheel for another Python) leaves every results folder as it was.
@@ -41,10 +42,13 @@ def prepare_sides(vllm: str | None, base_vllm: str | None) -> list[Side]:
     if vllm is None and base_vllm is None:
         return [Side(name=HEAD, vllm=None)]
     release = installed_release()
-    head = prepare(parse_spec(vllm or DEFAULT_SPEC, "--vllm"), release)
+    head_spec = parse_spec(vllm or DEFAULT_SPEC, "--vllm")
     if base_vllm is None:
-        return [Side(name=HEAD, vllm=head)]
+        return [Side(name=HEAD, vllm=prepare(head_spec, release))]
     base = prepare(parse_spec(base_vllm, "--base-vllm"), release)
+    # A source head against a wheel base (vLLM's per-commit wheel of the merge base): the head's Python changes go
+    # over that wheel, so both sides run the same compiled kernels, the merge base's
+    head = prepare(head_spec, release, over=base if head_spec.kind == "source" and base.kind == "wheel" else None)
     return [Side(name=BASE, vllm=base, ab=True), Side(name=HEAD, vllm=head, ab=True)]
 
 
