@@ -244,7 +244,7 @@ def test_the_sides_of_an_ab_run_put_a_source_head_over_a_wheel_base(tmp_path, re
     assert (base_side.name, base_side.vllm.kind, head_side.name, head_side.vllm.kind) == ("base", "wheel", "head",
                                                                                           "source")
     assert (head_side.vllm.overlay / "vllm/_C.abi3.so").read_bytes() == b"the merge base's kernels"
-    with pytest.raises(InputError, match="is not built like the installed release v0.32.0"):
+    with pytest.raises(InputError, match=r"is not built like the installed release v0\.32\.0"):
         sides.prepare_sides(f"source:{checkout}@{base}", "release")  # over the release: refused, as before
 
 
