@@ -260,3 +260,21 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
         for logprob, top in zip(p.generated_logprobs, p.generated_top, strict=True):
             assert logprob == top[0][1]
             assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+
+
+def test_the_fresh_prefill_of_a_cached_context_prompt_is_read_and_checked() -> None:
+    from kvgate import InputError
+    from kvgate.results.probe_file import from_dict
+
+    record = with_cached_context(make_record())
+    entry = record["cached_context"][0]
+    entry.update(fresh_cached_tokens=0, fresh_generated_token_ids=[500, 501, 9, 9],
+                 fresh_generated_logprobs=[-0.3, -0.5, -1.0, -1.0])
+    consistency = probe_agreement.cache_consistency(record)
+    assert consistency.as_record() == {"prompts": 1, "generated_positions": 4, "greedy_prefix_match": 0.5,
+                                       "decode_positions": 2, "decode_mean_abs_logprob_diff": pytest.approx(0.1)}
+    assert probe_agreement.cache_consistency(make_record()) is None  # no cached-context prompts
+    entry["fresh_generated_logprobs"] = [-0.3]
+    with pytest.raises(InputError, match=re.escape("1 positions for 4 generated tokens in "
+                                                   "cached_context[0].fresh_generated_logprobs")):
+        from_dict(record)

@@ -100,3 +100,49 @@ def test_the_policy_states_its_limits_and_checks_them():
     parsed["probe_ab"] = doc
     with pytest.raises(Exception, match="probe_ab"):
         policy_module.parse(parsed)
+
+
+def with_cached_context(run: Path, head_fresh_diverges_at: int | None) -> None:
+    """Every probe gains two cached-context prompts answered alike on all four cells; the head FP8 cell's fresh
+    prefill of them (the same prompt, the prefix cache not read) differs from its cached answer from
+    `head_fresh_diverges_at` on, where given; everywhere else cached and fresh agree."""
+    for probe in run.glob("*/probe/probe.json"):
+        data = json.loads(probe.read_text())
+        head_fp8 = probe.parent.parent.name == FP8
+        entries = []
+        for i in range(2):
+            answer = [600 + i * 10 + j for j in range(8)]
+            fresh = list(answer)
+            if head_fp8 and head_fresh_diverges_at is not None:
+                fresh[head_fresh_diverges_at:] = [599] * (8 - head_fresh_diverges_at)
+            entries.append({"prompt": f"prefix + question {i}", "prompt_token_ids": list(range(1, 301)),
+                            "cached_tokens": 256, "generated_token_ids": answer, "generated_logprobs": [-0.2] * 8,
+                            "generated_top": [[[t, -0.2]] for t in answer], "generated_text": "",
+                            "fresh_cached_tokens": 0, "fresh_generated_token_ids": fresh,
+                            "fresh_generated_logprobs": [-0.2] * 8})
+        data["cached_context"] = entries
+        probe.write_text(json.dumps(data))
+
+
+def test_a_cached_context_path_that_no_longer_matches_a_fresh_prefill_fails(tmp_path):
+    """The head's FP8 cell answers its cached-context prompts differently from a fresh prefill of the same prompts,
+    where the base side's agree: the change broke the cached-context path (a prefix-cache hit, a chunked prefill's
+    later chunks), even where FP8 vs auto did not move."""
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.0101})
+    with_cached_context(run, head_fresh_diverges_at=2)
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    check = probe_ab(run)
+    assert check["status"] == "fail"
+    assert check["figures"]["head_cached_vs_fresh_greedy_prefix_match"] == pytest.approx(0.25)
+    assert check["figures"]["base_cached_vs_fresh_greedy_prefix_match"] == 1.0
+    assert ("cached-context greedy prefix shared with a fresh prefill 1 (base) -> 0.25 (head), down 0.75 > 0.15"
+            in check["detail"])
+
+
+def test_cached_context_that_matches_its_fresh_prefill_on_both_sides_passes(tmp_path):
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.0101})
+    with_cached_context(run, head_fresh_diverges_at=None)
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 0
+    check = probe_ab(run)
+    assert check["status"] == "pass" and check["figures"]["cached_vs_fresh_growth"] == 1.0
+    assert "cached context vs fresh prefill 0 -> 0, prefix 1 -> 1" in check["detail"]

@@ -112,6 +112,44 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CacheConsistency:
+    """How one engine's answers to the cached-context prompts followed its own answers to the same prompts prefilled
+    fresh (the prefix cache not read): the cached-context path against the plain prefill, in one cell."""
+
+    prompts: int  # cached-context prompts that were served from the cache and prefilled fresh
+    generated_positions: int
+    greedy_prefix_match: float  # share of generated tokens before cached and fresh first differ
+    decode_positions: int
+    decode_mean_abs_logprob_diff: float  # over the common greedy prefix; NaN when there is none
+
+    def as_record(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "generated_positions": self.generated_positions,
+                "greedy_prefix_match": self.greedy_prefix_match, "decode_positions": self.decode_positions,
+                "decode_mean_abs_logprob_diff": encode_float(self.decode_mean_abs_logprob_diff)}
+
+
+def cache_consistency(record: ProbeRecord | dict) -> CacheConsistency | None:
+    """The cached-context prompts that came from the prefix cache and were also prefilled fresh: their cached
+    answers against their fresh ones. None when the record holds no such prompt."""
+    if isinstance(record, dict):
+        record = from_dict(record, "<record>")
+    pairs = [p for p in record.cached_context if p.cached_tokens > 0 and p.fresh_generated_token_ids]
+    if not pairs:
+        return None
+    generated = prefix = 0
+    decode: list[float] = []
+    for p in pairs:
+        same = [a == b for a, b in zip(p.fresh_generated_token_ids, p.generated_token_ids, strict=False)]
+        common = same.index(False) if False in same else len(same)
+        generated += max(len(p.generated_token_ids), len(p.fresh_generated_token_ids))
+        prefix += common
+        decode += [_abs_diff(p.fresh_generated_logprobs[j], p.generated_logprobs[j]) for j in range(common)]
+    return CacheConsistency(prompts=len(pairs), generated_positions=generated,
+                            greedy_prefix_match=prefix / generated if generated else 1.0, decode_positions=len(decode),
+                            decode_mean_abs_logprob_diff=math.fsum(decode) / len(decode) if decode else math.nan)
+
+
 def _abs_diff(a: float | None, b: float | None) -> float:
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return math.inf

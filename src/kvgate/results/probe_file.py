@@ -14,7 +14,8 @@ strings "nan", "inf", "-inf", so the file stays JSON.
 Optional (results contract 1.7), "cached_context": [{"prompt", "prompt_token_ids", "cached_tokens",
 "generated_token_ids", "generated_logprobs", "generated_top", "generated_text"}, ...]: prompts that continue a
 prefix read back from vLLM's prefix cache (no prompt logprobs: vLLM serves no cached prefix to a request that asks
-for them); `cached_tokens` is how many prompt tokens came from the cache.
+for them); `cached_tokens` is how many prompt tokens came from the cache; `fresh_generated_token_ids`,
+`fresh_generated_logprobs` and `fresh_cached_tokens` (optional): the same prompt prefilled fresh in the same engine.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class CachedContextProbe:
     generated_logprobs: tuple[float, ...]
     generated_top: tuple[TopList, ...]
     generated_text: str
+    # the same prompt prefilled fresh in the same engine (the prefix cache not read); empty when not recorded
+    fresh_generated_token_ids: tuple[int, ...] = ()
+    fresh_generated_logprobs: tuple[float, ...] = ()
+    fresh_cached_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,8 +144,23 @@ def _cached_from_dict(item: Any, source: str, where: str) -> CachedContextProbe:
     if not 0 <= cached <= len(token_ids):
         raise InputError(source, f"{cached} cached tokens for a prompt of {len(token_ids)}", f"{where}.cached_tokens")
     generated = _generated_from_dict(item, source, where)
+    fresh: dict[str, Any] = {}
+    if "fresh_generated_token_ids" in item:
+        fresh_ids = _token_ids(_field(item, "fresh_generated_token_ids", list, source, where), source,
+                               f"{where}.fresh_generated_token_ids")
+        fresh_logprobs = _field(item, "fresh_generated_logprobs", list, source, where)
+        if len(fresh_logprobs) != len(fresh_ids):
+            raise InputError(source, f"{len(fresh_logprobs)} positions for {len(fresh_ids)} generated tokens",
+                             f"{where}.fresh_generated_logprobs")
+        fresh_cached = _field(item, "fresh_cached_tokens", int, source, where)
+        if not 0 <= fresh_cached <= len(token_ids):
+            raise InputError(source, f"{fresh_cached} cached tokens for a prompt of {len(token_ids)}",
+                             f"{where}.fresh_cached_tokens")
+        fresh = {"fresh_generated_token_ids": fresh_ids, "fresh_cached_tokens": fresh_cached,
+                 "fresh_generated_logprobs": tuple(_logprob(v, source, f"{where}.fresh_generated_logprobs[{i}]")
+                                                   for i, v in enumerate(fresh_logprobs))}
     return CachedContextProbe(prompt=_field(item, "prompt", str, source, where), prompt_token_ids=token_ids,
-                              cached_tokens=cached, **generated)
+                              cached_tokens=cached, **generated, **fresh)
 
 
 def _generated_from_dict(item: dict, source: str, where: str) -> dict[str, Any]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvgate import InputError
 from kvgate.gate.checks.formatting import fmt
 from kvgate.gate.checks.health import health_check
 from kvgate.gate.policy import Policy
+from kvgate.gate.probe_agreement import cache_consistency
 from kvgate.gate.verdict import Check
 from kvgate.results.records import CellIdentity, CellResults, RunResults
 
@@ -137,6 +140,7 @@ def probe_ab_check(cell: CellResults, run: RunResults, base: RunResults, policy:
         if growth is None or growth != growth or growth > limits.growth_max:
             broken.append(f"{label} divergence from auto {fmt(old)} (base) -> {fmt(new)} (head), x{fmt(growth)} > "
                           f"x{limits.growth_max:g}")
+    broken += _cache_consistency_growth(cell.stage("probe").data, data["base FP8"], figures, shown, limits)
     old_prefix, new_prefix = figures["base_greedy_prefix_match"], figures["head_greedy_prefix_match"]
     drop = old_prefix - new_prefix if isinstance(old_prefix, (int, float)) and isinstance(new_prefix, (int, float)) \
         else None
@@ -152,6 +156,42 @@ def probe_ab_check(cell: CellResults, run: RunResults, base: RunResults, policy:
 
 
 GROWTH_FLOOR = 1e-4  # |delta logprob| below this is rounding: a divergence growing from ~0 to ~0 is no growth
+
+
+def _cache_consistency_growth(head_fp8: Any, base_fp8: Any, figures: dict[str, Any], shown: list[str],
+                              limits: Any) -> list[str]:
+    """The FP8 cell's cached-context answers against its own fresh prefill of the same prompts, head vs base: a change
+    to the cached-context path (prefix-cache hits, a chunked prefill's later chunks) moves them apart on the head
+    only. Judged where both sides recorded the fresh prefill (kvgate 1.7 probes); the same limits as the rest."""
+    try:
+        head, base = cache_consistency(head_fp8), cache_consistency(base_fp8)
+    except InputError:
+        return []  # the probe records themselves are judged (and refused) by the comparisons above
+    if head is None or base is None:
+        return []
+    figures.update(head_cached_vs_fresh_decode_mean_abs_logprob_diff=head.decode_mean_abs_logprob_diff,
+                   base_cached_vs_fresh_decode_mean_abs_logprob_diff=base.decode_mean_abs_logprob_diff,
+                   head_cached_vs_fresh_greedy_prefix_match=head.greedy_prefix_match,
+                   base_cached_vs_fresh_greedy_prefix_match=base.greedy_prefix_match)
+    broken = []
+    if head.decode_positions and base.decode_positions:
+        growth = _growth(head.decode_mean_abs_logprob_diff, base.decode_mean_abs_logprob_diff)
+    else:  # no common prefix on one side: only a head without one (where the base had one) counts as growth
+        growth = math.inf if base.decode_positions else 1.0
+    figures["cached_vs_fresh_growth"] = growth
+    drop = base.greedy_prefix_match - head.greedy_prefix_match
+    figures["cached_vs_fresh_prefix_drop"] = drop
+    shown.append(f"cached context vs fresh prefill {fmt(base.decode_mean_abs_logprob_diff)} -> "
+                 f"{fmt(head.decode_mean_abs_logprob_diff)}, prefix {fmt(base.greedy_prefix_match)} -> "
+                 f"{fmt(head.greedy_prefix_match)}")
+    if growth is None or growth != growth or growth > limits.growth_max:
+        broken.append(f"cached-context answers vs a fresh prefill of the same prompts {fmt(base.decode_mean_abs_logprob_diff)}"
+                      f" (base) -> {fmt(head.decode_mean_abs_logprob_diff)} (head), x{fmt(growth)} > "
+                      f"x{limits.growth_max:g}")
+    if drop > limits.greedy_prefix_drop_max:
+        broken.append(f"cached-context greedy prefix shared with a fresh prefill {fmt(base.greedy_prefix_match)} (base) -> "
+                      f"{fmt(head.greedy_prefix_match)} (head), down {fmt(drop)} > {limits.greedy_prefix_drop_max:g}")
+    return broken
 
 
 def _growth(new: Any, old: Any) -> float | None:

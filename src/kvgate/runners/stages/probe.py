@@ -123,15 +123,38 @@ def collect(llm: Any, prompts: Sequence[str] | None = None, max_tokens: int = 64
 def collect_cached_context(llm: Any, max_tokens: int = 64, top_k: int = 5) -> list[dict]:
     """The cached-context prompts: the first alone (it computes the shared prefix), then the rest (they continue
     it from the cache). No prompt logprobs: vLLM serves no cached prefix to a request that asks for them. Each
-    record says how many prompt tokens vLLM took from its prefix cache (`cached_tokens`)."""
+    record says how many prompt tokens vLLM took from its prefix cache (`cached_tokens`), and holds the same prompt
+    prefilled fresh in the same engine (`fresh_*`, the prefix cache not read): a healthy cached-context path gives
+    what a fresh prefill gives, up to the cache's own rounding."""
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, seed=0, ignore_eos=True)
     prompts = cached_context_prompts()
     outputs = [*llm.generate(prompts[:1], params, use_tqdm=False), *llm.generate(prompts[1:], params, use_tqdm=False)]
-    return [{"prompt": prompt, "prompt_token_ids": list(output.prompt_token_ids),
-             "cached_tokens": int(getattr(output, "num_cached_tokens", None) or 0), **_generated(output, top_k)}
-            for prompt, output in zip(prompts, outputs, strict=True)]
+    fresh = llm.generate(prompts, _fresh(params, max_tokens, top_k), use_tqdm=False)
+    records = []
+    for prompt, output, again in zip(prompts, outputs, fresh, strict=True):
+        generated = _generated(again, top_k)
+        records.append({"prompt": prompt, "prompt_token_ids": list(output.prompt_token_ids),
+                        "cached_tokens": int(getattr(output, "num_cached_tokens", None) or 0),
+                        **_generated(output, top_k),
+                        "fresh_cached_tokens": int(getattr(again, "num_cached_tokens", None) or 0),
+                        "fresh_generated_token_ids": generated["generated_token_ids"],
+                        "fresh_generated_logprobs": generated["generated_logprobs"]})
+    return records
+
+
+def _fresh(params: Any, max_tokens: int, top_k: int) -> Any:
+    """The same sampling, reading nothing from the prefix cache (vLLM's skip_reading_prefix_cache; an older vLLM
+    without it skips the cache for any request that asks for prompt logprobs)."""
+    from vllm import SamplingParams
+
+    try:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, seed=0, ignore_eos=True,
+                              skip_reading_prefix_cache=True)
+    except TypeError:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, seed=0, ignore_eos=True,
+                              prompt_logprobs=0)
 
 
 def _generated(output: Any, top_k: int) -> dict[str, Any]:
