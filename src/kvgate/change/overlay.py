@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,12 +37,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvgate import InputError
+from kvgate.change.compiled_match import SHOWN_LIMIT, compiled_parts_match, release_drift, wheel_is_base
+from kvgate.change.compiled_match import git as _git
 from kvgate.change.patch import FilePatch, apply_file_patch, changed_paths, classify, parse_patch
 from kvgate.change.spec import VllmSpec
 
 MARKER = "kvgate-overlay.json"
 OVERLAYS_ENV = "KVGATE_OVERLAY_DIR"
-SHOWN_LIMIT = 6  # paths named in one error line
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,10 +235,6 @@ def _refuse_build_changes(source: str, paths: Iterable[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------- source
 
-def _git(checkout: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=text, check=False)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _SourceChange:
     checkout: Path
@@ -336,9 +332,9 @@ def _from_source(spec: VllmSpec, release: Release, root: Path, wheel: VllmUnderT
         return VllmUnderTest(spec=spec.text, kind="source", version=release.version, release=release.version,
                              changed_paths=tuple(paths), not_applied=tuple(paths), source_commit=head,
                              source_base=f"{base} ({base_commit[:12]})", source_dirty=dirty, notes=(note,))
-    why = _compiled_parts_match(checkout, shown, base, base_commit, release) if wheel is None else \
-        _wheel_is_base(wheel, shown, base, base_commit)
-    drift = _release_drift(checkout, base_commit, release)
+    why = compiled_parts_match(checkout, shown, base, base_commit, release.version) if wheel is None else \
+        wheel_is_base(wheel.version, shown, base, base_commit)
+    drift = release_drift(checkout, base_commit, release.package_dir)
     notes = (f"{len(drift)} Python file(s) of the release differ from {base} ({', '.join(drift[:SHOWN_LIMIT])}): "
              f"the release may not be built from {base}",) if drift else ()
     result = _overlay_from_release(spec, release, root, files, paths=paths,
@@ -365,78 +361,6 @@ def _read_bytes(path: Path, source: str) -> bytes:
         return path.read_bytes()
     except OSError as error:
         raise InputError(source, f"cannot read {path.name}: {error.strerror or error}") from None
-
-
-PER_COMMIT_WHEELS = "https://wheels.vllm.ai/<commit>"  # vLLM's per-commit wheels (its installation docs)
-
-
-def _compiled_parts_match(checkout: Path, shown: str, base: str, base_commit: str, release: Release) -> str:
-    """Why the change's Python may run over the installed release's compiled kernels: the release's tag and BASE hold
-    the same compiled and build sources (csrc/, CMake, setup.py, ...). Otherwise, or when that cannot be checked,
-    an InputError: BASE's Python over another commit's kernels would test neither; a wheel of each side can."""
-    tag = f"v{release.version}"
-    fix = (f"Pass the two sides as wheels instead (wheel:PATH; vLLM publishes one per commit at {PER_COMMIT_WHEELS}), "
-           f"or source:PATH@{tag}")
-    resolved = _git(checkout, "rev-parse", "--verify", "--quiet", f"{tag}^{{commit}}")
-    if resolved.returncode != 0:
-        raise InputError(shown, f"has no tag {tag} (the installed release) to hold {base}'s compiled sources against",
-                         hint=f"Fetch it (git fetch origin tag {tag}). {fix}")
-    if resolved.stdout.strip() == base_commit:
-        return f"the change is counted from {tag}, the release whose compiled kernels it runs over"
-    diff = _git(checkout, "diff", "-z", "--name-only", "--no-ext-diff", resolved.stdout.strip(), base_commit,
-                text=False)
-    if diff.returncode != 0:
-        raise InputError(shown, f"git diff {tag} {base} failed: {diff.stderr.decode(errors='replace').strip()[:200]}")
-    built = [p for p in diff.stdout.decode("utf-8", "surrogateescape").split("\0") if p and classify(p) == "build"]
-    if built:
-        listed = ", ".join(built[:SHOWN_LIMIT]) + (f" (+{len(built) - SHOWN_LIMIT} more)" if len(built) > SHOWN_LIMIT
-                                                   else "")
-        raise InputError(shown, f"{base} is not built like the installed release {tag}: {len(built)} compiled or "
-                                f"build source(s) differ ({listed}), so its Python over {tag}'s kernels would test "
-                                f"neither", hint=fix)
-    return (f"{base} ({base_commit[:12]}) and {tag}, the release whose compiled kernels the change runs over, hold "
-            f"the same compiled and build sources (csrc/, CMake, setup.py; checked with git)")
-
-
-_GIT_LOCAL = re.compile(r"\+g?([0-9a-f]{7,40})(?:\.|$)")
-
-
-def _wheel_is_base(wheel: VllmUnderTest, shown: str, base: str, base_commit: str) -> str:
-    """The source change goes over the base side's wheel: that wheel must be vLLM's build of BASE (its version's
-    local part names the commit, as vLLM's per-commit wheels do: 0.11.1.dev45+g1234567)."""
-    found = _GIT_LOCAL.search(wheel.version)
-    if found is None or not base_commit.startswith(found.group(1)):
-        built = f"a build of {found.group(1)}" if found else "of no commit its version names"
-        raise InputError(shown, f"its Python changes would go over the base side's wheel {wheel.version}, which is "
-                                f"{built}, not of {base} ({base_commit[:12]})",
-                         hint="Give the base side vLLM's per-commit wheel of BASE, or both sides as wheels")
-    return (f"the change's Python since {base} ({base_commit[:12]}) over the base side's wheel {wheel.version}, vLLM's "
-            f"build of that commit: the same compiled kernels on both sides")
-
-
-def _release_drift(checkout: Path, base_commit: str, release: Release) -> list[str]:
-    """Python files of the installed release whose content is not BASE's (git blob ids compared)."""
-    tree = _git(checkout, "ls-tree", "-r", "-z", base_commit, "--", "vllm", text=False)
-    if tree.returncode != 0:
-        return []
-    blobs = {}
-    for entry in tree.stdout.decode("utf-8", "surrogateescape").split("\0"):
-        meta, _, name = entry.partition("\t")
-        if name.endswith(".py"):
-            blobs[name] = meta.split()[-1] if meta else ""
-    drift = []
-    for name, blob in sorted(blobs.items()):
-        if name.endswith("_version.py"):
-            continue  # generated at build time
-        path = release.package_dir.parent / name
-        try:
-            data = path.read_bytes()
-        except OSError:
-            drift.append(name)
-            continue
-        if hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() != blob:
-            drift.append(name)
-    return drift
 
 
 # ---------------------------------------------------------------------------------------------- wheel
