@@ -140,49 +140,36 @@ def _cached_from_dict(item: Any, source: str, where: str) -> CachedContextProbe:
         raise InputError(source, "expected an object", where)
     token_ids = _token_ids(_field(item, "prompt_token_ids", list, source, where), source,
                            f"{where}.prompt_token_ids")
-    cached = _field(item, "cached_tokens", int, source, where)
-    if not 0 <= cached <= len(token_ids):
-        raise InputError(source, f"{cached} cached tokens for a prompt of {len(token_ids)}", f"{where}.cached_tokens")
-    generated = _generated_from_dict(item, source, where)
     fresh: dict[str, Any] = {}
     if "fresh_generated_token_ids" in item:
-        fresh_ids = _token_ids(_field(item, "fresh_generated_token_ids", list, source, where), source,
-                               f"{where}.fresh_generated_token_ids")
-        fresh_logprobs = _field(item, "fresh_generated_logprobs", list, source, where)
-        if len(fresh_logprobs) != len(fresh_ids):
-            raise InputError(source, f"{len(fresh_logprobs)} positions for {len(fresh_ids)} generated tokens",
-                             f"{where}.fresh_generated_logprobs")
-        fresh_cached = _field(item, "fresh_cached_tokens", int, source, where)
-        if not 0 <= fresh_cached <= len(token_ids):
-            raise InputError(source, f"{fresh_cached} cached tokens for a prompt of {len(token_ids)}",
-                             f"{where}.fresh_cached_tokens")
-        fresh = {"fresh_generated_token_ids": fresh_ids, "fresh_cached_tokens": fresh_cached,
+        fresh_ids, (fresh_logprobs,) = _aligned(item, "fresh_generated_token_ids", ("fresh_generated_logprobs",),
+                                                "generated tokens", source, where)
+        fresh = {"fresh_generated_token_ids": fresh_ids,
+                 "fresh_cached_tokens": _cached_count(item, "fresh_cached_tokens", len(token_ids), source, where),
                  "fresh_generated_logprobs": tuple(_logprob(v, source, f"{where}.fresh_generated_logprobs[{i}]")
                                                    for i, v in enumerate(fresh_logprobs))}
     return CachedContextProbe(prompt=_field(item, "prompt", str, source, where), prompt_token_ids=token_ids,
-                              cached_tokens=cached, **generated, **fresh)
+                              cached_tokens=_cached_count(item, "cached_tokens", len(token_ids), source, where),
+                              **_generated_from_dict(item, source, where), **fresh)
 
 
-def _generated_from_dict(item: dict, source: str, where: str) -> dict[str, Any]:
-    generated = _token_ids(_field(item, "generated_token_ids", list, source, where), source,
-                           f"{where}.generated_token_ids")
-    generated_logprobs_in = _field(item, "generated_logprobs", list, source, where)
-    generated_top_in = _field(item, "generated_top", list, source, where)
-    for key, values in (("generated_logprobs", generated_logprobs_in), ("generated_top", generated_top_in)):
-        if len(values) != len(generated):
-            raise InputError(source, f"{len(values)} positions for {len(generated)} generated tokens",
-                             f"{where}.{key}")
-    text = item.get("generated_text", "")
-    if not isinstance(text, str):
-        raise InputError(source, f"expected a string, got {type(text).__name__}", f"{where}.generated_text")
-    return {
-        "generated_token_ids": generated,
-        "generated_logprobs": tuple(_logprob(v, source, f"{where}.generated_logprobs[{i}]")
-                                    for i, v in enumerate(generated_logprobs_in)),
-        "generated_top": tuple(_top_list(v, source, f"{where}.generated_top[{i}]")
-                               for i, v in enumerate(generated_top_in)),
-        "generated_text": text,
-    }
+def _cached_count(item: dict, key: str, prompt_length: int, source: str, where: str) -> int:
+    """Prompt tokens served from the prefix cache: 0 to the prompt's length."""
+    cached = _field(item, key, int, source, where)
+    if not 0 <= cached <= prompt_length:
+        raise InputError(source, f"{cached} cached tokens for a prompt of {prompt_length}", f"{where}.{key}")
+    return cached
+
+
+def _aligned(item: dict, ids_key: str, keys: tuple[str, ...], what: str, source: str,
+             where: str) -> tuple[tuple[int, ...], list[list]]:
+    """Token ids and the lists that hold one entry per token (logprobs, tops), their lengths checked."""
+    ids = _token_ids(_field(item, ids_key, list, source, where), source, f"{where}.{ids_key}")
+    columns = [_field(item, key, list, source, where) for key in keys]
+    for key, values in zip(keys, columns, strict=True):
+        if len(values) != len(ids):
+            raise InputError(source, f"{len(values)} positions for {len(ids)} {what}", f"{where}.{key}")
+    return ids, columns
 
 
 def _field(data: dict, key: str, kind: type, source: str, where: str) -> Any:
@@ -225,20 +212,30 @@ def _top_list(value: Any, source: str, where: str) -> TopList:
     return tuple(pairs)
 
 
+def _generated_from_dict(item: dict, source: str, where: str) -> dict[str, Any]:
+    generated, (logprobs_in, top_in) = _aligned(item, "generated_token_ids", ("generated_logprobs", "generated_top"),
+                                                "generated tokens", source, where)
+    text = item.get("generated_text", "")
+    if not isinstance(text, str):
+        raise InputError(source, f"expected a string, got {type(text).__name__}", f"{where}.generated_text")
+    return {
+        "generated_token_ids": generated,
+        "generated_logprobs": tuple(_logprob(v, source, f"{where}.generated_logprobs[{i}]")
+                                    for i, v in enumerate(logprobs_in)),
+        "generated_top": tuple(_top_list(v, source, f"{where}.generated_top[{i}]") for i, v in enumerate(top_in)),
+        "generated_text": text,
+    }
+
+
 def _prompt_from_dict(item: Any, source: str, where: str) -> PromptProbe:
     if not isinstance(item, dict):
         raise InputError(source, "expected an object", where)
     prompt = _field(item, "prompt", str, source, where)
-    token_ids = _token_ids(_field(item, "prompt_token_ids", list, source, where), source,
-                           f"{where}.prompt_token_ids")
+    token_ids, (logprobs_in, top_in) = _aligned(item, "prompt_token_ids", ("prompt_logprobs", "prompt_top"),
+                                                "prompt tokens", source, where)
     if not token_ids:
         raise InputError(source, "no prompt tokens", f"{where}.prompt_token_ids")
-    logprobs_in = _field(item, "prompt_logprobs", list, source, where)
-    top_in = _field(item, "prompt_top", list, source, where)
     for key, values in (("prompt_logprobs", logprobs_in), ("prompt_top", top_in)):
-        if len(values) != len(token_ids):
-            raise InputError(source, f"{len(values)} positions for {len(token_ids)} prompt tokens",
-                             f"{where}.{key}")
         if values[0] is not None:
             raise InputError(source, "the first prompt position has no logprob; expected null",
                              f"{where}.{key}[0]")

