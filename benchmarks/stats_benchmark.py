@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/stats_benchmark.py [--tests 384] [--n 1319]
 
 Per-question outcomes -> PairedCounts.from_outcomes -> margin_test (the saddlepoint p-value and both bounds,
-each inverted by bisection) -> the rule; 256 throughput margin tests (unpaired, with the run-to-run SD);
+each inverted by Brent's method) -> the rule; 256 throughput margin tests (unpaired, with the run-to-run SD);
 the sequential design's boundaries (computed once per process); loading the policy. The whole gate must stay
 under 5 s on the 2-core development machine (benchmarks/gate_benchmark.py times all of it); this is the
 statistics' share. Prints the figures; asserts nothing. benchmarks/gate_simulation.py prints the error rates.

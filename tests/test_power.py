@@ -68,14 +68,20 @@ def test_a_target_within_the_margin_needs_no_n() -> None:
     assert str(caught.value) == "the target drop (3.0) must exceed the margin (3.0)"
 
 
-def test_the_noncentral_t_against_a_monte_carlo() -> None:
+def test_the_paired_rounds_power_against_a_monte_carlo_of_the_paired_t() -> None:
+    """paired_rounds_power (scipy's noncentral t) is the rate at which the paired t over the rounds' log
+    differences rejects, simulated; at a slowdown equal to the tolerance it is alpha exactly (a central t)."""
     rng = np.random.default_rng(2)
-    for df, ncp, x in ((4, -2.0, -2.13), (6, -3.5, -1.94), (10, 1.0, 0.5)):
-        z = rng.normal(size=400000) + ncp
-        v = rng.chisquare(df, size=400000)
-        rate = float(((z / np.sqrt(v / df)) <= x).mean())
-        assert power.noncentral_t_cdf(x, df, ncp) == pytest.approx(rate, abs=0.003)
-    assert power.noncentral_t_cdf(1.5, 7, 0.0) == pytest.approx(distributions.student_t_cdf(1.5, 7), abs=1e-9)
+    for rounds, repeat_sd, slowdown in ((3, 0.03, 0.10), (5, 0.02, 0.08), (7, 0.05, 0.10), (11, 0.03, 0.05)):
+        differences = rng.normal(math.log(1 - slowdown), math.sqrt(2) * repeat_sd, size=(200000, rounds))
+        se = differences.std(axis=1, ddof=1) / math.sqrt(rounds)
+        t = (differences.mean(axis=1) - math.log(0.95)) / se
+        rate = float((t <= -distributions.t_quantile(0.99, rounds - 1)).mean())
+        figure = power.paired_rounds_power(rounds, repeat_sd=repeat_sd, tolerance=0.05, slowdown=slowdown, alpha=0.01)
+        print(rounds, repeat_sd, slowdown, figure, rate)
+        assert figure == pytest.approx(rate, abs=0.004)
+    assert power.paired_rounds_power(6, repeat_sd=0.03, tolerance=0.05, slowdown=0.05, alpha=0.01) == pytest.approx(
+        0.01, rel=1e-9)
 
 
 def test_rounds_needed_for_a_10_percent_slowdown() -> None:

@@ -5,10 +5,14 @@ Owns
     margins        the one-sided margin tests: paired accuracy (restricted-MLE saddlepoint), the accuracy floor
                    (exact binomial), throughput ratios (paired over interleaved rounds, or with the run-to-run SD),
                    multiplicity adjustments
-    distributions  the normal, Student's t and binomial, accurate far into the tails
+    distributions  the normal (in log space, far into the tails), Student's t and the binomial, from scipy.special
     sequential     group-sequential comparisons: the boundaries, the runner's decide(), the gate's replay()
     power          the questions and repeats a check needs, its false alarms and power (exact)
 
-numpy and the standard library only. It must never import another stage of kvgate (matrix, change, runners,
+The distributions, root finders and exact binomial figures are scipy's; kvgate keeps its own code only where
+scipy has none: the saddlepoint tail of the paired difference b - c at Tango's restricted estimate (margins) and
+the group-sequential boundaries by recursive integration (sequential).
+
+numpy, scipy and the standard library only. It must never import another stage of kvgate (matrix, change, runners,
 kernels, results, gate, report, workloads, cli) nor an engine (vLLM, torch, lm-eval).
 """

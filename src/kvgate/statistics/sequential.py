@@ -15,7 +15,8 @@ questions is tested:
 
 Boundaries come from the canonical joint distribution of (Z_1, ..., Z_K) (Brownian motion in information
 time) by recursive numerical integration on a Simpson grid (Jennison & Turnbull 2000, ch. 19): deterministic,
-and validated in tests/test_sequential.py against closed forms and a Monte Carlo of the real tests.
+and validated in tests/test_sequential.py against closed forms and a Monte Carlo of the real tests. kvgate's own
+code: scipy has no group-sequential designs (its normal tails and root finder are used here).
 The maximum number of questions is `inflation` x the fixed design's (N_max / N_fixed = (eta / (z_a + z_b))^2).
 
 `decide` is what a runner calls after each look; `replay` is what the gate does with the outcomes of a stopped
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy import optimize
 
 from kvgate.statistics import distributions, margins
 
@@ -203,33 +205,12 @@ def _lower(state: _State, t0: float, t1: float, theta: float, lk: float) -> floa
     return float(np.sum(wp * gp * np.exp(distributions.log_normal_sf(-arg))))
 
 
-def _root(f: Callable[[float], float], low: float, high: float, tol: float = 1e-10) -> float:
-    """A root of a monotone f on [low, high] (Illinois regula falsi, bracket kept)."""
+def _root(f: Callable[[float], float], low: float, high: float) -> float:
+    """A root of a monotone f on [low, high], to 1e-10 (scipy.optimize.brentq)."""
     f_low, f_high = f(low), f(high)
-    if f_low == 0:
-        return low
-    if f_high == 0:
-        return high
-    if (f_low > 0) == (f_high > 0):
+    if (f_low > 0) == (f_high > 0) and f_low != 0 and f_high != 0:
         raise ValueError(f"no root in [{low}, {high}]: f = {f_low} and {f_high}")
-    side = 0
-    x = low
-    for _ in range(200):
-        x = (low * f_high - high * f_low) / (f_high - f_low)
-        fx = f(x)
-        if abs(fx) < 1e-15 or high - low < tol:
-            break
-        if (fx > 0) == (f_high > 0):
-            high, f_high = x, fx
-            if side == -1:
-                f_low /= 2
-            side = -1
-        else:
-            low, f_low = x, fx
-            if side == 1:
-                f_high /= 2
-            side = 1
-    return x
+    return optimize.brentq(f, low, high, xtol=1e-10)
 
 
 # ---------------------------------------------------------------------------------------------- operating figures
