@@ -6,7 +6,8 @@ caught. kvgate's own guard for the trtllm-gen decode function is pinned too: tha
 check and hangs ~56 s off SM100, so it must never be reached on another arch.
 
 The message depends on the FlashInfer series (chosen by ``flashinfer.__version__``):
-- 0.7.x (0.7.2.post1 on the H200, ../shared/facts/h200.md): each backend's own arch check.
+- 0.7.x (0.7.2.post1 on the H200, docs/facts/h200.md#flashinfers-mla-decode-on-sm90-fa2-and-fa3-only): each
+  backend's own arch check.
 - 0.6.x (0.6.14: what vLLM 0.26.0 pins and ci/locks/gpu-py312-x86_64.txt installs). Its wrapper has no
   arch check for these names because it has no such backends: ``BatchMLAPagedAttentionWrapper.__init__``
   takes any name (flashinfer/mla/_core.py:1544-1548; "cutlass" returns early at 1526-1528), and ``plan``
@@ -17,7 +18,8 @@ The message depends on the FlashInfer series (chosen by ``flashinfer.__version__
   So on 0.6.14 these calls are as cheap as on 0.7.x (no JIT, no download, no launch). 0.6.14's real
   trtllm-gen MLA path is the function ``trtllm_batch_decode_with_kv_cache_mla``, which has no arch check
   for ``backend="trtllm-gen"`` (mla/_core.py:2752-2757 resolves only "auto"; 2810 accepts "trtllm-gen"; the
-  autotuned runner loads the trtllm-gen cubins, mla/_core.py:2252): the TRAP of ../shared/facts/h200.md,
+  autotuned runner loads the trtllm-gen cubins, mla/_core.py:2252): the trap of
+  docs/facts/h200.md#trtllm-gen-mla-decode-has-no-arch-check-and-hangs-off-sm100,
   which only kvgate's guard keeps away (`test_trtllm_decode_is_never_called_off_sm100`).
 On the H200 on 2026-12-01 (FlashInfer 0.6.14) all six refusal tests failed because kvgate planned with
 0.7.x's API (``flashinfer.mla.MLAPlanMetadata`` does not exist in 0.6.14); the adapter now plans with

@@ -3,7 +3,8 @@
 A `DecodeCase` is one accuracy test: a batch spec (ragged KV lengths), a head count, a page size and
 a kv_cache_dtype. `make_inputs` builds the bf16 query, the paged latent cache in the cell's storage
 dtype (bf16, or FP8 with a per-tensor scale) and the float32 values it was made from.
-`BENCH_SPECS` are the speed shapes of ../shared/facts/h200.md (batch x heads x kv len, page 64).
+`BENCH_SPECS` are the speed shapes of docs/facts/h200.md#fp8-mla-decode-is-slower-than-bf16-on-sm90 (batch x heads
+x kv len, page 64).
 
 The non-MLA (grouped-query) cases: an `AttentionCase` gives bf16 keys and values per request (what the
 model would write), per-tensor K/V scales and the scale of an FP8 query; `paged_layout` places the

@@ -13,7 +13,8 @@ Conventions (the ones vLLM uses for its KV cache):
   bmm scales; it dequantises the cache in the kernel: ``ckv * ckv_scale``, ``kpe * kpe_scale``, and keeps
   ``sm_scale`` for Q.K^T. With a bf16 query the two are the same computation when
   ``sm_scale_fi = bmm1_scale / bmm2_scale`` (= sm_scale * q_scale) and ``ckv_scale = kpe_scale = bmm2_scale``
-  (= k_scale); ``to_flashinfer`` / ``from_flashinfer`` do that mapping (../shared/facts/h200.md).
+  (= k_scale); ``to_flashinfer`` / ``from_flashinfer`` do that mapping
+  (docs/facts/h200.md#flashinfers-mla-decode-on-sm90-fa2-and-fa3-only).
 """
 
 from __future__ import annotations

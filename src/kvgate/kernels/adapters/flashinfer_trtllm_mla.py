@@ -6,7 +6,8 @@ calls it: query ``[batch, 1, heads, 576]``, cache ``kv.unsqueeze(1)``, ``bmm1_sc
 
 Guarded before any FlashInfer call: ``trtllm_batch_decode_with_kv_cache_mla(backend="trtllm-gen")`` has
 no arch check of its own; off SM100 it tries to download cubins and, with no network, hangs about 56 s
-before an AssertionError (../shared/facts/h200.md). So this adapter refuses every non-SM10x GPU itself.
+before an AssertionError (docs/facts/h200.md#trtllm-gen-mla-decode-has-no-arch-check-and-hangs-off-sm100). So this
+adapter refuses every non-SM10x GPU itself.
 Not yet run on an SM100 GPU (none was lent); the SM90 refusal is tested.
 """
 

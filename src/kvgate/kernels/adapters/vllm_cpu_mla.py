@@ -5,7 +5,8 @@ Family ``vllm_cpu_mla``. Called as vllm/v1/attention/backends/mla/cpu_mla.py ``f
 ``[batch, heads, 576]``, the packed cache ``[pages, 16, 576]``, int32 block table and seq_lens.
 The kernel (csrc/cpu/mla_decode.cpp) compiles for head size 576 and block size 16 only, and for the
 query dtype as cache dtype: there is no FP8 path (CPU_MLA declares kv_cache_dtype ``auto`` only; with
-fp8 the engine crashes at the first decode, ../shared/facts/cpu.md). So FP8 cases are refused here.
+fp8 the engine crashes at the first decode,
+docs/facts/vllm-cpu.md#cpu_mla-is-auto-only-fp8-crashes-at-the-first-decode). So FP8 cases are refused here.
 """
 
 from __future__ import annotations

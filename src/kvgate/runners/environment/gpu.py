@@ -25,7 +25,8 @@ ARCH_ENV = "KVGATE_ARCH"
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
 # kvgate's GPU engine is built for CUDA 13.0: torch 2.11.0+cu130 and vLLM 0.26.0, whose _C links
-# libcudart.so.13 (../shared/facts/h200.md). CUDA 13.0 runs on NVIDIA drivers of branch 580 and newer.
+# libcudart.so.13 (docs/facts/h200.md#the-gpu-engine-needs-cuda-13). CUDA 13.0 runs on NVIDIA drivers of branch 580
+# and newer.
 GPU_ENGINE = "torch 2.11.0+cu130"
 GPU_ENGINE_CUDA = "13.0"
 MIN_DRIVER_MAJOR = 580
