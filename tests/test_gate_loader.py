@@ -11,6 +11,7 @@ import pytest
 from kvgate import InputErrors
 from kvgate.cli import main
 from kvgate.matrix import cells as matrix_module
+from kvgate.results.records import UnreadableCell
 from kvgate.results.run_loader import KnownNames, load_run
 from synthetic_run import write_seed_run, write_status
 
@@ -65,9 +66,21 @@ def test_parallel_workers_read_the_same_and_report_the_same_problems(tmp_path, w
         write_seed_run(run, backend=backend, arch=arch)
     assert load_run(run, KNOWN, workers=workers) == load_run(run, KNOWN, workers=1)
     (run / "flashmla-fp8-sm90" / "cell.json").write_text("{")
+    loaded = load_run(run, KNOWN, workers=workers)
+    assert loaded.unreadable == (UnreadableCell(
+        folder=f"{run}/flashmla-fp8-sm90", cell="flashmla-fp8-sm90", side="head",
+        problems=(f"{run}/flashmla-fp8-sm90/cell.json: truncated JSON in line 1 column 2",)),)
+    assert len(loaded.cells) == 5  # the other cells are read as usual
+    (run / "flashmla-fp8-sm90" / "cell.json").unlink()
+    (run / "flashmla-auto-sm90" / "cell.json").write_text("[1, 2")  # one problem of the run as a whole beside it
+    (run / "copy").mkdir()
+    (run / "copy" / "cell.json").write_text((run / "flashinfer_mla-fp8-sm100" / "cell.json").read_text())
     with pytest.raises(InputErrors) as errors:
         load_run(run, KNOWN, workers=workers)
-    assert [str(e) for e in errors.value.errors] == [f"{run}/flashmla-fp8-sm90/cell.json: truncated JSON in line 1 column 2"]
+    assert [str(e) for e in errors.value.errors] == [
+        f"{run}/flashinfer_mla-fp8-sm100/cell.json: duplicate cell flashinfer_mla-fp8-sm100 (model "
+        f"deepseek-ai/DeepSeek-V2-Lite-Chat, task gsm8k) in the top level. {run}/copy/cell.json is the same cell; "
+        "keep one of them"]
 
 
 def test_the_gate_end_to_end_on_real_tool_outputs(tmp_path, capsys):

@@ -1,4 +1,8 @@
-"""Unusable input: `kvgate gate` exits 2 with one whole `ERROR <file>: ...` line per problem, never a traceback."""
+"""Bad input: one whole `ERROR <file>: ...` line per problem, never a traceback.
+
+Input unusable as a whole (a missing run folder, run.json, two folders of one cell, no cell at all) exits 2 with no
+verdict. A corrupt file inside one cell's folder (truncated by a killed job, against its schema) is that cell's
+error: exit 1, the ERROR line printed, the report written with the other cells judged as usual."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
+from kvgate.results import cell_folder
 from kvgate.results.records import CONTRACT_VERSION
 from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput
 
@@ -110,96 +115,116 @@ def _text(relative: str, text: str) -> Callable[[Path], None]:
     return apply
 
 
+def _killed_mid_write(run: Path) -> None:
+    """status.json as a job killed while writing it leaves it: kvgate's own writer's file, cut half-way."""
+    cell_folder.write_status(run / FP8, "accuracy", "ok", elapsed_s=12.5, strict_match=0.61)
+    cell_folder.write_status(run / FP8, "throughput", "ok")
+    path = run / FP8 / "status.json"
+    text = path.read_text()
+    path.write_text(text[:len(text) // 2])
+
+
 R = "{run}"
-CASES = {
-    "truncated cell.json": (_truncate(lambda r: r / FP8 / "cell.json"),
-                            [f"ERROR {R}/{FP8}/cell.json: truncated JSON in line 3 column 14"]),
-    "cell.json not an object": (_text(f"{FP8}/cell.json", "[]"),
-                                [f"ERROR {R}/{FP8}/cell.json: expected an object, got a list in the top level"]),
-    "wrong type in cell.json": (_set_cell("arch", 100),
-                                [f"ERROR {R}/{FP8}/cell.json: expected a string, got number 100 in arch"]),
-    "missing identity key": (lambda r: _edit_json(r / FP8 / "cell.json", lambda d: d.pop("model")),
-                             [f"ERROR {R}/{FP8}/cell.json: missing key 'model' in the top level. cell.json needs "
-                              "backend, kv_cache_dtype, arch and model"]),
-    "unknown backend": (_set_cell("backend", "FLASHINFR_MLA"),
-                        [f"ERROR {R}/{FP8}/cell.json: unknown backend 'FLASHINFR_MLA' in backend. "
-                         "Did you mean FLASHINFER_MLA?"]),
-    "unknown dtype": (_set_cell("kv_cache_dtype", "fp4"),
-                      [f"ERROR {R}/{FP8}/cell.json: unknown kv_cache_dtype 'fp4' in kv_cache_dtype. "
-                       "Did you mean fp8?"]),
-    "unknown arch": (_set_cell("arch", "h100"),
-                     [f"ERROR {R}/{FP8}/cell.json: unknown arch 'h100' in arch. Did you mean sm100?"]),
-    "newer contract major version": (_set_cell("contract_version", "2.0"),
-                                     [f"ERROR {R}/{FP8}/cell.json: written for results contract version 2.0, but "
-                                      f"this kvgate reads version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release "
-                                      "that reads it"]),
+RUN_CASES = {
     "duplicate cells": (_duplicate,
                         [f"ERROR {R}/fp8-again/cell.json: duplicate cell {FP8} (model deepseek-ai/DeepSeek-V2-Lite-Chat, "
                          f"task gsm8k) in the top level. {R}/{FP8}/cell.json is the same cell; keep one of them"]),
     "empty run folder": (_empty, [f"ERROR {R}: no cell folders (none holds a cell.json). Is this a run folder? "
                                   "Each cell writes <run dir>/<cell id>/cell.json"]),
+    "newer run.json": (_text("run.json", '{"contract_version": 3}'),
+                       [f"ERROR {R}/run.json: written for results contract version 3, but this kvgate reads "
+                        f"version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release that reads it"]),
+    "run.json against its schema": (_text("run.json", '{"contract_version": "1.8", "planned_stages": '
+                                                      '{"flashinfer_mla-fp8-sm100": ["accuracy", "speed"]}}'),
+                                    [f"ERROR {R}/run.json: expected \"kernels\" or \"accuracy\" or \"throughput\" or "
+                                     "\"probe\", got string 'speed' in planned_stages['flashinfer_mla-fp8-sm100'][1]"]),
+}
+
+# case -> (how the run is broken, the ERROR lines, the (cell, kind) checks that error for it)
+CELL_CASES = {
+    "status.json of a job killed mid-write": (_killed_mid_write,
+                                              [f"ERROR {R}/{FP8}/status.json: truncated JSON in line 5 column 5"],
+                                              {(FP8, "cell")}),
+    "truncated cell.json": (_truncate(lambda r: r / FP8 / "cell.json"),
+                            [f"ERROR {R}/{FP8}/cell.json: truncated JSON in line 3 column 14"], {(FP8, "cell")}),
+    "cell.json not an object": (_text(f"{FP8}/cell.json", "[]"),
+                                [f"ERROR {R}/{FP8}/cell.json: expected an object, got a list in the top level"], {(FP8, "cell")}),
+    "wrong type in cell.json": (_set_cell("arch", 100),
+                                [f"ERROR {R}/{FP8}/cell.json: expected a string, got number 100 in arch"], {(FP8, "cell")}),
+    "missing identity key": (lambda r: _edit_json(r / FP8 / "cell.json", lambda d: d.pop("model")),
+                             [f"ERROR {R}/{FP8}/cell.json: missing key 'model' in the top level"], {(FP8, "cell")}),
+    "unknown backend": (_set_cell("backend", "FLASHINFR_MLA"),
+                        [f"ERROR {R}/{FP8}/cell.json: unknown backend 'FLASHINFR_MLA' in backend. "
+                         "Did you mean FLASHINFER_MLA?"], {(FP8, "cell")}),
+    "unknown dtype": (_set_cell("kv_cache_dtype", "fp4"),
+                      [f"ERROR {R}/{FP8}/cell.json: unknown kv_cache_dtype 'fp4' in kv_cache_dtype. "
+                       "Did you mean fp8?"], {(FP8, "cell")}),
+    "unknown arch": (_set_cell("arch", "h100"),
+                     [f"ERROR {R}/{FP8}/cell.json: unknown arch 'h100' in arch. Did you mean sm100?"], {(FP8, "cell")}),
+    "newer contract major version": (_set_cell("contract_version", "2.0"),
+                                     [f"ERROR {R}/{FP8}/cell.json: written for results contract version 2.0, but "
+                                      f"this kvgate reads version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release "
+                                      "that reads it"], {(FP8, "cell")}),
     "cell folder without cell.json": (_orphan_folder,
                                       [f"ERROR {R}/stray: cell folder without cell.json. Write cell.json with "
-                                       "backend, kv_cache_dtype, arch and model"]),
+                                       "backend, kv_cache_dtype, arch and model"], {("stray", "cell")}),
     "results without the gsm8k task": (_drop_task,
                                        [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
                                         "results_2026-11-30T10-00-00.000000.json: no results for task 'gsm8k' in "
-                                        "results. Tasks found: mmlu"]),
+                                        "results. Tasks found: mmlu"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "truncated results json": (_truncate(lambda r: _results(r, AUTO), keep=200),
                                [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
-                                "results_2026-11-30T10-00-00.000000.json: truncated JSON in line 8 column 57"]),
+                                "results_2026-11-30T10-00-00.000000.json: truncated JSON in line 8 column 57"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "NaN accuracy": (_nan_mean,
                      [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
                       "results_2026-11-30T10-00-00.000000.json: NaN is not a number JSON allows in the file. "
-                      "Write a finite number or null"]),
+                      "Write a finite number or null"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "accuracy above 1": (lambda r: _edit_json(_results(r, AUTO), lambda d: d["results"]["gsm8k"].update(
                              {"exact_match,flexible-extract": 65.2})),
                          [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
                           "results_2026-11-30T10-00-00.000000.json: expected a number <= 1, got 65.2 in "
-                          "results.gsm8k['exact_match,flexible-extract']"]),
+                          "results.gsm8k['exact_match,flexible-extract']"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "garbage line in a sample log": (_garbage_sample_line,
                                      [f"ERROR {R}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
                                       "samples_gsm8k_2026-11-30T10-00-00.000000.jsonl: not a JSON object (Expecting "
                                       "value at column 1) in line 7. Each line must be one sample record as lm-eval "
-                                      "--log_samples writes it"]),
+                                      "--log_samples writes it"], {(FP8, "accuracy"), (FP8, "fp8_accuracy")}),
     "two lm-eval results files": (_second_results,
                                   [f"ERROR {R}/{FP8}/accuracy: 2 lm-eval results files (deepseek-ai__DeepSeek-V2-"
                                    "Lite-Chat/results_2026-11-30T10-00-00.000000.json, deepseek-ai__DeepSeek-V2-Lite-"
                                    "Chat/results_2026-12-01T00-00-00.000000.json) in the folder. Keep the one of this "
-                                   "cell's run; the stage folder should hold one lm-eval run"]),
+                                   "cell's run; the stage folder should hold one lm-eval run"], {(FP8, "accuracy"), (FP8, "fp8_accuracy")}),
     "negative throughput": (_bench({"requests_per_second": -3.5}),
                             [f"ERROR {R}/{FP8}/throughput/repeat-1.json: expected a number > 0, got -3.5 in "
-                             "requests_per_second"]),
+                             "requests_per_second"], {(FP8, "throughput")}),
     "throughput as a string": (_bench({"tokens_per_second": "32757.46"}),
                                [f"ERROR {R}/{FP8}/throughput/repeat-1.json: expected a number, got string "
-                                "'32757.46' in tokens_per_second"]),
+                                "'32757.46' in tokens_per_second"], {(FP8, "throughput")}),
     "unknown stage status": (_status({"accuracy": {"status": "crashed"}}),
-                             [f"ERROR {R}/{FP8}/status.json: unknown status string 'crashed' in accuracy.status. "
-                              "Known: error, ok, skipped, timeout"]),
+                             [f"ERROR {R}/{FP8}/status.json: expected \"ok\" or \"error\" or \"timeout\" or "
+                              "\"skipped\", got string 'crashed' in accuracy.status"], {(FP8, "cell")}),
     "unknown stage in status.json": (_status({"acuracy": {"status": "ok"}}),
-                                     [f"ERROR {R}/{FP8}/status.json: unknown stage 'acuracy' in the top level. "
-                                      "Did you mean accuracy?"]),
+                                     [f"ERROR {R}/{FP8}/status.json: unknown key 'acuracy' in the top level. "
+                                      "Did you mean accuracy?"], {(FP8, "cell")}),
     "garbage junit.xml": (_text(f"{FP8}/kernels/junit.xml", "<testsuites><testcase"),
                           [f"ERROR {R}/{FP8}/kernels/junit.xml: not valid JUnit XML (Couldn't find end of Start Tag "
                            "testcase line 1, line 1, column 22 (<string>, line 1)) in the file. Expected pytest "
-                           "--junitxml output"]),
-    "newer run.json": (_text("run.json", '{"contract_version": 3}'),
-                       [f"ERROR {R}/run.json: written for results contract version 3, but this kvgate reads "
-                        f"version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release that reads it"]),
+                           "--junitxml output"], {(FP8, "kernels")}),
     "probe file of another tool": (_text(f"{FP8}/probe/probe.json", '{"format": "other"}'),
                                    [f"ERROR {R}/{FP8}/probe/probe.json: not a kvgate probe file (format 'other') in "
-                                    "'format'. Expected format 'kvgate-probe'"]),
+                                    "'format'. Expected format 'kvgate-probe'"], {(FP8, "probe")}),
     "several problems at once": (lambda r: (_set_cell("arch", "sm101")(r), _bench({"elapsed_time": 0})(r),
                                             _text(f"{AUTO}/kernels/junit.xml", "")(r)),
                                  [f"ERROR {R}/{AUTO}/kernels/junit.xml: empty file in the file. Expected pytest "
                                   "--junitxml output",
-                                  f"ERROR {R}/{FP8}/cell.json: unknown arch 'sm101' in arch. Did you mean sm120?"]),
+                                  f"ERROR {R}/{FP8}/cell.json: unknown arch 'sm101' in arch. Did you mean sm120?"],
+                                 {(AUTO, "kernels"), (FP8, "cell")}),
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_malformed_input_exits_2_with_whole_error_lines(case, run, capsys):
-    mutate, expected = CASES[case]
+@pytest.mark.parametrize("case", list(RUN_CASES))
+def test_input_unusable_as_a_whole_exits_2_with_whole_error_lines(case, run, capsys):
+    mutate, expected = RUN_CASES[case]
     mutate(run)
     status = main(["gate", str(run), "--today", "2026-11-30"])
     err = capsys.readouterr().err
@@ -207,6 +232,32 @@ def test_malformed_input_exits_2_with_whole_error_lines(case, run, capsys):
     assert status == 2
     assert err.splitlines() == [line.replace(R, str(run)) for line in expected]
     assert not (run / "gate").exists()  # no verdict from unusable input
+
+
+def _gated_with_errors(run: Path, capsys, *flags: str) -> tuple[int, list[str], dict]:
+    status = main(["gate", str(run), "--today", "2026-11-30", *flags])
+    err = capsys.readouterr().err
+    print(err)
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    return status, [line for line in err.splitlines() if line.startswith("ERROR ")], verdict
+
+
+@pytest.mark.parametrize("case", list(CELL_CASES))
+def test_a_corrupt_file_in_a_cell_errors_that_cell_and_the_rest_is_judged(case, run, capsys):
+    mutate, expected, errored = CELL_CASES[case]
+    mutate(run)
+    status, errors, verdict = _gated_with_errors(run, capsys)
+    expected = [line.replace(R, str(run)) for line in expected]
+    assert status == 1
+    assert errors == expected
+    checks = verdict["checks"]
+    assert {(c["cell"], c["kind"]) for c in checks if c["status"] == "error"} == errored
+    for line in expected:  # the report names the file and the reason
+        assert any(line.removeprefix("ERROR ") in c["detail"] for c in checks if c["status"] == "error")
+        assert line.removeprefix("ERROR ").split(": ", 1)[0] in (run / "gate" / "report.md").read_text()
+    intact = {AUTO, FP8} - {cell for cell, _ in errored}  # a cell no problem touched is judged as usual
+    for cell in intact:
+        assert {c["kind"]: c["status"] for c in checks if c["cell"] == cell}["kernels"] == "pass"
 
 
 def test_missing_run_folder(tmp_path, capsys):
@@ -220,11 +271,15 @@ def test_problems_of_run_and_baseline_are_all_reported(tmp_path, capsys):
     baseline = build_run(tmp_path / "base")
     _set_cell("backend", "TRITON")(run)
     _bench({"num_requests": 0})(baseline)
-    assert main(["gate", str(run), "--baseline", str(baseline)]) == 2
-    assert capsys.readouterr().err.splitlines() == [
+    status, errors, verdict = _gated_with_errors(run, capsys, "--baseline", str(baseline))
+    assert status == 1
+    assert errors == [
         f"ERROR {run}/{FP8}/cell.json: unknown backend 'TRITON' in backend. Did you mean TRITON_MLA?",
         f"ERROR {baseline}/{FP8}/throughput/repeat-1.json: expected an integer >= 1, got 0 in num_requests",
     ]
+    assert {(c["cell"], c["kind"]) for c in verdict["checks"] if c["status"] == "error"} == {(FP8, "cell")}
+    auto = {c["kind"]: c["status"] for c in verdict["checks"] if c["cell"] == AUTO}
+    assert auto["baseline_accuracy"] == "pass" and auto["throughput"] == "pass"
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -244,9 +299,9 @@ def test_the_installed_command_prints_no_traceback(run):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     done = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run)], capture_output=True, text=True,
                           env=env, check=False)
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert "Traceback" not in done.stderr
-    assert done.stderr.splitlines() == [
+    assert [line for line in done.stderr.splitlines() if not line.startswith("kvgate gate: ")] == [
         f"ERROR {run}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/samples_gsm8k_2026-11-30T10-00-00.000000.jsonl: "
         "not a JSON object (Expecting value at column 1) in line 7. Each line must be one sample record as lm-eval "
         "--log_samples writes it",

@@ -1,8 +1,9 @@
-"""An unreadable folder inside a run is bad input (one ERROR line, exit 2), never a traceback."""
+"""An unreadable folder inside a cell is that cell's error (one ERROR line, exit 1), never a traceback."""
 
 from __future__ import annotations
 
 import errno
+import json
 import pathlib
 
 import synthetic_run
@@ -22,5 +23,10 @@ def test_unreadable_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pathlib.Path, "rglob", rglob)
     code = main(["gate", str(run), "--out", str(tmp_path / "gate")])
     err = capsys.readouterr().err
-    assert code == 2
-    assert err == f"ERROR {blocked}: cannot read: Permission denied. Check the permissions of the run folder\n"
+    assert code == 1
+    assert [line for line in err.splitlines() if line.startswith("ERROR ")] == [
+        f"ERROR {blocked}: cannot read: Permission denied. Check the permissions of the run folder"]
+    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+    errored = [c for c in verdict["checks"] if c["status"] == "error" and c["kind"] == "accuracy"]
+    assert [c["detail"] for c in errored] == [
+        f"accuracy stage unreadable: {blocked}: cannot read: Permission denied. Check the permissions of the run folder"]

@@ -62,7 +62,8 @@ def test_per_model_fp8_tax_overrides_the_default(document: dict[str, Any], matri
 
 
 # Probe figures (mean abs prompt-logprob diff, max abs diff, top-1 agreement) vs a first auto run, 16 prompts.
-# The default limits (archs without their own, e.g. sm100): the random tiny Llama of ../shared/facts/cpu.md.
+# The default limits (archs without their own, e.g. sm100): the random tiny Llama of
+# docs/facts/vllm-cpu.md#probe-figures-of-a-random-tiny-llama.
 RANDOM_MODEL_PROBE = {
     "auto again": ("auto", 0.0, 0.0, 1.00),
     "fp8": ("fp8", 0.050, 0.145, 0.81),
@@ -161,7 +162,7 @@ def _rename(table: str, old: str, new: str):
 BAD_POLICIES = {
     "a contract newer than this kvgate reads": (
         _set("results", "oldest_contract", value="1.9"),
-        ['matrix/policy.toml: expected a contract version from "1.0" to "1.7" (a string), got the string \'1.9\' in '
+        ['matrix/policy.toml: expected a contract version from "1.0" to "1.8" (a string), got the string \'1.9\' in '
          'results.oldest_contract']),
     "probe_ab growth below 1": (
         _set("probe_ab", "growth_max", value=0.5),

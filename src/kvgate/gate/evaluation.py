@@ -64,6 +64,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     skipped or never ran fails (unless waived). not_planned: cell id -> {stage: why the plan left it out}.
     """
     checks: list[Check] = planned_checks(run, baseline if ab else None, planned)
+    checks += unreadable_checks(run, baseline, ab)
     checks += planned_out_checks(run, planned_out, require_baseline)
     pending: list[Pending] = []
     if baseline is None:
@@ -104,8 +105,9 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
                                                  strict=require_baseline):
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
     if baseline is not None:
+        unreadable_here = {u.cell for u in run.unreadable}
         for old in baseline.cells:
-            if run.find(old.identity) is None:
+            if run.find(old.identity) is None and old.identity.id not in unreadable_here:
                 checks.append(Check(cell=old.identity.id, kind="cell", status="missing", model=old.identity.model,
                                     reference="baseline",
                                     detail=f"in the baseline ({old.folder}) but not in this run"))
@@ -126,6 +128,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         identities = {(c.identity.id, c.identity.model): c.identity
                       for results in (baseline, run) if results is not None for c in results.cells}
         checks = [apply_waiver(c, identities.get((c.cell, c.model)), waiver_for, today) for c in checks]
+    checks = with_stage_seconds(checks, run)
     checks = name_models_where_ids_repeat(checks)
     checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
     return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
@@ -142,14 +145,27 @@ RUN = "(run)"  # the `cell` of checks about the run as a whole
 
 def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[tuple[str, str]]) -> list[Check]:
     """A planned cell that left no folder (a run killed between cells, an artifact lost) fails, named."""
-    present = {(c.identity.id, HEAD) for c in run.cells}
+    present = {(c.identity.id, HEAD) for c in run.cells} | {(u.cell, HEAD) for u in run.unreadable}
     if base is not None:
-        present |= {(c.identity.id, BASE) for c in base.cells}
+        present |= {(c.identity.id, BASE) for c in base.cells} | {(u.cell, BASE) for u in base.unreadable}
     missing = [(cell, side) for cell, side in dict.fromkeys(planned) if (cell, side) not in present]
     return [Check(cell=cell, kind="cell", status="missing", reference=side if side != HEAD else None,
                   detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
                          f"it: the cell never started, or its results were lost on the way to the gate",
                   headline="planned, but absent from the run") for cell, side in missing]
+
+
+def unreadable_checks(run: RunResults, baseline: RunResults | None, ab: bool) -> list[Check]:
+    """A cell folder whose cell.json or status.json could not be read (a job killed mid-write) is that cell's error,
+    naming the file and what is wrong; the other cells are judged as usual. Those of the base side or the baseline
+    too: the comparisons that needed them fail on their own, this says why."""
+    checks = []
+    for results, reference in ((run, None), (baseline, BASE if ab else "baseline")):
+        for cell in results.unreadable if results is not None else ():
+            checks.append(Check(cell=cell.cell, kind="cell", status="error", reference=reference,
+                                detail=f"unreadable cell folder: {'; '.join(cell.problems)}",
+                                headline=f"unreadable: {cell.problems[0]}"))
+    return checks
 
 
 def required_stages(cell_id: str, require: Sequence[str], planned: Mapping[str, Iterable[str]]) -> dict[str, str]:
@@ -216,6 +232,20 @@ def no_baseline_check(required: bool) -> Check:
                      headline="no baseline: the change was compared with nothing")
     return Check(cell=RUN, kind="baseline", status="not_run",
                  detail=f"{what}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)")
+
+
+KIND_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "fp8_kv_cache": "accuracy", "accuracy_floor": "accuracy",
+              "fp8_accuracy": "accuracy", "baseline_accuracy": "accuracy", "throughput": "throughput",
+              "fp8_throughput": "throughput", "probe": "probe", "probe_ab": "probe"}  # the stage each kind judges
+
+
+def with_stage_seconds(checks: list[Check], run: RunResults) -> list[Check]:
+    """Each check of a cell's stage with the seconds that stage ran (status.json `elapsed_s` of the head cell)."""
+    seconds = {(cell.identity.id, cell.identity.model, stage): result.status.elapsed_s
+               for cell in run.cells if cell.side == HEAD for stage, result in cell.stages.items()
+               if result.status is not None and result.status.elapsed_s is not None}
+    return [replace(c, seconds=seconds[key]) if (key := (c.cell, c.model, KIND_STAGE.get(c.kind))) in seconds else c
+            for c in checks]
 
 
 def name_models_where_ids_repeat(checks: list[Check]) -> list[Check]:

@@ -6,6 +6,8 @@ owns
     cell_folder  the writer: each stage committed to a temporary folder and renamed into place
     parsers/     the readers of each tool's native output (lm-eval, vllm bench, JUnit, cell.json, status.json)
     probe_file   kvgate's own probe output format (probe/probe.json)
+    schema       the contract's JSON Schemas (schemas/*.schema.json, draft 2020-12), one per file kvgate writes,
+                 and a file against them as one error line
     run_loader   a whole run folder -> RunResults, every problem one line naming the file
 
 It may import the matrix (for cell ids); it must never import the runners, the kernels, the gate, the

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
+from kvgate.results import schema
 
 FORMAT = "kvgate-probe"
 VERSION = 1
@@ -100,26 +101,26 @@ def read(path: Path) -> ProbeRecord:
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(source, f"cannot read the probe file ({error})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         raise InputError(source, f"not valid JSON ({error.msg})", f"line {error.lineno} column {error.colno}",
                          "Was the probe interrupted while writing?") from None
+    except ValueError as error:  # NaN, Infinity: the format writes non-finite logprobs as strings
+        raise InputError(source, str(error), "the file", 'Write "nan", "inf" or "-inf"') from None
+    except RecursionError:
+        raise InputError(source, "JSON nested too deeply", "the file") from None
+    check_header(data, source)
+    schema.validate(data, "probe", source)
     return from_dict(data, source)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def from_dict(data: Any, source: str = "<memory>") -> ProbeRecord:
     """A checked ProbeRecord from the JSON-able dict that `collect` returns or `read` parses."""
-    if not isinstance(data, dict):
-        raise InputError(source, "expected a JSON object", "the top level")
-    if data.get("format") != FORMAT:
-        raise InputError(source, f"not a kvgate probe file (format {data.get('format')!r})", "'format'",
-                         f"Expected format {FORMAT!r}")
-    version = data.get("version")
-    if type(version) is not int:
-        raise InputError(source, f"version must be a whole number, got {version!r}", "'version'")
-    if version > VERSION:
-        raise InputError(source, f"probe format version {version} is newer than this kvgate reads ({VERSION})",
-                         "'version'", "Upgrade kvgate")
+    check_header(data, source)
     settings = _field(data, "settings", dict, source, "")
     engine = data.get("engine", {})
     if not isinstance(engine, dict):
@@ -133,6 +134,21 @@ def from_dict(data: Any, source: str = "<memory>") -> ProbeRecord:
         raise InputError(source, f"expected a list, got {type(cached_items).__name__}", "'cached_context'")
     cached = tuple(_cached_from_dict(item, source, f"cached_context[{i}]") for i, item in enumerate(cached_items))
     return ProbeRecord(source=source, settings=settings, engine=engine, prompts=prompts, cached_context=cached)
+
+
+def check_header(data: Any, source: str) -> None:
+    """The file is a probe file of a version this kvgate reads (before its schema: a newer version may differ)."""
+    if not isinstance(data, dict):
+        raise InputError(source, "expected a JSON object", "the top level")
+    if data.get("format") != FORMAT:
+        raise InputError(source, f"not a kvgate probe file (format {data.get('format')!r})", "'format'",
+                         f"Expected format {FORMAT!r}")
+    version = data.get("version")
+    if type(version) is not int:
+        raise InputError(source, f"version must be a whole number, got {version!r}", "'version'")
+    if version > VERSION:
+        raise InputError(source, f"probe format version {version} is newer than this kvgate reads ({VERSION})",
+                         "'version'", "Upgrade kvgate")
 
 
 def _cached_from_dict(item: Any, source: str, where: str) -> CachedContextProbe:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.7"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.8"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -94,6 +94,7 @@ class StageStatus:
     interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
     kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
     questions: QuestionsRecord | None = None  # accuracy: the design it ran under; None when not recorded
+    elapsed_s: float | None = None  # how long the stage ran (seconds); None when not recorded or not a duration
 
 
 def contract_version_tuple(value: Any) -> tuple[int, int] | None:
@@ -209,12 +210,15 @@ class StageResult:
     status: StageStatus | None  # the status.json entry, when there is one
     data: Any = None  # AccuracyResult | ThroughputResult | KernelResult | probe record | None
     missing: str | None = None  # why the outputs are absent, when they are
+    unreadable: tuple[str, ...] = ()  # "<file>: <what is wrong>", one per output that could not be read (truncated...)
 
     @property
     def health(self) -> str:
-        """not_run | skipped | error | timeout | missing | ok"""
+        """not_run | skipped | error | timeout | missing | ok (an unreadable output is an error)"""
         if not self.requested:
             return "not_run"
+        if self.unreadable:
+            return "error"
         if self.status is not None and self.status.status in ("error", "timeout", "skipped"):
             return self.status.status
         if self.data is None:
@@ -235,10 +239,22 @@ class CellResults:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class UnreadableCell:
+    """A cell folder whose own cell.json or status.json could not be read (a job killed mid-write, a hand edit gone
+    wrong): the gate reports it as that cell's error and judges the other cells as usual."""
+
+    folder: str  # as shown in messages
+    cell: str  # its cell id when cell.json said it, else the folder's name (kvgate names folders by cell id)
+    side: str  # head, or base for a `<cell id>--base` folder or a cell.json that says so
+    problems: tuple[str, ...]  # one "<file>: <what is wrong> in <where>" per problem
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunResults:
     folder: str
     cells: tuple[CellResults, ...]
     run_info: Mapping[str, Any] = field(default_factory=dict)  # run.json, when present
+    unreadable: tuple[UnreadableCell, ...] = ()  # cell folders that could not be read; each is that cell's error
 
     def find(self, identity: CellIdentity) -> CellResults | None:
         return next((c for c in self.cells if c.identity == identity), None)
@@ -251,4 +267,4 @@ class RunResults:
     def side(self, name: str) -> RunResults:
         """The cells of one side, as a run of their own."""
         return RunResults(folder=self.folder, cells=tuple(c for c in self.cells if c.side == name),
-                          run_info=self.run_info)
+                          run_info=self.run_info, unreadable=tuple(u for u in self.unreadable if u.side == name))

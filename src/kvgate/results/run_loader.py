@@ -1,9 +1,13 @@
 """Read a results folder (docs/results-folder.md) into kvgate.results.records records: the only part of the gate that walks disks.
 
-Every problem is collected and raised together (InputErrors), each naming the file, so one gate run tells a
-person everything that is wrong with a folder. A stage marked error/timeout/skipped in status.json is not
-parsed (its outputs may be half there); a stage whose folder holds no outputs is recorded as missing
-(the gate fails it); a malformed file is an InputError (exit 2).
+Each file is checked against its JSON Schema (kvgate.results.schema) before its typed reading. A stage marked
+error/timeout/skipped in status.json is not parsed (its outputs may be half there); a stage whose folder holds no
+outputs is recorded as missing (the gate fails it). A file inside one cell's folder that cannot be read (truncated by
+a killed job, corrupt, against its schema) is that cell's problem, never the run's: an unreadable stage output makes
+the stage an error (StageResult.unreadable), an unreadable cell.json or status.json the whole cell
+(RunResults.unreadable); the gate judges the other cells as usual. Only what makes the run unusable as a whole (a
+missing run folder, run.json, two folders of one cell, no cells at all) raises InputErrors, every problem collected,
+each naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError, InputErrors, problems_of
-from kvgate.results import probe_file
+from kvgate.results import probe_file, schema
 from kvgate.results.parsers import contract, junit, lm_eval, vllm_bench
 from kvgate.results.parsers.reading import read_bytes, read_text
 from kvgate.results.records import (
     HEAD,
+    SIDES,
     STAGES,
     CellIdentity,
     CellResults,
@@ -29,6 +34,7 @@ from kvgate.results.records import (
     StageResult,
     StageStatus,
     ThroughputResult,
+    UnreadableCell,
 )
 
 GATE_FOLDER = "gate"
@@ -68,19 +74,21 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         except InputError as error:
             problems.append(error)
     cells: list[CellResults] = []
+    unreadable: list[UnreadableCell] = []
     seen: dict[tuple[CellIdentity, str], str] = {}
     jobs = []
     for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         cell_shown = f"{shown}/{folder.name}"
         if not (folder / "cell.json").exists():
             if folder.name != GATE_FOLDER and any((folder / marker).exists() for marker in _CELL_MARKERS):
-                problems.append(InputError(cell_shown, "cell folder without cell.json", hint=
-                                           "Write cell.json with backend, kv_cache_dtype, arch and model"))
+                unreadable.append(_unreadable(folder.name, cell_shown, [InputError(
+                    cell_shown, "cell folder without cell.json",
+                    hint="Write cell.json with backend, kv_cache_dtype, arch and model")]))
             continue
         jobs.append((folder, cell_shown, known, metric))
-    for cell, errors in _map(_load_cell_collecting, jobs, workers):
-        if cell is None:
-            problems.extend(InputError(*error) for error in errors)
+    for cell in _map(_load_cell_collecting, jobs, workers):
+        if isinstance(cell, UnreadableCell):
+            unreadable.append(cell)
             continue
         cell_shown = cell.folder
         key = (cell.identity, cell.side)
@@ -94,10 +102,18 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         cells.append(cell)
     if problems:
         raise InputErrors(problems)
-    if not cells:
+    if not cells and not unreadable:
         raise InputError(shown, "no cell folders (none holds a cell.json)",
                          hint="Is this a run folder? Each cell writes <run dir>/<cell id>/cell.json")
-    return RunResults(folder=shown, cells=tuple(cells), run_info=run_info)
+    return RunResults(folder=shown, cells=tuple(cells), run_info=run_info, unreadable=tuple(unreadable))
+
+
+def cell_problems(run: RunResults) -> list[str]:
+    """Every problem that made a cell or one of its stages unreadable, one "<file>: <what is wrong>" line each (the
+    gate prints them as ERROR lines and judges each such cell as an error)."""
+    lines = [problem for cell in run.unreadable for problem in cell.problems]
+    lines += [problem for cell in run.cells for stage in cell.stages.values() for problem in stage.unreadable]
+    return sorted(lines)
 
 
 PARALLEL_FROM_CELLS = 16
@@ -114,23 +130,45 @@ def _map(function: Callable[[Any], Any], jobs: list[Any], workers: int | None) -
         yield from pool.map(function, jobs, chunksize=max(1, len(jobs) // (workers * 4)))
 
 
-def _load_cell_collecting(job: tuple[Path, str, KnownNames, str]) -> tuple[CellResults | None, list[tuple]]:
-    """_load_cell with its problems as plain tuples (InputError does not survive pickling between processes)."""
+def _load_cell_collecting(job: tuple[Path, str, KnownNames, str]) -> CellResults | UnreadableCell:
+    """_load_cell, or the cell's problems when its cell.json or status.json cannot be read (plain records: an
+    InputError does not survive pickling between processes)."""
+    folder, shown = job[0], job[1]
     try:
-        return _load_cell(*job), []
+        return _load_cell(*job)
     except (InputError, InputErrors) as error:
-        return None, [(e.source, e.what, e.where, e.hint) for e in problems_of(error)]
+        return _unreadable(folder.name, shown, problems_of(error))
+    except OSError as error:
+        return _unreadable(folder.name, shown, [_os_problem(error, shown)])
 
 
-def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> CellResults:
+def _unreadable(name: str, shown: str, problems: list[InputError], identity: CellIdentity | None = None,
+                side: str | None = None) -> UnreadableCell:
+    """The record of a cell folder that could not be read: named by its cell.json where that was read, else by the
+    folder (kvgate names a cell's folder `<cell id>`, its base side's `<cell id>--base`)."""
+    folder_cell, _, folder_side = name.partition("--")
+    return UnreadableCell(folder=shown, cell=identity.id if identity else folder_cell,
+                          side=side or (folder_side if folder_side in SIDES else HEAD),
+                          problems=tuple(str(problem) for problem in problems))
+
+
+def _os_problem(error: OSError, shown: str) -> InputError:
+    return InputError(str(error.filename or shown), f"cannot read: {error.strerror or error}",
+                      hint="Check the permissions of the run folder")
+
+
+def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> CellResults | UnreadableCell:
     identity, extra = contract.parse_cell(
         read_text(folder / "cell.json", f"{shown}/cell.json"), f"{shown}/cell.json",
         backends=known.backends, kv_cache_dtypes=known.kv_cache_dtypes, archs=known.archs)
+    side = extra.get("side", HEAD)
     statuses: dict[str, StageStatus] = {}
     if (folder / "status.json").exists():
-        statuses = contract.parse_status(read_text(folder / "status.json", f"{shown}/status.json"),
-                                         f"{shown}/status.json")
-    problems: list[InputError] = []
+        try:
+            statuses = contract.parse_status(read_text(folder / "status.json", f"{shown}/status.json"),
+                                             f"{shown}/status.json")
+        except InputError as error:
+            return _unreadable(folder.name, shown, [error], identity, side)
     stages: dict[str, StageResult] = {}
     for stage in STAGES:
         stage_dir = folder / stage
@@ -147,13 +185,13 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
             continue
         try:
             data, missing = _READERS[stage](stage_dir, f"{shown}/{stage}", identity, metric)
-        except (InputError, InputErrors) as error:
-            problems.extend(problems_of(error))
+        except (InputError, InputErrors, OSError) as error:
+            problems = [_os_problem(error, f"{shown}/{stage}")] if isinstance(error, OSError) else problems_of(error)
+            stages[stage] = StageResult(stage=stage, requested=True, status=status,
+                                        unreadable=tuple(str(problem) for problem in problems))
             continue
         stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing)
-    if problems:
-        raise InputErrors(problems)
-    return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=extra.get("side", HEAD))
+    return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=side)
 
 
 def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
@@ -203,6 +241,9 @@ def _read_kernels(stage_dir: Path, shown: str, identity: CellIdentity, metric: s
     path = stage_dir / "junit.xml"
     if not path.exists():
         return None, f"no junit.xml in {shown}/"
+    timings = stage_dir / "timings.json"
+    if timings.exists():  # not judged, but a contract file: a corrupt one is the stage's error
+        schema.read_file(timings, "timings", f"{shown}/timings.json")
     source = f"{shown}/junit.xml"
     return junit.parse_junit(read_text(path, source), source), None
 

@@ -31,6 +31,9 @@ def health_check(cell: CellResults, stage: str, kind: str, require: Mapping[str,
                          headline=f"stage {why}, but {require[stage]}")
         planned = (unplanned or {}).get(stage)
         return Check(**base, status="not_run", detail=planned or f"{stage} stage {why}")
+    if result.unreadable:
+        return Check(**base, status="error", detail=f"{stage} stage unreadable: {'; '.join(result.unreadable)}",
+                     headline=f"unreadable output: {result.unreadable[0]}")
     if health in ("error", "timeout"):
         reason = result.status.reason if result.status and result.status.reason else "no reason given"
         tail = last_line(result.status.log_tail if result.status else None)

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from kvgate import InputError, unknown_name_hint
+from kvgate.results import schema
 from kvgate.results.parsers.reading import expect_object, expect_string, kind, loads, major_version
 from kvgate.results.records import (
     BASE,
@@ -45,6 +46,7 @@ def parse_cell(text: str, source: str, *, backends: Collection[str], kv_cache_dt
     """cell.json -> (identity, the other keys). Names are checked against the matrix's axes."""
     data = expect_object(loads(text, source), source, "")
     check_contract_version(data, source)
+    schema.validate(data, "cell", source)
     missing = [key for key in IDENTITY_KEYS if key not in data]
     if missing:
         raise InputError(source, f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}",
@@ -67,6 +69,7 @@ def parse_cell(text: str, source: str, *, backends: Collection[str], kv_cache_dt
 def parse_status(text: str, source: str) -> dict[str, StageStatus]:
     """status.json -> {stage: StageStatus}."""
     data = expect_object(loads(text, source), source, "")
+    schema.validate(data, "status", source)
     out: dict[str, StageStatus] = {}
     for stage, entry in data.items():
         if stage not in STAGES:
@@ -90,8 +93,18 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         questions = parse_questions(entry["question_plan"], f"{stage}.question_plan") if stage == "accuracy" and \
             "question_plan" in entry else None
         out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
-                                 kv_cache=kv_cache, questions=questions)
+                                 kv_cache=kv_cache, questions=questions, elapsed_s=stage_duration(
+                                     entry.get("elapsed_s", entry.get("seconds") if stage == "kernels" else None)))
     return out
+
+
+def stage_duration(value: Any) -> float | None:
+    """A status.json entry's `elapsed_s` (a kernels entry written before contract 1.8: `seconds`) as seconds: a figure
+    for people (junit.xml's times), never judged, so a value that is not a finite number of seconds (at most a year)
+    is left out rather than refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value) if 0 <= value <= 366 * 24 * 3600 else None
 
 
 # accuracy.kv_cache (contract 1.4): bounds far beyond any real engine, so that a hostile value is named, never used
@@ -219,6 +232,7 @@ def parse_run(text: str, source: str) -> dict[str, Any]:
     """run.json: free-form facts about the run (commit, versions, GPU); only its version is checked."""
     data = expect_object(loads(text, source), source, "")
     check_contract_version(data, source)
+    schema.validate(data, "run", source)
     return dict(data)
 
 

@@ -38,7 +38,9 @@ def loads(text: str, source: str, where: str | None = None) -> Any:
         return json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as error:
         place = f"line {error.lineno} column {error.colno}" if where is None else where
-        what = "truncated JSON" if error.pos >= len(text.rstrip()) else f"invalid JSON ({error.msg})"
+        # a file cut short (a job killed mid-write) ends inside a value, or inside a string that never closes
+        cut = error.pos >= len(text.rstrip()) or error.msg.startswith("Unterminated string")
+        what = "truncated JSON" if cut else f"invalid JSON ({error.msg})"
         raise InputError(source, what, place) from None
     except ValueError as error:  # NaN / Infinity
         raise InputError(source, str(error), where or "the file", "Write a finite number or null") from None
