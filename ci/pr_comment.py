@@ -9,8 +9,10 @@ JSON nested too deep is refused, the pull request number must be a positive inte
 commit must be this run's. The report is made inert: control and bidi characters dropped; HTML and character
 references escaped except a few inert tags; every `@` before a name character broken (code spans, unclosed
 backticks and `é@user` included), so nobody is pinged; issue references (`#12`, `owner/repo#12`, `GH-12`) and
-links to other repositories on github.com defanged, so no other issue or pull request gets a backlink; the body
-cut to fit a comment. The heading says "passed" only when the run concluded success AND the artifact's
+links to other repositories on github.com defanged, so no other issue or pull request gets a backlink. The body
+is fitted to a comment by folding, never by cutting a table: the report's `<details>` blocks, largest first, each
+become one line naming what was folded (the step summary and the artifact keep the whole report), then whole
+paragraphs from the end go. The heading says "passed" only when the run concluded success AND the artifact's
 verdict.json says the gate passed; otherwise it says what each of them said.
 
 Writes COMMENT_FILE = {"pull_request": N, "marker": ..., "body": ...}, or nothing (exit 0, a notice) when there
@@ -30,6 +32,8 @@ from typing import Any
 MARKER = "<!-- kvgate-gate-report -->"
 # GitHub refuses comment bodies over 65,536 characters.
 BODY_LIMIT = 60_000
+DETAILS = re.compile(r"(?ms)^<details[^>\n]*>.*?^</details>[ \t]*$\n?")
+SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.IGNORECASE)
 # Never read more than this from one artifact file (verdict.json of 256 cells is larger than the report).
 READ_LIMIT = 1024 * 1024
 VERDICT_READ_LIMIT = 16 * 1024 * 1024
@@ -162,11 +166,37 @@ def _drop_links(text: str, repository: str) -> tuple[str, list[str]]:
     return text, kept
 
 
-def clip(text: str, limit: int, note: str) -> str:
+def fit(text: str, limit: int, folded: str, note: str) -> str:
+    """`text` in at most `limit` characters, degraded by folding, never cut inside a table or a line: first each
+    `<details>` block, largest first, becomes the line `folded` with {what} its summary; then whole paragraphs
+    (a table is one) go from the end, and `note` says so."""
     if len(text) <= limit:
         return text
-    cut = text[: limit - len(note) - 2]
-    return cut[: cut.rfind("\n") + 1] + "\n" + note
+    blocks = sorted(DETAILS.finditer(text), key=lambda m: len(m.group(0)), reverse=True)
+    replaced: dict[int, tuple[int, str]] = {}  # start -> (end, replacement)
+    size = len(text)
+    for block in blocks:
+        summary = SUMMARY.search(block.group(0))
+        line = folded.replace("{what}", summary.group(1).strip() if summary else "details") + "\n"
+        replaced[block.start()] = (block.end(), line)
+        size += len(line) - len(block.group(0))
+        if size <= limit:
+            break
+    out, last = [], 0
+    for start in sorted(replaced):
+        end, line = replaced[start]
+        out += [text[last:start], line]
+        last = end
+    text = "".join(out) + text[last:]
+    if len(text) <= limit:
+        return text
+    kept, used = [], len(note) + 2
+    for paragraph in text.split("\n\n"):
+        if used + len(paragraph) + 2 > limit:
+            break
+        kept.append(paragraph)
+        used += len(paragraph) + 2
+    return "\n\n".join([*kept, note])
 
 
 def verdict_outcome(text: str | None) -> str:
@@ -208,10 +238,11 @@ def heading(outcome: str, conclusion: str) -> str:
 def render(report_md: str, conclusion: str, run_url: str, outcome: str = "absent", repository: str = "") -> str:
     """The comment body: a marker, a heading from the verdict and the run's conclusion, the sanitised report."""
     link = f"[workflow run]({run_url})" if RUN_URL.fullmatch(run_url or "") else "workflow run"
-    head = (f"{MARKER}\n### {heading(outcome, conclusion)}\n\nFrom the {link}; the full report is its kvgate-gate "
-            "artifact.\n\n")
+    head = (f"{MARKER}\n### {heading(outcome, conclusion)}\n\nFrom the {link}; the full report is its step "
+            "summary and its kvgate-gate artifact.\n\n")
     note = f"_(report cut to fit a comment; see the {link})_"
-    return head + clip(sanitise(report_md, repository), BODY_LIMIT - len(head), note) + "\n"
+    folded = f"<sub>Folded to fit a comment: {{what}}; see the {link}.</sub>"
+    return head + fit(sanitise(report_md, repository), BODY_LIMIT - len(head), folded, note) + "\n"
 
 
 def comment(gate_dir: Path, environ: Mapping[str, str]) -> dict[str, object]:

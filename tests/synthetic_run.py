@@ -305,3 +305,51 @@ class QuestionModel:
 def flexible_from_strict(strict: np.ndarray, rng: np.random.Generator, share: float = 0.02) -> np.ndarray:
     """flexible-extract outcomes: strict-match's right answers plus a few right numbers in a lost format."""
     return strict | (rng.random(strict.shape, dtype=np.float32) < share)
+
+
+# ---------------------------------------------------------------------------------------------- a whole A/B run
+
+AB_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+AB_ARCHS = ("sm80", "sm90", "sm100", "sm120")
+
+
+def ab_run_axes(cells: int, backends: Sequence[str]) -> list[tuple[str, str, str]]:
+    """`cells` (backend, kv_cache_dtype, arch) triples, arch-major then backend, 4 dtypes a backend (2 for 2 cells)."""
+    dtypes = AB_DTYPES[:2] if cells <= 2 else AB_DTYPES
+    wanted = [(b, d, a) for a in AB_ARCHS for b in backends for d in dtypes]
+    if cells > len(wanted):
+        raise ValueError(f"{cells} cells need more than {len(backends)} backends")
+    return wanted[:cells]
+
+
+def write_ab_run(run_dir: Path, axes: Sequence[tuple[str, str, str]], *, n: int = 200,
+                 head_drop: Mapping[str, int] | None = None, slower: Mapping[str, float] | None = None,
+                 model: str = SEED_MODEL, right: int | None = None, seed: int = 0) -> Path:
+    """An A/B run of these cells (base and head side of each, contract 1.6): 2 filters on `n` questions, 3
+    interleaved throughput repeats, kernel tests, KV cache evidence. head_drop: cell id -> right answers the head
+    loses against its base; slower: cell id -> the head's throughput as a share of the base's; right: how many
+    questions every cell answers right (default: 60-80 % of them, drawn per backend and arch)."""
+    run_dir = Path(run_dir)
+    rng = random.Random(seed)
+    rights: dict[tuple[str, str], int] = {}
+    for backend, dtype, arch in axes:
+        identity = cell_id(backend, dtype, arch)
+        # every dtype of a backend and arch answers the same questions right, the head as often as its base
+        drawn = round(n * (0.6 + 0.2 * rng.random()))
+        right_here = rights.setdefault((backend, arch), drawn if right is None else right)
+        base, head = paired_outcomes(n, reference_correct=right_here, only_reference=(head_drop or {}).get(identity, 0),
+                                     only_candidate=0, seed=seed + len(rights))
+        rps = 3.0 + 2 * rng.random()
+        for side, correct in (("base", base), ("head", head)):
+            cell = write_cell(run_dir, backend=backend, kv_cache_dtype=dtype, arch=arch, model=model,
+                              folder=identity if side == "head" else f"{identity}--base",
+                              extra={"contract_version": "1.6", "side": side})
+            write_accuracy(cell, {name: correct for name in GSM8K_FILTERS}, model=model)
+            share = (slower or {}).get(identity, 1.0) if side == "head" else 1.0
+            write_throughput(cell, [rps * share * (1 + 0.004 * k) for k in (-1, 0, 1)])
+            write_kernels(cell)
+            evidence = {"element_bytes": [1 if dtype != "auto" else 2], "layer_kv_cache_dtypes": [dtype],
+                        "tokens": 200_000 if dtype != "auto" else 100_000}
+            write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence},
+                                "throughput": {"status": "ok", "interleaved": {"rounds": 3}}})
+    return run_dir

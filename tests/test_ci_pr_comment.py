@@ -46,7 +46,7 @@ def test_a_report_becomes_a_comment_with_marker_and_conclusion(tmp_path):
     data = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "failure"})
     assert data["pull_request"] == 17
     assert data["body"] == (f"{pr_comment.MARKER}\n### kvgate gate failed\n\nFrom the [workflow run]({RUN_URL}); the "
-                            "full report is its kvgate-gate artifact.\n\n## kvgate gate: FAIL\n\n| cell | check |\n"
+                            "full report is its step summary and its kvgate-gate artifact.\n\n## kvgate gate: FAIL\n\n| cell | check |\n"
                             "|---|---|\n| `a` | b |\n\n")
 
 

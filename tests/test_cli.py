@@ -23,11 +23,30 @@ def test_help_tells_a_user_what_kvgate_does_not_how_it_is_built(capsys):
     assert "only place" not in text  # a developer's note about the code, not for users
 
 
+def test_outside_a_checkout_kvgate_uses_the_matrix_it_ships(tmp_path):
+    """A copy of the package as pip installs it (the link kvgate/matrix/defaults -> matrix/ copied as files), run
+    in an empty folder: the default matrix and policy are package data."""
+    installed = tmp_path / "site"
+    installed.mkdir()
+    subprocess.run(["cp", "-r", "--dereference", str(SRC / "kvgate"), str(installed)], check=True)
+    assert sorted(p.name for p in (installed / "kvgate" / "matrix" / "defaults").glob("*.toml")) == sorted(
+        p.name for p in (SRC.parent / "matrix").glob("*.toml"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "KVGATE_MATRIX_DIR"}
+    env["PYTHONPATH"] = str(installed)
+    done = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--format", "ids"], cwd=work, env=env,
+                          capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "cpu_attn-fp8-cpu" in done.stdout.split()
+
+
 def test_outside_a_checkout_the_missing_matrix_is_one_line_with_the_way_out(tmp_path):
-    """A copy of the package (as pip would install it) run in an empty folder: one hint, exit 2, no traceback."""
+    """A copy of the package without the matrix it ships, run in an empty folder: one hint, exit 2, no traceback."""
     installed = tmp_path / "site"
     installed.mkdir()
     subprocess.run(["cp", "-r", str(SRC / "kvgate"), str(installed)], check=True)
+    (installed / "kvgate" / "matrix" / "defaults").unlink()
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "KVGATE_MATRIX_DIR"}
@@ -39,9 +58,9 @@ def test_outside_a_checkout_the_missing_matrix_is_one_line_with_the_way_out(tmp_
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ERROR ") and lines[0].endswith(
         "no kvgate matrix here (it holds axes.toml, backends.toml, exclusions.toml, waivers.toml, "
-        "workloads.toml). kvgate looks in --matrix-dir, then $KVGATE_MATRIX_DIR, then the checkout it runs from "
-        "(never the current directory): pass --matrix-dir DIR or set KVGATE_MATRIX_DIR to a kvgate checkout's "
-        "matrix/ folder")
+        "workloads.toml). kvgate looks in --matrix-dir, then $KVGATE_MATRIX_DIR, then the checkout it runs from, "
+        "then the copy it ships (never the current directory): pass --matrix-dir DIR or set KVGATE_MATRIX_DIR to a "
+        "kvgate checkout's matrix/ folder")
     # a matrix (and policy) in the folder a command runs in is never read: a results folder or a PR's checkout
     # cannot bring its own rules
     subprocess.run(["cp", "-r", str(SRC.parent / "matrix"), str(work / "matrix")], check=True)

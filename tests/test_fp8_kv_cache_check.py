@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cpu_run_fixture import extract, matrix_of_the_run
+from kvgate import InputErrors
 from kvgate.cli import main
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
@@ -199,7 +200,9 @@ def test_an_fp8_cell_whose_fp8_was_ignored_fails_named(h200_run, h200_matrix, tm
     assert check["detail"] == f"{expected} ({h200_run}/triton_attn-fp8-sm90/status.json accuracy.kv_cache)"
     # the first line of the report names the cell and the check (an ignored FP8 setting is named first)
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("❌ kvgate: ") and f"— triton_attn-fp8-sm90 fp8_kv_cache {expected}" in first
+    # (its reason shortened at a clause to fit the line; the report holds it whole)
+    assert first.startswith("❌ kvgate: ") and f"— triton_attn-fp8-sm90 fp8_kv_cache {expected[:50]}" in first
+    assert expected in (out / "report.md").read_text(encoding="utf-8")
     others = verdict_checks(out)
     assert all(others[cell]["status"] == "pass" for cell in H200_TOKENS if cell != "triton_attn-fp8-sm90")
 
@@ -330,7 +333,7 @@ def test_an_integer_beyond_json_readers_is_an_input_error_not_a_traceback(h200_u
     run = pair_run(h200_unpacked, tmp_path)
     path = run / "triton_attn-fp8-sm90" / "status.json"
     path.write_text(path.read_text().replace('"tokens": 3772384', '"tokens": ' + "9" * 5000))
-    assert gate_cli(run, h200_matrix, tmp_path / "out") == 2
+    assert gate_cli(run, h200_matrix, tmp_path / "out") == 1  # that cell's file: the cell errors, not the run
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert f"{run}/triton_attn-fp8-sm90/status.json" in err and "4300 digits" in err
@@ -338,9 +341,9 @@ def test_an_integer_beyond_json_readers_is_an_input_error_not_a_traceback(h200_u
 
 # ---------------------------------------------------------------------------------------------- contract versions
 
-def test_the_contract_is_1_7_and_the_evidence_is_required_from_1_4():
-    assert CONTRACT_VERSION == "1.7"
-    assert contract_version_tuple(CONTRACT_VERSION) == (1, 7)
+def test_the_contract_is_1_8_and_the_evidence_is_required_from_1_4():
+    assert CONTRACT_VERSION == "1.8"
+    assert contract_version_tuple(CONTRACT_VERSION) == (1, 8)
     assert KV_CACHE_EVIDENCE_SINCE == (1, 4)
 
 
@@ -397,10 +400,21 @@ def test_a_1_4_cell_judged_on_partial_evidence(h200_unpacked, h200_matrix, tmp_p
 
 
 def test_a_1_4_cell_with_an_unreadable_minor_version_fails_closed(h200_unpacked, h200_matrix, tmp_path):
+    """A version the readers cannot place is against the schemas (contract 1.8): each cell saying it is that cell's
+    error, never judged as some version; a run.json saying it makes the run unusable."""
     run = pair_run(h200_unpacked, tmp_path)
     set_contract(run, "1.x")
     set_kv_cache(run / "triton_attn-fp8-sm90", ...)
-    assert judge(run, h200_matrix)["triton_attn-fp8-sm90"].status == "error"
+    loaded = load_run(run, KnownNames.from_matrix(matrix_module.load(h200_matrix)))
+    assert loaded.cells == ()
+    assert [cell.problems for cell in loaded.unreadable] == [
+        (f"{run}/triton_attn-{dtype}-sm90/cell.json: expected a version number like 1 or \"1.8\", got string '1.x' "
+         "in contract_version",) for dtype in ("auto", "fp8")]
+    (run / "run.json").write_text(json.dumps({"contract_version": "1.x"}))
+    with pytest.raises(InputErrors) as raised:
+        judge(run, h200_matrix)
+    assert [str(e) for e in raised.value.errors] == [
+        f"{run}/run.json: expected a version number like 1 or \"1.8\", got string '1.x' in contract_version"]
 
 
 @pytest.mark.parametrize(("version", "shown"), [("1.3", "contract 1.3"), (1, "contract 1"),

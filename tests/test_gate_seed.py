@@ -16,7 +16,9 @@ def test_seed_case_passes_but_reads_neutral_without_a_baseline(tmp_path, capsys)
     run = write_seed_run(tmp_path / "run")
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == "⚪ kvgate: NEUTRAL — 8 checks passed, but the change was compared with nothing (no base side, no --baseline)"
+    # the accuracy and throughput stages ran with nothing to judge them (no baseline): counted apart, never as passes
+    assert first == ("⚪ kvgate: NEUTRAL — 4 checks passed; 4 stages ran with nothing to judge them, but the change was "
+                     "compared with nothing (no base side, no --baseline)")
     verdict = json.loads((run / "gate" / "verdict.json").read_text())
     strict = next(c for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match")
     print(json.dumps(strict, indent=1))
@@ -43,7 +45,7 @@ def test_seed_case_with_a_seven_point_drop_fails_and_names_the_cell(tmp_path, ca
     out = tmp_path / "out"
     assert main(["gate", str(run), "--out", str(out), "--today", "2026-11-30"]) == 1
     first = (out / "report.md").read_text().splitlines()[0]
-    assert first == (f"❌ kvgate: 1 of 8 checks failed — {FP8} fp8_accuracy [strict-match] drop 7.1 pts, lower "
+    assert first == (f"❌ kvgate: 1 of 4 checks failed — {FP8} fp8_accuracy [strict-match] drop 7.1 pts, lower "
                      "bound 5.0 > margin 3.0 (p<0.001)")
     assert capsys.readouterr().out.splitlines()[0] == first
     assert not (run / "gate").exists()  # --out elsewhere leaves the run folder alone
@@ -70,7 +72,7 @@ def test_requiring_every_stage_fails_a_run_without_probes(tmp_path, capsys):
     run = write_seed_run(tmp_path / "run")
     assert main(["gate", str(run), "--require", "all", "--today", "2026-11-30"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
-        "❌ kvgate: 2 of 10 checks failed — flashinfer_mla-auto-sm100 probe stage never ran, but the gate "
+        "❌ kvgate: 2 of 6 checks failed — flashinfer_mla-auto-sm100 probe stage never ran, but the gate "
         "requires it (--require) (+1 more)")
 
 
@@ -85,7 +87,7 @@ def test_without_a_baseline_ci_fails_the_run(tmp_path, capsys):
     run = write_seed_run(tmp_path / "run", contract="1.6")
     assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
-        "❌ kvgate: 1 of 10 checks failed — (run) baseline no baseline: the change was compared with nothing")
+        "❌ kvgate: 1 of 6 checks failed — (run) baseline no baseline: the change was compared with nothing")
 
 
 def test_results_of_an_older_contract_cannot_pass_a_gate_that_requires_a_baseline(tmp_path, capsys):

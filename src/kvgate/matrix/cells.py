@@ -49,12 +49,16 @@ MATRIX_DIR_ENV = "KVGATE_MATRIX_DIR"
 
 
 def default_matrix_dir() -> Path:
-    """$KVGATE_MATRIX_DIR, else the matrix/ of the checkout kvgate runs from. Never the current directory: a results
-    folder or a PR's checkout that a command happens to run in must not bring its own matrix or policy (pass
-    --matrix-dir to choose one)."""
+    """$KVGATE_MATRIX_DIR, else the matrix/ of the checkout kvgate runs from, else the copy an installed kvgate
+    ships (package data: kvgate/matrix/defaults, a link to the checkout's matrix/ in the repository). Never the
+    current directory: a results folder or a PR's checkout that a command happens to run in must not bring its own
+    matrix or policy (pass --matrix-dir to choose one)."""
     if os.environ.get(MATRIX_DIR_ENV):
         return Path(os.environ[MATRIX_DIR_ENV])
-    return Path(__file__).resolve().parents[3] / "matrix"
+    checkout = Path(__file__).resolve().parents[3] / "matrix"
+    if any((checkout / name).is_file() for name in MATRIX_FILES):
+        return checkout
+    return Path(__file__).resolve().parent / "defaults"
 
 
 def load(folder: Path | None = None) -> Matrix:
@@ -62,8 +66,8 @@ def load(folder: Path | None = None) -> Matrix:
     folder = folder or default_matrix_dir()
     if not any((folder / name).is_file() for name in MATRIX_FILES):
         raise InputError(shown_path(folder), f"no kvgate matrix here (it holds {', '.join(MATRIX_FILES)})",
-                         hint=f"kvgate looks in --matrix-dir, then ${MATRIX_DIR_ENV}, then the checkout it runs from "
-                              f"(never the current directory): pass --matrix-dir DIR or set {MATRIX_DIR_ENV} to a "
+                         hint=f"kvgate looks in --matrix-dir, then ${MATRIX_DIR_ENV}, then the checkout it runs from, "
+                              f"then the copy it ships (never the current directory): pass --matrix-dir DIR or set {MATRIX_DIR_ENV} to a "
                               f"kvgate checkout's matrix/ folder")
     documents: dict[str, dict[str, Any]] = {}
     problems = []

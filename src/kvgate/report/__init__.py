@@ -48,6 +48,7 @@ def write_all(verdict: Verdict, out_dir: Path) -> dict[str, Path]:
         for name, data in rendered.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
             temporary[name] = tmp
+            os.fchmod(fd, 0o644)  # mkstemp makes 0600; an artifact uploader running as another user reads these
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
         paths = {}

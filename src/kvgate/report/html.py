@@ -1,9 +1,14 @@
-"""Verdict -> report.html: one self-contained page (inline CSS and SVG, no script, no network).
+"""Verdict -> report.html: one self-contained page (inline CSS and SVG, no script, no network), as readable on a
+phone as on a laptop (tests/test_report_browser.py measures both in a real headless Chromium).
 
-Plots:
-- accuracy per cell with its interval (the reported mean ± 1.96 stderr), auto and FP8 side by side per
-  backend/arch/model, one panel per lm-eval filter;
-- throughput ratios (FP8/auto, and current/baseline) with their confidence intervals, around 1.0.
+First the headline and, where anything failed, "Needs attention": each failing check with its one-line reason, so
+the first screen shows it. Then a legend (one colour per status word, kvgate.report.words, and the marks) and the
+plots, one row per figure, each with its threshold drawn and labelled and an axis title:
+- accuracy per cell and filter (the reported mean ± 1.96 stderr), auto and FP8 side by side per backend/arch/model,
+  with the auto cell's accuracy floor;
+- the paired accuracy drops (FP8 against auto, head against baseline) with their bounds and margins;
+- throughput ratios (FP8/auto, and head/baseline) with their bounds and minimum ratios, around 1.0.
+A check whose stage errored or is missing keeps its row, as a cross with its reason.
 """
 
 from __future__ import annotations
@@ -11,36 +16,44 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from kvgate.gate.verdict import STATUS_LABEL, Check, Verdict, sort_key
+from kvgate.report import grid
 from kvgate.report.markdown import headline, multiplicity_text, run_facts
+from kvgate.report.words import COLOR, LABEL, MEANING, ORDER, word_of
 
-COLORS = {"auto": "#4575b4", "fp8": "#d73027", "fp8_e4m3": "#f46d43", "fp8_e5m2": "#fdae61"}
-STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "error": "#8250df", "missing": "#bf8700",
-                 "waived": "#9a6700", "not_run": "#6e7781", "info": "#0969da"}
-ROW = 18
-LEFT = 340
-WIDTH = 920
+STATUS_COLORS = COLOR  # one colour per status word, in the badges, the plots and their legend
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1f2328;max-width:1200px}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:20px auto;padding:0 20px;
+color:#1f2328;max-width:1200px} @media (max-width:600px){body{margin:10px auto;padding:0 10px}}
 h1{font-size:20px;margin:0 0 6px} h2{font-size:16px;margin:26px 0 8px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
 .ctx{color:#57606a;margin-bottom:10px} table{border-collapse:collapse;width:100%;font-size:12.5px}
 th,td{border:1px solid #d0d7de;padding:3px 6px;text-align:left;vertical-align:top} th{background:#f6f8fa}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .badge{display:inline-block;color:#fff;border-radius:10px;padding:0 8px;font-size:11.5px;font-weight:600;white-space:nowrap}
-svg text{font:11px system-ui,sans-serif;fill:#1f2328} .note{color:#57606a;font-size:12.5px}
-code{font-size:12px;background:#f6f8fa;padding:0 3px;border-radius:3px}
+svg text{font:12px system-ui,sans-serif;fill:#1f2328} svg text.axis-title,svg text.threshold{font-weight:600}
+svg.plot{display:block} .note{color:#57606a;font-size:12.5px} .scroll{overflow-x:auto} .scroll table{min-width:760px}
+h1,.ctx,li{overflow-wrap:anywhere}
+code{font-size:12px;background:#f6f8fa;padding:0 3px;border-radius:3px;white-space:nowrap}
+.legend{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:12.5px;margin:6px 0}
+.legend svg{vertical-align:middle;margin-right:4px} #needs-attention li{margin:2px 0}
 """
 
 
 def render_html(verdict: Verdict) -> str:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{_e(headline(verdict))}</title>", f"<style>{CSS}</style></head><body>",
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             f"<title>{_e(_plain(headline(verdict)))}</title>", f"<style>{CSS}</style></head><body>",
              f"<h1>{_badge(*_verdict_badge(verdict))} "
              f"{_e(_plain(headline(verdict)))}</h1>", f'<div class="ctx">{_e(_context(verdict))}</div>',
              "<div>" + " ".join(_badge(s, f"{STATUS_LABEL[s]} {n}") for s, n in verdict.counts().items() if n)
-             + "</div>"]
+             + "</div>", _needs_attention(verdict), grid_html(verdict)]  # what failed first: on the first screen
+    plotted = [row.word for rows in (_accuracy_rows(verdict), _drop_rows(verdict), _ratio_rows(verdict))
+               for row in rows]
+    if plotted:
+        parts.append(_legend(plotted))
     accuracy = _accuracy_plot(verdict)
     if accuracy:
         parts += ["<h2>Accuracy per cell</h2>",
@@ -60,7 +73,7 @@ def render_html(verdict: Verdict) -> str:
                   '<p class="note">Ratio of medians over repeats (requests/s) with the bounds of the tested '
                   "ratio, each one-sided at the decision's level; dashed line: the threshold where one is judged (a "
                   "check fails when the upper bound is below it).</p>", ratios]
-    parts += ["<h2>Checks</h2>", _table(sorted(verdict.checks, key=sort_key))]
+    parts += ["<h2>Checks</h2>", '<div class="scroll">', _table(sorted(verdict.checks, key=sort_key)), "</div>"]
     parts += ["<h2>Method</h2>", "<ul>",
               f"<li>Multiplicity: {_e(multiplicity_text(verdict))}.</li>"]
     notes: dict[str, list[str]] = {}
@@ -74,6 +87,35 @@ def render_html(verdict: Verdict) -> str:
     return "\n".join(parts)
 
 
+def _needs_attention(verdict: Verdict, most: int = 20) -> str:
+    """The failing checks with their one-line reasons, near the top, so that the first screen shows what failed."""
+    failed = sorted(verdict.failed, key=sort_key)
+    if not failed:
+        return ""
+    items = [f"<li>{_badge(c.status, STATUS_LABEL[c.status])} <code>{_e(c.cell)}</code> {_e(c.kind)}"
+             f"{f' [{_e(c.subject)}]' if c.subject else ''}: {_e(c.detail)}</li>" for c in failed[:most]]
+    if len(failed) > most:
+        items.append(f"<li>… and {len(failed) - most} more in Checks below</li>")
+    return '<section id="needs-attention"><h2>Needs attention</h2><ul>' + "".join(items) + "</ul></section>"
+
+
+def _legend(words: Iterable[str]) -> str:
+    """What the plots' colours and marks mean: one colour per status word (kvgate.report.words), the same in every
+    plot and badge."""
+    present = sorted(set(words), key=ORDER.index)
+    entries = [f'<span><svg width="12" height="12"><circle cx="6" cy="6" r="5" fill="{COLOR[w]}"/></svg>'
+               f"<b>{_e(LABEL[w])}</b> {_e(MEANING[w])}</span>" for w in present]
+    entries += ['<span><svg width="22" height="12"><line x1="1" x2="21" y1="6" y2="6" stroke="#57606a" '
+                'stroke-width="2"/><circle cx="11" cy="6" r="4" fill="#57606a"/></svg>the figure and its interval</span>',
+                '<span><svg width="8" height="14"><line x1="4" x2="4" y1="0" y2="14" stroke="#1f2328" '
+                'stroke-dasharray="3,2"/></svg>its threshold (floor, margin or minimum ratio, labelled on top)</span>',
+                '<span><svg width="8" height="14"><line x1="4" x2="4" y1="0" y2="14" stroke="#57606a"/></svg>'
+                "no change (a drop of 0, a ratio of 1)</span>",
+                '<span><svg width="12" height="12"><path d="M1 1L11 11M1 11L11 1" stroke="#57606a" stroke-width="2.5"/>'
+                "</svg>no figure: the stage errored or is missing</span>"]
+    return '<div class="legend" aria-label="legend">' + "".join(entries) + "</div>"
+
+
 def _context(verdict: Verdict) -> str:
     parts = [f"run {verdict.run}", *run_facts(verdict.run_info)]
     if verdict.baseline:
@@ -84,7 +126,7 @@ def _context(verdict: Verdict) -> str:
 
 def _plain(text: str) -> str:
     """The headline without its leading emoji (the page shows a coloured badge instead; no emoji font needed)."""
-    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌", "⚠") else text
+    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌", "⚠", "⚪") else text
 
 
 def _verdict_badge(verdict: Verdict) -> tuple[str, str]:
@@ -122,110 +164,139 @@ def _e(text: object) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- plots
+# Each plot is an SVG as wide as the page: its x positions are percentages of its width and its text keeps the page's
+# size in pixels, so a phone shows the same plot narrower with readable labels (never a scaled-down picture).
+# One row per figure: the row's label on a line of its own (the cell id once per cell, then only what differs),
+# the figure below it as a dot coloured by its status word (the legend above the plots), its interval as a bar,
+# its threshold as a dashed tick. A check that has no figure (its stage errored or is missing) keeps its row: a
+# cross at the left edge, with its reason.
+
+LABEL_GAP = 14  # label baseline to the bar below it
+ROW = 36
+TOP = 30  # room for the thresholds' labels
+BOTTOM = 44  # room for the tick labels and the axis title
+PLOT_LEFT, PLOT_RIGHT = 3.0, 97.0  # per cent of the width
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    cell: str
+    label: str  # what the row shows after the cell id
+    word: str  # the status word that colours it
+    value: float | None  # None: no figure (a cross, with `reason`)
+    interval: tuple[float, float] | None = None
+    threshold: float | None = None
+    reason: str = ""
+
 
 def _accuracy_plot(verdict: Verdict) -> str:
-    """One row per cell and filter: the mean and its ±1.96 stderr bar, grouped by backend/arch/model."""
-    checks = [c for c in verdict.checks if c.kind == "accuracy" and c.status in ("pass", "waived")]
-    if not checks:
-        return ""
+    """One row per cell and filter: the mean and its ±1.96 stderr bar; dashed: the auto cell's accuracy floor."""
+    return _plot(_accuracy_rows(verdict), aria="accuracy per cell", threshold_label="floor {:.3g}", floor=0.0,
+                 ceil=1.0, axis_title="accuracy (share of questions right; bar: ±1.96 stderr)")
+
+
+def _accuracy_rows(verdict: Verdict) -> list[_Row]:
+    checks = sorted((c for c in verdict.checks if c.kind == "accuracy" and c.status != "not_run"),
+                    key=lambda c: _group_key(c.cell))
+    floors = {(c.cell, c.subject): c.threshold["floor"] for c in verdict.checks
+              if c.kind == "accuracy_floor" and isinstance(c.threshold.get("floor"), (int, float))}
     filters = sorted({k for c in checks for k in c.figures if not k.endswith("_stderr") and k != "n"})
-    rows: list[tuple[str, str, str, float, float | None]] = []  # (group, label, dtype, mean, stderr)
-    for check in sorted(checks, key=lambda c: _group_key(c.cell)):
-        group, dtype = _group_key(check.cell)
-        for name in filters:
-            mean = check.figures.get(name)
-            if isinstance(mean, (int, float)):
-                stderr = check.figures.get(f"{name}_stderr")
-                rows.append((group, f"{check.cell} · {name}", dtype, float(mean),
-                             float(stderr) if isinstance(stderr, (int, float)) else None))
-    if not rows:
-        return ""
-    lows = [m - 1.96 * (s or 0) for _, _, _, m, s in rows]
-    highs = [m + 1.96 * (s or 0) for _, _, _, m, s in rows]
-    lo, hi = _nice_range(min(lows), max(highs), floor=0.0, ceil=1.0)
-    height = ROW * len(rows) + 40 + 10 * len({r[0] for r in rows})
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
-           f'aria-label="accuracy per cell">']
-    x = _scale(lo, hi)
-    out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
-    y, previous = 20, None
-    for group, label, dtype, mean, stderr in rows:
-        if previous is not None and group != previous:
-            y += 10
-            out.append(f'<line x1="4" x2="{WIDTH - 10}" y1="{y - 4}" y2="{y - 4}" stroke="#eaeef2"/>')
-        previous = group
-        color = COLORS.get(dtype, "#6e7781")
-        out.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{_e(label)}</text>')
-        if stderr:
-            out.append(f'<line x1="{x(mean - 1.96 * stderr):.1f}" x2="{x(mean + 1.96 * stderr):.1f}" y1="{y}" '
-                       f'y2="{y}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<circle cx="{x(mean):.1f}" cy="{y}" r="4" fill="{color}"><title>{_e(label)}: {mean:.4f}'
-                   f'{f" ± {1.96 * stderr:.4f}" if stderr else ""}</title></circle>')
-        y += ROW
-    out.append("</svg>")
-    return "\n".join(out)
+    rows = []
+    for check in checks:
+        means = [(name, check.figures[name]) for name in filters if isinstance(check.figures.get(name), (int, float))]
+        if not means:
+            rows.append(_Row(check.cell, "", word_of(check), None, reason=check.detail))
+        for name, mean in means:
+            stderr = check.figures.get(f"{name}_stderr")
+            interval = ((mean - 1.96 * stderr, mean + 1.96 * stderr) if isinstance(stderr, (int, float)) and stderr
+                        else None)
+            rows.append(_Row(check.cell, name, word_of(check), float(mean), interval, floors.get((check.cell, name))))
+    return rows
 
 
 def _ratio_plot(verdict: Verdict) -> str:
-    checks = [c for c in verdict.checks if c.kind in ("fp8_throughput", "throughput")
-              and isinstance(c.figures.get("ratio"), (int, float))]
-    checks.sort(key=lambda c: (c.kind, _group_key(c.cell)))
+    return _plot(_ratio_rows(verdict), aria="throughput ratios", threshold_label="min {:.3g}", reference=1.0,
+                 axis_title="throughput ratio (requests/s, FP8 or head over reference)")
 
-    def marker(check: Check, x: float, y: int, color: str, label: str) -> str:
-        ratio = check.figures["ratio"]
-        return (f'<rect x="{x - 4:.1f}" y="{y - 4}" width="8" height="8" fill="{color}">'
-                f"<title>{_e(label)}: {ratio:.3f} ({STATUS_LABEL[check.status]})</title></rect>")
 
-    return _interval_plot(
-        checks, value="ratio", threshold="min_ratio", reference=1.0, aria="throughput ratios", marker=marker,
-        label=lambda c: f"{c.cell} · {'fp8/auto' if c.kind == 'fp8_throughput' else 'vs baseline'}")
+def _ratio_rows(verdict: Verdict) -> list[_Row]:
+    checks = sorted((c for c in verdict.checks if c.kind in ("fp8_throughput", "throughput")
+                     and (isinstance(c.figures.get("ratio"), (int, float)) or c.status in ("error", "missing"))),
+                    key=lambda c: (_group_key(c.cell), c.kind))
+    return [_Row(c.cell, "fp8/auto" if c.kind == "fp8_throughput" else "vs baseline", word_of(c),
+                 _number(c.figures.get("ratio")), c.interval, _number(c.threshold.get("min_ratio")), c.detail)
+            for c in checks]
 
 
 def _drop_plot(verdict: Verdict) -> str:
-    checks = [c for c in verdict.checks if c.kind in ("fp8_accuracy", "baseline_accuracy")
-              and isinstance(c.figures.get("drop_points"), (int, float))]
-    checks.sort(key=lambda c: (c.kind, _group_key(c.cell), c.subject or ""))
-
-    def marker(check: Check, x: float, y: int, color: str, label: str) -> str:
-        drop = check.figures["drop_points"]
-        return (f'<circle cx="{x:.1f}" cy="{y}" r="4" fill="{color}"><title>{_e(label)}: drop {drop:.2f} '
-                f"points ({STATUS_LABEL[check.status]})</title></circle>")
-
-    return _interval_plot(
-        checks, value="drop_points", threshold="margin_points", reference=0.0, aria="accuracy drops", marker=marker,
-        label=lambda c: f"{c.cell} · {c.subject} · {'vs auto' if c.kind == 'fp8_accuracy' else 'vs baseline'}")
+    return _plot(_drop_rows(verdict), aria="accuracy drops", threshold_label="margin {:.3g}", reference=0.0,
+                 axis_title="accuracy drop, points (reference minus FP8 or head)")
 
 
-def _interval_plot(checks: list[Check], *, value: str, threshold: str, reference: float, aria: str,
-                   label: Callable[[Check], str], marker: Callable[[Check, float, int, str, str], str]) -> str:
-    """One row per check: its figure with its interval, a dashed tick at its threshold, a line at `reference`."""
-    if not checks:
+def _drop_rows(verdict: Verdict) -> list[_Row]:
+    checks = sorted((c for c in verdict.checks if c.kind in ("fp8_accuracy", "baseline_accuracy")
+                     and (isinstance(c.figures.get("drop_points"), (int, float)) or c.status in ("error", "missing"))),
+                    key=lambda c: (_group_key(c.cell), c.kind, c.subject or ""))
+    return [_Row(c.cell, f"{c.subject} · {'vs auto' if c.kind == 'fp8_accuracy' else 'vs baseline'}", word_of(c),
+                 _number(c.figures.get("drop_points")), c.interval, _number(c.threshold.get("margin_points")),
+                 c.detail) for c in checks]
+
+
+def _plot(rows: list[_Row], *, aria: str, axis_title: str, threshold_label: str, reference: float | None = None,
+          floor: float = -math.inf, ceil: float = math.inf) -> str:
+    if not rows:
         return ""
-    values = [c.figures[value] for c in checks] + [v for c in checks if c.interval for v in c.interval]
-    values += [c.threshold[threshold] for c in checks if isinstance(c.threshold.get(threshold), (int, float))]
-    lo, hi = _nice_range(min([*values, reference]), max([*values, reference]))
-    height = ROW * len(checks) + 40
+    values = [v for r in rows for v in (r.value, r.threshold, *(r.interval or ())) if v is not None]
+    values += [reference] if reference is not None else []
+    lo, hi = _nice_range(min(values, default=0.0), max(values, default=1.0), floor=floor, ceil=ceil)
+    height = TOP + ROW * len(rows) + BOTTOM
     x = _scale(lo, hi)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img" '
+    out = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="100%" height="{height}" role="img" '
            f'aria-label="{aria}">']
     out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
-    out.append(f'<line x1="{x(reference):.1f}" x2="{x(reference):.1f}" y1="8" y2="{height - 22}" stroke="#57606a"/>')
-    y = 20
-    for check in checks:
-        text = label(check)
-        color = STATUS_COLORS[check.status]
-        out.append(f'<text x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{_e(text)}</text>')
-        if check.interval:
-            out.append(f'<line x1="{x(check.interval[0]):.1f}" x2="{x(check.interval[1]):.1f}" y1="{y}" y2="{y}" '
-                       f'stroke="{color}" stroke-width="2"/>')
-        limit = check.threshold.get(threshold)
-        if isinstance(limit, (int, float)):
-            out.append(f'<line x1="{x(limit):.1f}" x2="{x(limit):.1f}" y1="{y - 7}" y2="{y + 7}" '
-                       f'stroke="#cf222e" stroke-dasharray="3,2"/>')
-        out.append(marker(check, x(check.figures[value]), y, color, text))
+    out.append(f'<text x="50%" y="{height - 6}" text-anchor="middle" class="axis-title">{_e(axis_title)}</text>')
+    if reference is not None:
+        out.append(f'<line x1="{x(reference)}" x2="{x(reference)}" y1="{TOP - 6}" y2="{height - BOTTOM + 4}" '
+                   'stroke="#57606a"/>')
+    thresholds = sorted({r.threshold for r in rows if r.threshold is not None})
+    for index, limit in enumerate(thresholds[:3]):  # more than three distinct ones: the ticks and tooltips say them
+        anchor = "end" if (x_percent := _percent(lo, hi, limit)) > 80 else "start" if x_percent < 20 else "middle"
+        out.append(f'<text x="{x(limit)}" y="{12 + 12 * (index % 2)}" text-anchor="{anchor}" class="threshold">'
+                   f"{_e(threshold_label.format(limit))}</text>")
+    y, previous = TOP, None
+    for row in rows:
+        color, continued = COLOR[row.word], row.cell == previous
+        label = row.label if continued else f"{row.cell} · {row.label}" if row.label else row.cell
+        if previous is not None and not continued:
+            out.append(f'<line x1="0" x2="100%" y1="{y - 4}" y2="{y - 4}" stroke="#eaeef2"/>')
+        previous, indent = row.cell, 16 if continued else 0
+        bar = y + LABEL_GAP
+        what = f"{row.cell} · {row.label}" if row.label else row.cell
+        if row.value is None:
+            out.append(f'<text x="{indent}" y="{y + 8}" class="row">{_e(label)} <tspan fill="{color}">'
+                       f"{_e(LABEL[row.word])}: {_e(row.reason or 'no figure')}</tspan></text>")
+            out.append(f'<svg x="{PLOT_LEFT}%" y="{bar}" overflow="visible"><path d="M-5-5L5 5M-5 5L5-5" '
+                       f'stroke="{color}" stroke-width="2.5"><title>{_e(what)}: {_e(LABEL[row.word])}, no figure'
+                       "</title></path></svg>")
+        else:
+            out.append(f'<text x="{indent}" y="{y + 8}" class="row">{_e(label)}</text>')
+            if row.interval:
+                out.append(f'<line x1="{x(row.interval[0])}" x2="{x(row.interval[1])}" y1="{bar}" y2="{bar}" '
+                           f'stroke="{color}" stroke-width="2"/>')
+            if row.threshold is not None:
+                out.append(f'<line x1="{x(row.threshold)}" x2="{x(row.threshold)}" y1="{bar - 8}" y2="{bar + 8}" '
+                           'stroke="#1f2328" stroke-dasharray="3,2"/>')
+            bounds = f" [{row.interval[0]:.4g}, {row.interval[1]:.4g}]" if row.interval else ""
+            limit = f"; {threshold_label.format(row.threshold)}" if row.threshold is not None else ""
+            out.append(f'<circle cx="{x(row.value)}" cy="{bar}" r="5" fill="{color}"><title>{_e(what)}: '
+                       f"{row.value:.4g}{bounds}{_e(limit)} ({_e(LABEL[row.word])})</title></circle>")
         y += ROW
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def _group_key(cell: str) -> tuple[str, str]:
@@ -236,16 +307,21 @@ def _group_key(cell: str) -> tuple[str, str]:
     return f"{backend}-{arch}" + (f" [{model}" if model else ""), dtype
 
 
-def _scale(lo: float, hi: float):
-    span = (hi - lo) or 1.0
-    return lambda v: LEFT + (WIDTH - LEFT - 20) * (min(max(v, lo), hi) - lo) / span
+def _percent(lo: float, hi: float, value: float) -> float:
+    return PLOT_LEFT + (PLOT_RIGHT - PLOT_LEFT) * (min(max(value, lo), hi) - lo) / ((hi - lo) or 1.0)
 
 
-def _axis(x, lo: float, hi: float, height: int, fmt) -> list[str]:
+def _scale(lo: float, hi: float) -> Callable[[float], str]:
+    """value -> an SVG x position, in per cent of the plot's width."""
+    return lambda value: f"{_percent(lo, hi, value):.2f}%"
+
+
+def _axis(x: Callable[[float], str], lo: float, hi: float, height: int, fmt: Callable[[float], str]) -> list[str]:
     out = []
     for value in _ticks(lo, hi):
-        out.append(f'<line x1="{x(value):.1f}" x2="{x(value):.1f}" y1="8" y2="{height - 22}" stroke="#eaeef2"/>')
-        out.append(f'<text x="{x(value):.1f}" y="{height - 8}" text-anchor="middle">{fmt(value)}</text>')
+        out.append(f'<line x1="{x(value)}" x2="{x(value)}" y1="{TOP - 6}" y2="{height - BOTTOM + 4}" '
+                   'stroke="#eaeef2"/>')
+        out.append(f'<text x="{x(value)}" y="{height - BOTTOM + 18}" text-anchor="middle">{fmt(value)}</text>')
     return out
 
 
@@ -263,3 +339,45 @@ def _nice_range(low: float, high: float, floor: float = -math.inf, ceil: float =
         return 0.0, 1.0
     pad = max((high - low) * 0.08, 0.01)
     return max(floor, low - pad), min(ceil, high + pad)
+
+
+# ---------------------------------------------------------------------------------------------- the grid
+
+def grid_html(verdict: Verdict) -> str:
+    """The report's first screen (kvgate.report.grid): per arch, backends x kv_cache_dtypes, each entry its word,
+    accuracy per filter, change in points against the base side and the auto cell, and throughput."""
+    out = []
+    for arch_grid in grid.build(verdict):
+        rows = [f"<tr><th>{_e(arch_grid.arch)}</th>" + "".join(f"<th>{_e(c)}</th>" for c in arch_grid.columns)
+                + "</tr>"]
+        for row in arch_grid.rows:
+            cells = []
+            for column in arch_grid.columns:
+                entry = row.entries.get(column)
+                if entry is None:
+                    cells.append("<td></td>")
+                    continue
+                lines = [_badge(entry.word, LABEL[entry.word])]
+                if entry.accuracy:
+                    lines.append(" / ".join(f"{v:.3f}" for v in entry.accuracy.values())
+                                 + (" (nothing right)" if entry.zero_filters else ""))
+                lines += [f"Δ{c.reference} {round(c.value, 1) + 0.0:+.1f}" + (
+                    f" [{round(c.bounds[0], 1) + 0.0:+.1f}, {round(c.bounds[1], 1) + 0.0:+.1f}]" if c.bounds else "")
+                    for c in entry.accuracy_changes]
+                speed = ([f"{entry.requests_per_second:.2f} req/s"] if entry.requests_per_second is not None else []) \
+                    + ([f"{entry.output_tokens_per_second:,.0f} tok/s"]
+                       if entry.output_tokens_per_second is not None else []) \
+                    + [f"x{c.value:.2f} {c.reference}" for c in entry.throughput_changes]
+                if speed:
+                    lines.append(", ".join(speed))
+                title = f' title="{_e(entry.reason)}"' if entry.reason else ""
+                cells.append(f"<td{title}>" + "<br>".join(lines[:1] + [_e(line) for line in lines[1:]]) + "</td>")
+            label = f"<code>{_e(row.backend)}</code>" + (f" {_e(row.model)}" if row.model else "")
+            rows.append(f"<tr><th>{label}</th>{''.join(cells)}</tr>")
+        out.append('<div class="scroll"><table class="grid">' + "".join(rows) + "</table></div>")
+    if not out:
+        return ""
+    return ('<section id="grid"><p class="note">Each entry: its word; accuracy per lm-eval filter; Δbase, Δauto: '
+            "points against the base side, the auto cell, with the tested bounds; median req/s, output tok/s, and "
+            "the throughput ratio to each.</p>" + "".join(out) + "</section>")
+

@@ -1,7 +1,9 @@
 """Verdict -> report.md, for a PR comment or $GITHUB_STEP_SUMMARY.
 
-The first line is what a reviewer reads in two seconds; then the checks that need attention, the
-multiplicity note, the weaker-check notes, and every other check folded away.
+The first line is what a reviewer reads in two seconds; then the grid (kvgate.report.grid: per arch, backends x
+kv_cache_dtypes, each cell's word, accuracy, change and throughput); then only what failed or needs attention,
+one line each, and the waived checks apart; every other check folded away (`<details>`), then the method. The
+blocks a PR comment may fold out to fit its size (ci/pr_comment.py) are the `<details>` ones; tables are never cut.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvgate.gate.verdict import STATUS_LABEL, STATUSES, Check, Verdict, sort_key
+from kvgate.gate.verdict import STATUSES, Check, Verdict, sort_key
+from kvgate.report import grid, words
 
-ICON = {"pass": "✅", "fail": "❌", "error": "💥", "missing": "❔", "waived": "⚠️", "not_run": "➖", "info": "ℹ️"}  # noqa: RUF001
 MULTIPLICITY = {
     "holm": "Holm (family-wise error rate ≤ alpha over the whole run)",
     "bh": "Benjamini-Hochberg (false-discovery rate ≤ alpha over the whole run)",
@@ -19,16 +21,21 @@ MULTIPLICITY = {
             "alarms this buys)",
 }
 MAX_ROWS_PER_SECTION = 400
+ATTENTION_LINES = 25  # one line each up to this many; the rest in the folded table
+HEADLINE_WHAT = 110  # characters of the first failure's own words in the first line
+FILTER_SHORT = {"strict-match": "strict", "flexible-extract": "flex"}
 COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe", "probe_ab",
                     "fp8_kv_cache")
-OPEN_COMPARISONS = 40  # shown unfolded up to this many rows
 # which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
 HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe_ab", "probe", "kernels", "throughput",
                      "fp8_throughput", "accuracy", "cell", "contract", "host")  # GitHub step summaries hold 1 MiB
 
 
 def headline(verdict: Verdict) -> str:
-    judged = verdict.judged
+    """One line: what failed first (in a few words), or that everything judged passed; a stage that ran with nothing
+    to judge it (RAN) is counted apart, never as a pass."""
+    ran = sum(words.word_of(c) == words.RAN for c in verdict.judged)
+    judged = [c for c in verdict.judged if words.word_of(c) != words.RAN]
     # a comparison that could not run because its stage failed ("cannot compare: ...") names the stage's failure
     # second-hand: the stage's own check goes first
     failed = sorted(verdict.failed, key=lambda c: (STATUSES.index(c.status), c.detail.startswith("cannot compare"),
@@ -39,21 +46,40 @@ def headline(verdict: Verdict) -> str:
     if failed:
         first = failed[0]
         more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-        what = first.headline or first.detail
+        what = shorten(first.headline or first.detail, HEADLINE_WHAT)
         subject = f" [{first.subject}]" if first.subject and first.kind.endswith("accuracy") else ""
         return (f"❌ kvgate: {len(failed)} of {len(judged)} checks failed — {first.cell} {first.kind}{subject} "
                 f"{what}{more}")
     tail = f" ({waived} waived)" if waived else ""
+    zero = [f"{e.cell} scored 0 on {' and '.join(e.zero_filters)}" for g in grid.build(verdict) for r in g.rows
+            for e in r.entries.values() if e.zero_filters and e.word not in words.ATTENTION]
+    tail += f"; {', '.join(zero)}, and no check held {'it' if len(zero) == 1 else 'them'}" if zero else ""
+    tail += f"; {ran} stage{'s' if ran != 1 else ''} ran with nothing to judge {'it' if ran == 1 else 'them'}" \
+        if ran else ""
     if not judged:
         not_run = sum(c.status == "not_run" and c.kind != "baseline" for c in verdict.checks)
-        return (f"⚠️ kvgate: nothing was checked ({not_run} stages not run); pass --require to make missing stages "
-                "fail")
+        ran_text = f"{ran} stage{'s' if ran != 1 else ''} ran with nothing to judge, " if ran else ""
+        return (f"⚠️ kvgate: nothing was checked ({ran_text}{not_run} stages not run); pass --require to make missing "
+                "stages fail")
     if verdict.neutral:
         return (f"⚪ kvgate: NEUTRAL — {len(judged)} check{'s' if len(judged) != 1 else ''} passed{tail}, but "
                 f"{neutral_reasons(verdict)}")
     if len(judged) == 1:
         return f"✅ kvgate: the 1 check passed{tail}"
     return f"✅ kvgate: all {len(judged)} checks passed{tail}"
+
+
+def shorten(text: str, limit: int) -> str:
+    """One line of at most about `limit` characters, cut after a clause (": ", "; ", ", ") where one ends early
+    enough, else after a word; "…" says it was cut."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    cut = max(head.rfind(mark) for mark in (": ", "; ", ", ", " | "))
+    if cut < limit // 3:
+        cut = head.rfind(" ")
+    return (head[:cut] if cut > 0 else head).rstrip(" :;,|") + " …"
 
 
 def neutral_reasons(verdict: Verdict) -> str:
@@ -73,25 +99,43 @@ def render_markdown(verdict: Verdict) -> str:
     lines = [headline(verdict), ""]
     lines.append(_context(verdict))
     lines.append("")
-    counts = verdict.counts()
-    lines.append(" · ".join(f"{ICON[s]} {STATUS_LABEL[s]} {n}" for s, n in counts.items() if n))
+    counts = word_counts(verdict)
+    lines.append(" · ".join(f"{words.icon_label(w)} {n}" for w, n in counts.items() if n))
     lines.append("")
+    lines += grid_markdown(verdict)
     weaker = [c for c in verdict.checks if any("weaker" in note for note in c.notes)]
     if weaker:
         lines += [f"⚠️ {len(weaker)} check{'s' if len(weaker) > 1 else ''} used a weaker test than the paired one "
                   "(see the notes under Method).", ""]
-    attention = [c for c in verdict.checks if c.status in ("fail", "error", "missing", "waived")]
-    if attention:
-        lines += ["### Needs attention", "", *_table(sorted(attention, key=sort_key)), ""]
-    comparisons = sorted((c for c in verdict.checks if c not in attention and c.kind in COMPARISON_KINDS
+    attention = sorted((c for c in verdict.checks if c.status in words.ATTENTION), key=sort_key)
+    silent = [e for g in grid.build(verdict) for r in g.rows for e in r.entries.values()
+              if e.zero_filters and e.word not in words.ATTENTION]
+    if attention or silent:
+        lines += [f"### Needs attention ({len(attention) + len(silent)})", ""]
+        lines += [_attention_line(c) for c in attention[:ATTENTION_LINES]]
+        lines += [f"- {words.icon_label(e.word)} `{e.cell}` accuracy: {' and '.join(e.zero_filters)} 0.0000, no "
+                  "question answered right, and no check failed it (no accuracy floor holds this workload)"
+                  for e in silent]
+        if len(attention) > ATTENTION_LINES:
+            lines.append(f"- … and {len(attention) - ATTENTION_LINES} more (the table below)")
+        lines.append("")
+        if attention:
+            lines += [f"<details><summary>Needs attention: the figures ({len(attention)})</summary>", "",
+                      *_table(attention, verdict), "", "</details>", ""]
+    waived = sorted((c for c in verdict.checks if c.status == "waived"), key=sort_key)
+    if waived:
+        lines += [f"<details><summary>Waived ({len(waived)}): judged, and covered by a waiver</summary>", "",
+                  *[_attention_line(c) for c in waived], "", "</details>", ""]
+    shown = {id(c) for c in (*attention, *waived)}
+    comparisons = sorted((c for c in verdict.checks if id(c) not in shown and c.kind in COMPARISON_KINDS
                           and c.reference and c.status in ("pass", "info")), key=sort_key)
     if comparisons:
-        opened = " open" if len(comparisons) <= OPEN_COMPARISONS else ""
-        lines += [f"<details{opened}><summary>Comparisons that passed or are only reported ({len(comparisons)})"
-                  "</summary>", "", *_table(comparisons), "", "</details>", ""]
-    others = sorted((c for c in verdict.checks if c not in attention and c not in comparisons), key=sort_key)
+        lines += [f"<details><summary>Comparisons that passed or are only reported ({len(comparisons)})"
+                  "</summary>", "", *_table(comparisons, verdict), "", "</details>", ""]
+    shown |= {id(c) for c in comparisons}
+    others = sorted((c for c in verdict.checks if id(c) not in shown), key=sort_key)
     if others:
-        lines += [f"<details><summary>Stage checks ({len(others)})</summary>", "", *_table(others), "",
+        lines += [f"<details><summary>Stage checks ({len(others)})</summary>", "", *_table(others, verdict), "",
                   "</details>", ""]
     lines += ["### Method", ""]
     lines.append(f"- Multiplicity: {multiplicity_text(verdict)}.")
@@ -181,8 +225,78 @@ def vllm_text(record: Any) -> str:
     return " ".join(parts)
 
 
-def _table(checks: list[Check]) -> list[str]:
-    rows = ["| status | cell | check | measured | interval | threshold | p (adj.) |",
+def word_counts(verdict: Verdict) -> dict[str, int]:
+    """How many checks read each word (kvgate.report.words), worst first."""
+    shown = [words.word_of(c) for c in verdict.checks]
+    return {word: shown.count(word) for word in words.ORDER}
+
+
+def adjusted(verdict: Verdict) -> bool:
+    """Whether any family's p-values were adjusted for multiplicity (only then is there a "p (adj.)" to show)."""
+    return any(spec.get("method", "none") != "none" for spec in verdict.multiplicity.values())
+
+
+def grid_markdown(verdict: Verdict) -> list[str]:
+    """The grid (kvgate.report.grid) as one Markdown table per arch, with a line saying what an entry holds."""
+    grids = grid.build(verdict)
+    if not grids:
+        return []
+    entries = [e for g in grids for r in g.rows for e in r.entries.values()]
+    filters = list(dict.fromkeys(name for e in entries for name in e.accuracy))
+    references = {c.reference for e in entries for c in (*e.accuracy_changes, *e.throughput_changes)}
+    against = {"base": "the base side", "auto": "the auto cell"}
+    shown = [r for r in against if r in references]
+    legend = [f"accuracy {' / '.join(filters)}" if filters else "",
+              f"{', '.join(f'Δ{r}' for r in shown)}: points against {', '.join(against[r] for r in shown)}, with the "
+              "tested bounds" if shown else "",
+              "throughput: median req/s, output tok/s" + "".join(f", x{r}: the ratio to {against[r]}" for r in shown)]
+    lines = ["_Each entry: its word; " + "; ".join(part for part in legend if part) + "._", ""]
+    for arch_grid in grids:
+        lines += [f"| **{arch_grid.arch}** | " + " | ".join(f"`{c}`" for c in arch_grid.columns) + " |",
+                  "|---" * (len(arch_grid.columns) + 1) + "|"]
+        for row in arch_grid.rows:
+            label = f"`{row.backend}`" + (f" {_escape(row.model)}" if row.model else "")
+            lines.append(f"| {label} | " + " | ".join(
+                entry_text(row.entries[c]) if c in row.entries else "" for c in arch_grid.columns) + " |")
+        lines.append("")
+    return lines
+
+
+def entry_text(entry: grid.Entry) -> str:
+    """One grid entry in one table cell, its lines joined by <br>."""
+    parts = [words.icon_label(entry.word)]
+    if entry.accuracy:
+        parts.append(" / ".join(f"{value:.3f}" for value in entry.accuracy.values())
+                     + (" (nothing right)" if entry.zero_filters else ""))
+    for change in entry.accuracy_changes:
+        bounds = f" [{_points(change.bounds[0])}, {_points(change.bounds[1])}]" if change.bounds else ""
+        parts.append(f"Δ{change.reference} {_points(change.value)}{bounds}")
+    speed = []
+    if entry.requests_per_second is not None:
+        rps = entry.requests_per_second
+        speed.append(f"{rps:.2f} req/s" if rps < 100 else f"{rps:,.0f} req/s")
+    if entry.output_tokens_per_second is not None:
+        speed.append(f"{entry.output_tokens_per_second:,.0f} tok/s")
+    speed += [f"x{change.value:.2f} {change.reference}" for change in entry.throughput_changes]
+    if speed:
+        parts.append(", ".join(speed))
+    return "<br>".join(_escape(part) for part in parts)
+
+
+def _points(value: float) -> str:
+    """A signed change in points, one decimal, never "-0.0"."""
+    return f"{round(value, 1) + 0.0:+.1f}"
+
+
+def _attention_line(check: Check) -> str:
+    subject = f" [{check.subject}]" if check.subject else ""
+    return (f"- {words.icon_label(words.word_of(check))} `{check.cell}` {check.kind}{subject}: "
+            f"{_escape(shorten(check.headline or check.detail, HEADLINE_WHAT + 50))}")
+
+
+def _table(checks: list[Check], verdict: Verdict) -> list[str]:
+    p_header = "p (adj.)" if adjusted(verdict) else "p"
+    rows = [f"| status | cell | check | measured | interval | threshold | {p_header} |",
             "|---|---|---|---|---|---|---|"]
     for check in checks[:MAX_ROWS_PER_SECTION]:
         rows.append("| " + " | ".join(_cells(check)) + " |")
@@ -196,9 +310,10 @@ def _cells(check: Check) -> list[str]:
     interval = f"[{check.interval[0]:.3g}, {check.interval[1]:.3g}]" if check.interval else ""
     p = ""
     if check.p_value is not None and check.status != "info":
-        adjusted = check.adjusted_p_value
-        p = _p(check.p_value) + (f" ({_p(adjusted)})" if adjusted is not None and adjusted != check.p_value else "")
-    return [f"{ICON[check.status]} {STATUS_LABEL[check.status]}", f"`{check.cell}`", kind, _escape(check.detail),
+        adjusted_p = check.adjusted_p_value
+        p = _p(check.p_value) + (f" ({_p(adjusted_p)})" if adjusted_p is not None and adjusted_p != check.p_value
+                                 else "")
+    return [words.icon_label(words.word_of(check)), f"`{check.cell}`", kind, _escape(check.detail),
             interval, _escape(check.threshold_text), p]
 
 
