@@ -300,11 +300,11 @@ def run(environ: Mapping[str, str]) -> int:
     for name in assembly.cells:
         stages = stages_of.get(name.removesuffix(BASE_SUFFIX), CELL_STAGES)
         for stage in mark_unreported_stages(run_dir / name, stages, unreported_reason(cells_result)):
-            print(f"::error::cell {name}: its {stage} stage never reported; the gate fails it", flush=True)
+            print(f"::error title={name}::its {stage} stage never reported; the gate fails it", flush=True)
     present = {name.removesuffix(BASE_SUFFIX) for name in assembly.cells}
     for entry in planned:
         if entry["cell"] not in present:
-            print(f"::error::cell {entry['cell']}: no results from its job (cells job result: "
+            print(f"::error title={entry['cell']}::no results from its job (cells job result: "
                   f"{cells_result or 'unknown'}); the gate fails it as missing", flush=True)
     for problem in assembly.problems:
         print(f"::warning::{problem}", flush=True)

@@ -108,7 +108,7 @@ def test_attack_an_artifact_lost_between_cells_and_gate_fails_named(tmp_path, ca
     assert failing_checks(tmp_path) == {(LOST, "cell", "missing")}
     assert LOST in summary
     assert "--expect-cells" in out and "--require-baseline" in out
-    assert (f"::error::cell {LOST}: no results from its job (cells job result: failure); "
+    assert (f"::error title={LOST}::no results from its job (cells job result: failure); "
             "the gate fails it as missing") in out
     assert json.loads((tmp_path / "run" / "gate" / "pull_request.json").read_text()) == {
         "number": 4242, "head_sha": "a" * 40}

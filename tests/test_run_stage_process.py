@@ -90,3 +90,28 @@ def test_engine_starts_take_turns_through_the_lock(tmp_path, monkeypatch):
     began = time.monotonic()
     with eval_process.engine_start_lock():
         assert time.monotonic() - began < 0.5
+
+
+def test_a_heartbeat_reads_the_output_and_beats_while_the_process_runs(tmp_path):
+    """A process drawing lm-eval's and vLLM's bars (as the accuracy stage's worker does), then pausing: the heartbeat
+    says how far it got while it waits, and a timeout still ends it on time."""
+    from kvgate.runners.progress import Heartbeat
+
+    script = (
+        "import sys, time\n"
+        "w = sys.stdout.write\n"
+        "w('\\rRunning generate_until requests:   0%|          | 0/8 [00:00<?, ?it/s]\\n')\n"
+        "w('\\rProcessed prompts:  38%|###8      | 3/8 [00:01<00:02]'); sys.stdout.flush()\n"
+        "time.sleep(30)\n"
+    )
+    said = []
+    heartbeat = Heartbeat("c accuracy", every=0.5, questions=8, count_questions=True, clock=time.monotonic,
+                          say=said.append)
+    start = time.monotonic()
+    result = run_logged([sys.executable, "-c", script], env=ENV, logs=[tmp_path / "log"], timeout=4, echo=False,
+                        heartbeat=heartbeat)
+    assert result.timed_out and time.monotonic() - start < 30
+    print(said)
+    assert len(said) >= 2  # a line every poll (1 s) once half a second has passed, for about 4 s
+    assert all(line.startswith("kvgate: c accuracy: ") for line in said)
+    assert said[-1].startswith("kvgate: c accuracy: 3/8 questions, ") and ", ETA " in said[-1]

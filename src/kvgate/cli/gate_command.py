@@ -1,7 +1,9 @@
 """`kvgate gate RUN_DIR [--baseline DIR]`: judge a results folder; write verdict.json, report.md/.html, junit.xml.
 
 Exit status: 0 every required check passed (waived ones included); 1 a regression, or a required cell or
-stage missing, failed or errored; 2 unusable input (one `ERROR <file>: ...` line per problem).
+stage missing, failed or errored, or a file inside a cell's folder unreadable (that cell errors, one `ERROR <file>:
+...` line each, the other cells judged as usual); 2 input unusable as a whole (a missing run folder, run.json, the
+matrix, the policy: one `ERROR <file>: ...` line per problem).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from kvgate import InputError, InputErrors, problems_of
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
+from kvgate.history import record as history_record
+from kvgate.history import store as history_store
 from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, write_all
+from kvgate.report.workflow_commands import workflow_commands
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
 from kvgate.results.records import BASE, HEAD, STAGES
-from kvgate.results.run_loader import GATE_FOLDER, KnownNames, load_run
+from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run
 
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
 
@@ -45,6 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-cells", type=Path, metavar="FILE",
                         help="cells the run must hold: GitHub Actions' matrix JSON ({\"include\": [{\"cell\": "
                              "...}]}) or one cell id per line; absent ones fail (run.json's planned cells always do)")
+    parser.add_argument("--history", metavar="PATH|URL",
+                        help=f"where a run of {history_record.HISTORY_BRANCH} (run.json `branch`) is recorded: a SQLite "
+                             f"file or a postgresql:// URL (default ${history_store.URL_ENV}, else "
+                             f"{history_store.DEFAULT_SQLITE})")
 
 
 def parse_require(value: str) -> tuple[str, ...]:
@@ -129,6 +138,16 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     return [ExpectedCell(cell=cell) for cell in cells]
 
 
+def record_history(verdict: gate.Verdict, where: str | None) -> None:
+    """A run of main leaves its figures in the history (kvgate history); one that cannot is bad input (exit 2)."""
+    run = history_record.history_run(verdict, recorded_at=dt.datetime.now(dt.timezone.utc).isoformat(
+        timespec="seconds").replace("+00:00", "Z"))
+    with history_store.open_store(history_store.location(where)) as history:
+        history.record(run)
+        print(f"kvgate gate: recorded {len(run.figures)} figures of this {run.branch} run in {history.shown}",
+              file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     require = parse_require(args.require)
     today = parse_today(args.today)
@@ -158,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise InputErrors(problems)
     assert results is not None
+    for loaded in (results, baseline):  # a cell's unreadable file fails that cell (exit 1); the others are judged
+        for line in cell_problems(loaded) if loaded is not None else ():
+            print(f"ERROR {line}", file=sys.stderr)
     ab = results.has_base_side
     if ab:
         if baseline is not None:
@@ -180,7 +202,14 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     paths = write_all(verdict, out_dir)
     print(headline(verdict))
+    if history_record.is_main(verdict.run_info):
+        record_history(verdict, args.history)
+    if os.environ.get("GITHUB_ACTIONS") == "true":  # annotations on the run and the pull request
+        for line in workflow_commands(verdict):
+            print(line)
     print(f"kvgate gate: wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    print(f"kvgate gate: next, read {paths['report.md']} (what failed and why, first; report.html beside it "
+          "adds the plots)", file=sys.stderr)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.change.sides import add_vllm_arguments, prepare_sides
-from kvgate.cli.matrix_command import add_filter_arguments, selected_cells
+from kvgate.cli.matrix_command import add_filter_arguments, no_cell_error_for, selected_cells
 from kvgate.kernels import gpus, runner
 from kvgate.results.records import SIDES
 from kvgate.runners.environment import gpu
@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
     local_arch = gpu.local_arch()
     if not (args.cell or args.arch or args.backend or args.kv_cache_dtype):
         args.arch = [args.arch_default or local_arch]
-    _, cells, _ = selected_cells(args)
+    matrix, cells, _ = selected_cells(args)
     if not cells:
-        raise InputError("kvgate kernels", "no cell matches these filters", hint="List them with `kvgate matrix`")
+        raise no_cell_error_for("kvgate kernels", matrix, args)
     if not runner.TESTS_DIR.is_dir():
         raise InputError("kvgate kernels", f"the kernel tests are missing ({runner.TESTS_DIR})",
                          hint="Run kvgate from a checkout of its repository")

@@ -104,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
     cells = matrix.select(archs=archs, backends=args.backend, kv_cache_dtypes=args.kv_cache_dtype,
                           cell_ids=args.cell)
     if not cells:
-        raise InputError(f"kvgate run {args.what}", "no cell matches these filters",
-                         hint="List the cells with `kvgate matrix`")
+        from kvgate.cli.matrix_command import no_cell_error
+
+        raise no_cell_error(f"kvgate run {args.what}", matrix, archs=archs, backends=args.backend,
+                            kv_cache_dtypes=args.kv_cache_dtype, cell_ids=args.cell)
 
     plan = plan_or_refuse(cells, local_arch, f"kvgate run {args.what}")
     warning = gpu.check_gpu_driver_for([cell.arch for cell in cells], local_arch)  # before any GPU cell runs

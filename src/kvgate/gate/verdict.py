@@ -55,6 +55,7 @@ class Check:
     notes: tuple[str, ...] = ()
     waiver: WaiverNote | None = None
     model: str = ""
+    seconds: float | None = None  # how long the stage this check judges ran (status.json elapsed_s); junit.xml's time
 
     @property
     def name(self) -> str:

@@ -168,7 +168,7 @@ def run_cell(cell: Cell, run_dir: Path, *, local_arch: str, workers: int = 0, py
     status, reason = _judge(returncode, timed_out, counts, problem, timeout_s)
     cell_folder.write_status(cell_dir, STAGE, status, reason=reason,
                              log_tail=log_tail if status in ("error", "timeout") else None,
-                             seconds=round(seconds, 1), **_count_fields(counts))
+                             elapsed_s=round(seconds, 1), **_count_fields(counts))
     return CellOutcome(cell_id=cell.id, status=status, reason=reason, counts=counts or JUnitCounts(),
                        seconds=seconds)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 
 from kvgate.matrix.cells import Cell, Matrix
@@ -33,6 +34,35 @@ def gha_matrix(matrix: Matrix, cells: Sequence[Cell],
             for cell in cells
         ]
     }
+
+
+def nearest_cells(cells: Sequence[Cell], *, archs: Sequence[str] = (), backends: Sequence[str] = (),
+                  kv_cache_dtypes: Sequence[str] = (), cell_ids: Sequence[str] = (), limit: int = 5) -> list[str]:
+    """The ids of the cells nearest to filters that select none: those that pass every filter but one (backend names
+    in any case), closest first to the id the filters spell; difflib's closest ids when no cell comes that near."""
+    wanted = {"arch": set(archs), "backend": {b.upper() for b in backends},
+              "kv_cache_dtype": set(kv_cache_dtypes), "id": set(cell_ids)}
+
+    def misses(cell: Cell) -> int:
+        values = {"arch": cell.arch, "backend": cell.backend.upper(), "kv_cache_dtype": cell.kv_cache_dtype,
+                  "id": cell.id}
+        return sum(1 for key, allowed in wanted.items() if allowed and values[key] not in allowed)
+
+    spelled = "-".join(sorted(wanted[key])[0].lower() if wanted[key] else "" for key in
+                       ("backend", "kv_cache_dtype", "arch"))
+    queries = sorted(cell_ids) or [spelled]
+    ids = [cell.id for cell in cells]
+
+    def closeness(cell_id: str) -> float:
+        return max(difflib.SequenceMatcher(None, query, cell_id).ratio() for query in queries)
+
+    near = [cell.id for cell in cells if misses(cell) <= 1]
+    if near:
+        return sorted(near, key=lambda cell_id: (-closeness(cell_id), cell_id))[:limit]
+    found: list[str] = []
+    for query in queries:
+        found += [c for c in difflib.get_close_matches(query, ids, n=limit, cutoff=0.0) if c not in found]
+    return found[:limit]
 
 
 def cells_table(matrix: Matrix, cells: Sequence[Cell]) -> str:

@@ -1,4 +1,5 @@
-"""Verdict -> JUnit XML (junitparser): one test case per check, the figures in the failure message.
+"""Verdict -> JUnit XML (junitparser): one test case per check, the figures in the failure message, its time the
+seconds the stage it judges ran (status.json `elapsed_s`; left out where the cell recorded none).
 
 GitHub's test reporters show the message, not <properties>, so the message carries the figures too.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from kvgate.gate.verdict import Check, Verdict
+from kvgate.report import words
 
 
 def render_junit(verdict: Verdict) -> bytes:
@@ -24,6 +26,8 @@ def render_junit(verdict: Verdict) -> bytes:
         elif check.status in ("waived", "not_run", "info"):
             case.result = [Skipped(message)]
         case.system_out = message
+        if check.seconds is not None:
+            case.time = check.seconds
         cases.setdefault(check.kind, []).append(case)
     xml = JUnitXml("kvgate gate")
     for kind, members in cases.items():
@@ -35,7 +39,7 @@ def render_junit(verdict: Verdict) -> bytes:
 
 
 def _message(check: Check) -> str:
-    parts = [f"{check.status.upper()}: {check.detail}"]
+    parts = [f"{words.label(words.word_of(check))}: {check.detail}"]  # RAN, not PASS, where nothing was judged
     if check.threshold_text:
         parts.append(f"threshold {check.threshold_text}")
     if check.method:

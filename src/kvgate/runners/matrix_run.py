@@ -117,6 +117,7 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     outcomes: list[StageOutcome] = []
     answered: dict[tuple[str, str], Path] = {}  # (cell id, side) -> its accuracy folder, answered in this invocation
     total = sum(len(stage_plan[c.id][0]) for c in cells) * len(sides)
+    grouped = environ.get("GITHUB_ACTIONS") == "true"  # each stage's output folds under its start line in the job log
     index = 0
     previous_handler = _terminate_like_ctrl_c()
     try:
@@ -125,11 +126,14 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
             for stage in stage_plan[cell.id][0]:
                 if stage == "throughput" and len(parts) > 1 and all(p.ctx and not p.setup_error and not p.misrouted
                                                                     for p in parts):
-                    for part in parts:
+                    for n, part in enumerate(parts):
                         index += 1
-                        options.say(progress.start_line(index, total, part.ctx.label, stage))
+                        line = progress.start_line(index, total, part.ctx.label, stage)
+                        options.say(progress.group_start(line) if grouped and n == 0 else line)
                     stage_outcomes = _guarded(parts, stage, run_throughput_interleaved,
                                               [_for_stage(p.ctx, stage, options) for p in parts])
+                    if grouped:
+                        options.say(progress.GROUP_END)
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
                         options.say(progress.end_line(index, total, outcome))
@@ -137,7 +141,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                 for part in parts:
                     index += 1
                     label = part.ctx.label if part.ctx else cell.id
-                    options.say(progress.start_line(index, total, label, stage))
+                    line = progress.start_line(index, total, label, stage)
+                    options.say(progress.group_start(line) if grouped else line)
                     if options.base_from is not None and part.side.name != HEAD:
                         stage_outcomes = reuse_base_stage(options.base_from, part.cell_dir, cell, stage, label)
                         if stage == "accuracy" and stage_outcomes[0].ok:
@@ -155,6 +160,8 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                                                   part.cell_dir)
                         if stage == "accuracy" and stage_outcomes and stage_outcomes[0].status == "ok":
                             answered[(cell.id, part.side.name)] = part.cell_dir / "accuracy"
+                    if grouped:
+                        options.say(progress.GROUP_END)
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
                         options.say(progress.end_line(index, total, outcome))

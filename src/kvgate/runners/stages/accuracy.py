@@ -23,7 +23,7 @@ from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import lm_eval_arguments
 from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
-from kvgate.runners.stages.tool_process import describe_exit, run_logged
+from kvgate.runners.stages.tool_process import describe_exit, heartbeat_for, run_logged
 
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
 
@@ -50,12 +50,14 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             argv += ["--looks-plan", str(plan_path)]
         argv += ["--", *lm_args]
         header = (f"kvgate: {cell.id} accuracy: lm_eval {' '.join(_shell_quote(a) for a in lm_args)}")
-        result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header)
+        result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
+                            heartbeat=_heartbeat(ctx))
         if not result.ok and not result.timed_out and profiling_race(_read_text(log)):
             # another engine on the GPU freed memory while this one measured its own: nothing of the cell's
             # doing, and nothing was answered yet (the engine never started), so it starts once more
             shutil.rmtree(output, ignore_errors=True)
             result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
+                                heartbeat=_heartbeat(ctx),
                                 header=f"{header}\nkvgate: once more: vLLM's memory profiling saw another engine "
                                        "free GPU memory (two engines started on one GPU at once)")
         elapsed = time.monotonic() - start
@@ -106,6 +108,12 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         return outcomes
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _heartbeat(ctx: CellContext):
+    """Every minute while lm-eval runs: the questions answered of the plan's, the time so far and the ETA."""
+    return heartbeat_for(f"{ctx.label} accuracy", echo=ctx.echo, count_questions=True,
+                         questions=ctx.design.questions if ctx.design is not None else None)
 
 
 PROFILING_RACE = "Error in memory profiling"  # vLLM's words when another process freed GPU memory meanwhile

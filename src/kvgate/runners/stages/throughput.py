@@ -20,7 +20,7 @@ from kvgate.runners.engine.log import failure_cause, read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import bench_throughput_argv
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
-from kvgate.runners.stages.tool_process import describe_exit, read_tail, run_logged
+from kvgate.runners.stages.tool_process import describe_exit, heartbeat_for, read_tail, run_logged
 
 DEFAULT_REPEATS = 3
 DEFAULT_WARMUPS = 1
@@ -130,7 +130,8 @@ def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, lo
         handle.write(header.encode())
     if ctx.echo:
         print(header, end="", flush=True)
-    result = run_logged(argv, env=ctx.env, logs=[log, run_log], timeout=remaining, echo=ctx.echo)
+    result = run_logged(argv, env=ctx.env, logs=[log, run_log], timeout=remaining, echo=ctx.echo,
+                        heartbeat=heartbeat_for(f"{ctx.label} throughput {label}", echo=ctx.echo))
     text = run_log.read_text(encoding="utf-8", errors="replace")
     if repeat is None:
         run_log.unlink(missing_ok=True)  # a warm-up's output lives on in the stage log only

@@ -16,7 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvgate.runners.progress import Heartbeat
+
 KILL_GRACE_SECONDS = 10.0
+HEARTBEAT_POLL_SECONDS = 1.0  # how often a waiting run asks its heartbeat whether a line is due
 TAIL_LINES = 40
 
 
@@ -33,9 +36,11 @@ class ProcessResult:
 
 
 def run_logged(argv: Sequence[str], *, env: Mapping[str, str], logs: Sequence[Path], timeout: float | None,
-               cwd: Path | None = None, echo: bool = True, header: str | None = None) -> ProcessResult:
+               cwd: Path | None = None, echo: bool = True, header: str | None = None,
+               heartbeat: Heartbeat | None = None) -> ProcessResult:
     """Run argv to the end or to its timeout; every byte it prints goes to each log (appended) and,
-    with echo, to this process's stdout, so progress bars stay visible."""
+    with echo, to this process's stdout, so progress bars stay visible. A heartbeat reads the output too and says
+    its line every so often while the process runs."""
     sinks = []
     for path in logs:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,13 +52,11 @@ def run_logged(argv: Sequence[str], *, env: Mapping[str, str], logs: Sequence[Pa
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=dict(env), cwd=cwd, start_new_session=True)
         assert proc.stdout is not None
-        reader = threading.Thread(target=_pump, args=(proc.stdout.fileno(), sinks, echo), daemon=True)
+        reader = threading.Thread(target=_pump, args=(proc.stdout.fileno(), sinks, echo, heartbeat), daemon=True)
         reader.start()
         timed_out = False
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = not _wait(proc, timeout, heartbeat)
         except BaseException:  # Ctrl-C: take the engine down with us
             _kill_group(proc)
             raise
@@ -71,7 +74,37 @@ def run_logged(argv: Sequence[str], *, env: Mapping[str, str], logs: Sequence[Pa
                          elapsed=elapsed, log_tail=read_tail(logs[0]) if logs else "")
 
 
-def _pump(fd: int, sinks: list, echo: bool) -> None:
+def heartbeat_for(what: str, *, echo: bool, questions: int | None = None,
+                  count_questions: bool = False) -> Heartbeat | None:
+    """A heartbeat that prints to this process's stdout, when the tool's output goes there too (echo); its line
+    starts on a line of its own, since a progress bar's redraw ends with a carriage return, not a newline."""
+    if not echo:
+        return None
+    return Heartbeat(what, questions=questions, count_questions=count_questions, clock=time.monotonic,
+                     say=lambda line: _write([], True, f"\n{line}\n".encode()))
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None, heartbeat: Heartbeat | None) -> bool:
+    """Wait for the process to end (True) or for its timeout (False), beating the heartbeat meanwhile."""
+    if heartbeat is None:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        try:
+            proc.wait(timeout=HEARTBEAT_POLL_SECONDS if remaining is None else min(remaining, HEARTBEAT_POLL_SECONDS))
+            return True
+        except subprocess.TimeoutExpired:
+            heartbeat.beat()
+
+
+def _pump(fd: int, sinks: list, echo: bool, heartbeat: Heartbeat | None = None) -> None:
     while True:
         try:
             chunk = os.read(fd, 65536)
@@ -80,6 +113,8 @@ def _pump(fd: int, sinks: list, echo: bool) -> None:
         if not chunk:
             return
         _write(sinks, echo, chunk)
+        if heartbeat is not None:
+            heartbeat.feed(chunk)
 
 
 def _write(sinks: list, echo: bool, data: bytes) -> None:
