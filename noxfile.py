@@ -118,6 +118,10 @@ def tests(session: nox.Session) -> None:
     began = time.monotonic()
     python = _engine(session, "cpu")
     session.run_install("bash", "ci/install_linters.sh", external=True)  # actionlint, zizmor for test_workflows
+    session.run_install("bash", "ci/install_browser.sh", external=True)  # Chromium for test_report_browser
+    # the history of main's extras (Otava's detector, psycopg, a PostgreSQL server wheel), no dependencies
+    session.run_install(python, "-m", "pip", "install", "--no-deps", "--require-hashes", "-r",
+                        "ci/requirements-history.txt", external=True)
     phases.append(("engine environment and linters", time.monotonic() - began))
     if session.posargs:
         session.run(python, "-m", "pytest", *session.posargs, external=True)
@@ -134,7 +138,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def matrix(session: nox.Session) -> None:
-    """Print the matrix's cells; `-- --format gha` for GitHub Actions, `-- --check-vllm` for drift."""
+    """Print the matrix's cells; `-- --format gha` or `buildkite` for CI, `-- --check-vllm` for drift."""
     if "--check-vllm" in session.posargs:
         _kvgate(session, _engine(session), "matrix")
         return
@@ -181,6 +185,14 @@ def cell(session: nox.Session, cell_id: str) -> None:
 def canaries(session: nox.Session) -> None:
     """Small vLLM patches with known verdicts (canaries/), run A/B on the CPU default: a detection table."""
     _kvgate(session, _engine(session, "cpu"), "canaries")
+
+
+@nox.session
+def history(session: nox.Session) -> None:
+    """The history of main per cell: `nox -s history -- --detect` fails on a change point (Otava's e-divisive)."""
+    _install_kvgate(session)
+    session.install("--no-deps", "--require-hashes", "-r", "ci/requirements-history.txt")
+    session.run("kvgate", "history", *session.posargs)
 
 
 @nox.session

@@ -1,4 +1,5 @@
-"""`kvgate matrix`: print the cells, as a table for people or as a GitHub Actions matrix.
+"""`kvgate matrix`: print the cells, as a table for people, a GitHub Actions matrix or a Buildkite pipeline
+(kvgate.matrix.buildkite; ci/buildkite/README.md).
 
 With a change, only the cells it can affect (kvgate.change.selection, from vLLM's own import graph):
     kvgate matrix --changed-by-vllm patch:fix.diff --explain          a change to the installed release
@@ -17,14 +18,20 @@ from pathlib import Path
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.matrix import cells as matrix_module
-from kvgate.matrix.views import cells_table, gha_matrix
+from kvgate.matrix.views import cells_table, gha_matrix, nearest_cells
 
-HELP = "print the matrix's cells (a table, or {\"include\": [...]} for GitHub Actions)"
+HELP = "print the matrix's cells (a table, {\"include\": [...]} for GitHub Actions, or a Buildkite pipeline)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=("table", "gha", "ids"), default="table",
-                        help="table for people; gha for strategy.matrix; ids one cell id per line")
+    parser.add_argument("--format", choices=("table", "gha", "ids", "buildkite", "buildkite-vllm"), default="table",
+                        help="table for people; gha for strategy.matrix; ids one cell id per line; buildkite a "
+                             "pipeline for `buildkite-agent pipeline upload` (the cells, a wait, the gate); "
+                             "buildkite-vllm a vLLM .buildkite/test_areas/ file whose step uploads that pipeline")
+    parser.add_argument("--kvgate-repository", metavar="URL", default="",
+                        help="with --format buildkite*: the kvgate git repository the steps clone")
+    parser.add_argument("--kvgate-ref", metavar="SHA", default="",
+                        help="with --format buildkite*: the kvgate commit the steps run (a full SHA)")
     add_filter_arguments(parser)
     parser.add_argument("--changed-files", metavar="FILE", type=Path,
                         help="a file listing changed vLLM paths (one per line, or NUL-separated): keep the cells they "
@@ -35,7 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-git", metavar="DIR", type=Path,
                         help="a vLLM git checkout: read both sides of the change from it (--vllm-base, --vllm-head); the "
                              "changed paths are its diff unless --changed-files lists them")
-    parser.add_argument("--vllm-base", metavar="REV", help="with --vllm-git: the commit the change starts from")
+    parser.add_argument("--vllm-base", metavar="REV",
+                        help="with --vllm-git: the commit the change starts from; with --format buildkite: the merge "
+                             "base the cells' base side runs (a full SHA)")
     parser.add_argument("--vllm-head", metavar="REV", help="with --vllm-git: the commit of the change")
     parser.add_argument("--vllm-tree", metavar="DIR", type=Path,
                         help="with --changed-files: the vLLM source whose import graph decides (a checkout, or a folder "
@@ -67,6 +76,20 @@ def read_changed_files(path: Path) -> list[str]:
     text = data.decode("utf-8", "surrogateescape")
     parts = text.split("\0") if "\0" in text else text.splitlines()
     return [p.strip().removeprefix("./") for p in parts if p.strip()]
+
+
+def no_cell_error(where: str, matrix, *, archs=(), backends=(), kv_cache_dtypes=(), cell_ids=()) -> InputError:
+    """Filters that select no cell: exit 2, naming the nearest cells."""
+    near = nearest_cells(matrix.cells, archs=archs, backends=backends, kv_cache_dtypes=kv_cache_dtypes,
+                         cell_ids=cell_ids)
+    return InputError(where, "no cell matches these filters",
+                      hint=f"Nearest: {', '.join(near)}; list them all with `kvgate matrix`" if near
+                      else "List them all with `kvgate matrix`")
+
+
+def no_cell_error_for(where: str, matrix, args: argparse.Namespace) -> InputError:
+    return no_cell_error(where, matrix, archs=args.arch, backends=args.backend, kv_cache_dtypes=args.kv_cache_dtype,
+                         cell_ids=args.cell)
 
 
 def selected_cells(args: argparse.Namespace):
@@ -112,6 +135,19 @@ def gha_extras(cells, selection) -> dict[str, dict]:
     return extras
 
 
+def buildkite_document(args: argparse.Namespace, matrix, cells, selection) -> dict:
+    """--format buildkite: the pipeline of the cells planned as for GitHub Actions (the same selection), a wait and
+    the gate; --format buildkite-vllm: the vLLM step file that uploads it. JSON, which Buildkite reads as YAML."""
+    from kvgate.matrix import buildkite
+
+    run = buildkite.BuildkiteRun(kvgate_repository=args.kvgate_repository, kvgate_ref=args.kvgate_ref,
+                                 merge_base=args.vllm_base or "")
+    queues = buildkite.load_queues(args.matrix_dir or matrix_module.default_matrix_dir(), matrix)
+    if args.format == "buildkite-vllm":
+        return buildkite.vllm_step_file(matrix, queues, run)
+    return buildkite.pipeline(gha_matrix(matrix, cells, gha_extras(cells, selection)), queues, run)
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     matrix, cells, selection = selected_cells(args)
@@ -123,9 +159,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED if report.disagreements else EXIT_OK
     filtered = bool(args.arch or args.backend or args.kv_cache_dtype or args.cell)
     if not cells and filtered and selection is None:
-        raise InputError("kvgate matrix", "no cell matches these filters", hint="List them all with `kvgate matrix`")
+        raise no_cell_error_for("kvgate matrix", matrix, args)
     if args.format == "gha":
         print(json.dumps(gha_matrix(matrix, cells, gha_extras(cells, selection)), separators=(",", ":")))
+    elif args.format in ("buildkite", "buildkite-vllm"):
+        print(json.dumps(buildkite_document(args, matrix, cells, selection), indent=2))
     elif args.format == "ids":
         print("\n".join(cell.id for cell in cells))
     else:

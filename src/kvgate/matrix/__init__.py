@@ -6,6 +6,7 @@ the repository's `matrix/` folder. This package owns
     declarations the records it is made of (archs, backends, workloads, exclusions, waivers, cells, the Matrix)
     host_requirements  what a cell needs from its host beyond the arch (a CPU's instruction sets, a head size)
     views        the matrix as other tools want it (a table, GitHub Actions' {"include": [...]})
+    buildkite    the planned cells as a Buildkite pipeline in vLLM's CI conventions, and vLLM's step that uploads it
     toml_reading how every TOML file under matrix/ is read, so each problem names its file and place
 
 Stdlib only, so the noxfile can import it before anything is installed. It must never import another stage

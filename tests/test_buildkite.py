@@ -1,0 +1,276 @@
+"""`kvgate matrix --format buildkite` and `--format buildkite-vllm`: kvgate in vLLM's own Buildkite CI.
+
+The pipeline is checked against Buildkite's published schema (ci/buildkite/schema/, a copy with its source and
+licence); the step file against vLLM's own step loader (tests/fixtures/buildkite/vllm/step_loader.py, a copy of
+vllm-project/ci-infra's, which also reads real vLLM step files here); the cells against the GitHub plan's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kvgate.cli import main as kvgate_main
+from kvgate.matrix import buildkite
+from kvgate.matrix import cells as kvmatrix
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "ci" / "buildkite" / "schema" / "schema.json"
+VLLM_FIXTURES = ROOT / "tests" / "fixtures" / "buildkite" / "vllm"
+REPOSITORY = "https://github.com/example/kvgate.git"
+KVGATE_REF = "0123456789abcdef0123456789abcdef01234567"
+MERGE_BASE = "89abcdef0123456789abcdef0123456789abcdef"
+RUN = ("--kvgate-repository", REPOSITORY, "--kvgate-ref", KVGATE_REF)
+# The archs matrix/buildkite.toml gives a queue (sm120 has none in vLLM's CI).
+QUEUED_ARCHS = ("--arch", "sm80", "--arch", "sm89", "--arch", "sm90", "--arch", "sm100", "--arch", "cpu")
+# A compiled path only CUTLASS_MLA's sources claim, and vLLM's shared FP8 quantization kernels (every cell).
+CUTLASS_ONLY = "csrc/attention/mla/sm100_cutlass_mla_kernel.cu"
+
+
+@pytest.fixture(scope="module")
+def loader():
+    pytest.importorskip("pydantic", reason="vLLM's step loader is a pydantic model (the engine environment has it)")
+    sys.path.insert(0, str(VLLM_FIXTURES))
+    try:
+        import step_loader
+    finally:
+        sys.path.remove(str(VLLM_FIXTURES))
+    return step_loader
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = kvgate_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def emit(capsys, *argv: str) -> dict:
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite", *RUN, "--vllm-base", MERGE_BASE, *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def schema_errors(validator: jsonschema.Draft7Validator, document: dict) -> list[str]:
+    return [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(document)]
+
+
+def command_steps(document: dict) -> list[dict]:
+    return [step for step in document["steps"] if isinstance(step, dict) and "commands" in step]
+
+
+def test_the_pipeline_of_every_queued_cell_validates_against_buildkites_schema(capsys, validator):
+    document = emit(capsys, *QUEUED_ARCHS)
+    assert len(command_steps(document)) > 40  # every cell of five archs, and the gate
+    assert schema_errors(validator, document) == []
+
+
+def test_a_pipeline_with_no_cell_is_the_gate_alone_and_validates(validator):
+    matrix = kvmatrix.load(ROOT / "matrix")
+    queues = buildkite.load_queues(ROOT / "matrix", matrix)
+    run = buildkite.BuildkiteRun(kvgate_repository=REPOSITORY, kvgate_ref=KVGATE_REF, merge_base=MERGE_BASE)
+    document = buildkite.pipeline({"include": []}, queues, run)
+    assert schema_errors(validator, document) == []
+    gate = document["steps"][-1]
+    assert gate["key"] == "kvgate-gate" and "depends_on" not in gate
+    assert json.loads(gate["env"]["PLANNED_MATRIX"]) == {"include": []}  # ci/gate_job.py: "nothing to check", a pass
+
+
+def test_the_schema_check_fails_a_step_buildkite_would_refuse(capsys, validator):
+    """The validation can fail: a vLLM-only key in an uploaded command step, a soft_fail Buildkite does not know."""
+    document = emit(capsys, "--cell", "flashmla-fp8-sm90")
+    document["steps"][0]["source_file_dependencies"] = ["vllm/"]
+    assert schema_errors(validator, document)
+    document = emit(capsys, "--cell", "flashmla-fp8-sm90")
+    document["steps"][-1]["soft_fail"] = "sometimes"
+    assert schema_errors(validator, document)
+
+
+def test_every_planned_cell_has_one_step_on_its_arch_queue(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--format", "gha", *QUEUED_ARCHS)
+    assert code == 0, err
+    plan = json.loads(out)["include"]
+    document = emit(capsys, *QUEUED_ARCHS)
+    cells = command_steps(document)[:-1]
+    queues = buildkite.load_queues(ROOT / "matrix", kvmatrix.load(ROOT / "matrix")).by_arch
+    assert [step["label"] for step in cells] == [entry["cell"] for entry in plan]
+    for step, entry in zip(cells, plan, strict=True):
+        assert step["key"] == f"kvgate-cell-{entry['cell']}"
+        assert step["agents"] == {"queue": queues[entry["arch"]]}
+        assert step["env"]["KVGATE_SESSIONS"] == json.dumps(entry["sessions"])
+        commands = "\n".join(step["commands"])
+        assert 'git worktree add --force --detach .kvgate-vllm-base "$$KVGATE_MERGE_BASE"' in commands
+        assert "python3 .kvgate/ci/fetch_vllm_wheels.py" in commands
+        assert "python3 .kvgate/ci/cell_job.py || status=$$?" in commands
+        assert step["commands"][-2:] == [f'buildkite-agent artifact upload "kvgate-cell-{entry["cell"]}/**/*"',
+                                         'exit "$$status"']
+
+
+def test_the_gate_judges_after_every_cell_even_a_failed_one_and_never_soft_fails(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--format", "gha", "--arch", "sm100")
+    assert code == 0, err
+    document = emit(capsys, "--arch", "sm100")
+    *cells, wait, gate = document["steps"]
+    assert wait == {"wait": None, "continue_on_failure": True}
+    assert gate["depends_on"] == [step["key"] for step in cells]
+    assert gate["allow_dependency_failure"] is True
+    assert not any("soft_fail" in step for step in document["steps"])
+    assert json.loads(gate["env"]["PLANNED_MATRIX"]) == json.loads(out)  # what ci/gate_job.py requires, stages too
+    assert gate["agents"] == {"queue": "small_cpu_queue_premerge"}
+    commands = "\n".join(gate["commands"])
+    assert 'buildkite-agent artifact download "kvgate-cell-*" .kvgate-artifacts/' in commands
+    assert 'buildkite-agent annotate --style "$$style" --context kvgate < kvgate-run/gate/report.md' in commands
+    assert gate["commands"][-1] == 'exit "$$status"'
+    assert document["env"] == {"KVGATE_REPOSITORY": REPOSITORY, "KVGATE_REF": KVGATE_REF,
+                               "KVGATE_MERGE_BASE": MERGE_BASE}
+
+
+def test_an_arch_without_a_queue_is_one_error_naming_the_fix(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite", *RUN, "--vllm-base", MERGE_BASE,
+                             "--cell", "triton_mla-auto-sm120")
+    assert (code, out) == (2, "")
+    assert err == ("ERROR matrix/buildkite.toml: no Buildkite agent queue for arch 'sm120' (cell triton_mla-auto-sm120) "
+                   "in queues. Add `sm120 = \"<queue>\"` under [queues], or leave the arch out with `--arch`\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--kvgate-ref", KVGATE_REF, "--vllm-base", MERGE_BASE),
+     "ERROR --kvgate-repository: '' is not a git URL. Name the kvgate repository the steps clone, e.g. "
+     "https://github.com/OWNER/kvgate.git"),
+    (("--kvgate-repository", "https://x/k.git; rm -rf /", "--kvgate-ref", KVGATE_REF, "--vllm-base", MERGE_BASE),
+     "ERROR --kvgate-repository: 'https://x/k.git; rm -rf /' is not a git URL. Name the kvgate repository the steps "
+     "clone, e.g. https://github.com/OWNER/kvgate.git"),
+    (("--kvgate-repository", REPOSITORY, "--kvgate-ref", "main", "--vllm-base", MERGE_BASE),
+     "ERROR --kvgate-ref: 'main' is not a full 40-character commit SHA. Pin kvgate to a commit (a branch or tag "
+     "could move under the gate)"),
+    (("--kvgate-repository", REPOSITORY, "--kvgate-ref", KVGATE_REF),
+     "ERROR --vllm-base: '' is not a full 40-character commit SHA. Pass the vLLM merge base as a SHA: "
+     "`git merge-base origin/main HEAD`"),
+])
+def test_what_the_steps_run_is_pinned_or_refused(capsys, argv, message):
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite", "--arch", "sm90", *argv)
+    assert (code, out, err) == (2, "", message + "\n")
+
+
+def test_a_changed_file_selects_the_same_cells_as_the_github_plan(capsys, tmp_path):
+    changed = tmp_path / "changed.txt"
+    for paths, expected in (([CUTLASS_ONLY], {"cutlass_mla-auto-sm100", "cutlass_mla-fp8-sm100"}),
+                            (["docs/features/quantization/quantized_kvcache.md"], set()),
+                            (["csrc/cpu/attention.cpp", CUTLASS_ONLY], None)):
+        changed.write_text("\n".join(paths) + "\n", encoding="utf-8")
+        code, out, err = run_cli(capsys, "matrix", "--format", "gha", "--changed-files", str(changed), *QUEUED_ARCHS)
+        assert code == 0, err
+        planned = [entry["cell"] for entry in json.loads(out)["include"]]
+        document = emit(capsys, "--changed-files", str(changed), *QUEUED_ARCHS)
+        assert [step["label"] for step in command_steps(document)[:-1]] == planned
+        if expected is not None:
+            assert set(planned) == expected
+        else:
+            assert {"cutlass_mla-fp8-sm100", "cpu_attn-fp8-cpu"} <= set(planned)
+
+
+def test_the_cli_prints_json_that_yaml_reads_the_same(capsys):
+    """kvgate's core environment has no YAML library; JSON is YAML, and Buildkite and vLLM's loader read YAML."""
+    yaml = pytest.importorskip("yaml")
+    for format_ in ("buildkite", "buildkite-vllm"):
+        code, out, err = run_cli(capsys, "matrix", "--format", format_, *RUN, "--vllm-base", MERGE_BASE, "--arch", "cpu")
+        assert code == 0, err
+        assert yaml.safe_load(out) == json.loads(out)
+
+
+def vllm_step_file(capsys) -> dict:
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite-vllm", *RUN)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_loader_copy_reads_real_vllm_step_files(loader):
+    """The copy is vLLM's loader: it reads vLLM's own files, the current test_areas/ layout and the older
+    test-pipeline.yaml, as vLLM's generator does (a file's depends_on given to each step, its path appended)."""
+    job_dir = VLLM_FIXTURES
+    steps = {step.label: step for step in loader.read_steps_from_job_dir(str(job_dir))}
+    attention = steps["V1 attention (H100)"]
+    assert attention.group == "Attention" and attention.depends_on == ["image-build"]
+    assert attention.working_dir == "/vllm-workspace/tests"
+    assert attention.source_file_dependencies[:2] == ["vllm/v1/attention", "tests/v1/attention"]
+    assert steps["LM Eval Large Models (4 GPUs)(A100)"].device == "a100"
+    assert steps["LM Eval Large Models (4 GPUs)(A100)"].num_devices == 4
+    kernels = steps["Kernels Attention Test %N"]
+    assert kernels.parallelism == 2 and kernels.depends_on is None  # test-pipeline.yaml: no file-level depends_on
+    assert loader._source_file_dependencies_match(kernels.source_file_dependencies, ["csrc/attention/x.cu"])
+    assert not loader._source_file_dependencies_match(kernels.source_file_dependencies, ["csrc/attention.cu"])
+
+
+def test_the_vllm_step_file_round_trips_through_vllms_step_loader(capsys, loader, tmp_path):
+    document = vllm_step_file(capsys)
+    (step,) = document["steps"]
+    unknown = set(step) - set(loader.Step.model_fields)
+    assert unknown == set()  # vLLM's model ignores unknown keys: one would be dropped without a word
+    assert loader.Step(**step).model_dump(exclude_unset=True) == step
+    job_dir = tmp_path / ".buildkite" / "test_areas"
+    job_dir.mkdir(parents=True)
+    (job_dir / "kvgate.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")
+    shutil.copy(VLLM_FIXTURES / "attention.yaml", job_dir)
+    loaded = {s.label: s for s in loader.read_steps_from_job_dir(str(job_dir))}
+    ours = loaded["kvgate: FP8 KV cache gate"]
+    assert (ours.group, ours.key, ours.depends_on, ours.device) == ("kvgate", "kvgate-plan", ["image-build"],
+                                                                    "cpu-small")
+    assert ours.no_plugin and ours.working_dir == "$$BUILDKITE_BUILD_CHECKOUT_PATH"  # not the image's tests/
+    assert ours.source_file_dependencies[:-1] == step["source_file_dependencies"]
+    assert ours.commands == step["commands"] and ours.commands[-1] == \
+        "buildkite-agent pipeline upload kvgate-pipeline.json"
+    assert "V1 attention (H100)" in loaded
+
+
+def test_every_path_that_selects_a_cell_makes_vllms_generator_run_the_step(capsys, loader):
+    """kvgate's selection rules, in vLLM's prefix form: a Python module of vllm (the import graph decides which
+    cells), each backend's compiled sources and the shared ones; what selects no cell (docs) does not run it."""
+    from kvgate.change.selection import select
+
+    matrix = kvmatrix.load(ROOT / "matrix")
+    dependencies = vllm_step_file(capsys)["steps"][0]["source_file_dependencies"]
+    globs = [*matrix.shared_sources, *(glob for backend in matrix.backends.values() for glob in backend.sources)]
+    paths = [re.sub(r"\*\*?", "x", glob).replace("?", "x") for glob in globs]
+    paths += ["vllm/v1/attention/backends/mla/flashmla.py", "vllm/_custom_ops.py"]
+    for path in paths:
+        assert loader._source_file_dependencies_match(dependencies, [path]), path
+    compiled = [path for path in paths if not path.startswith("vllm/") or path.startswith("vllm/vllm_flash_attn/")]
+    for path in compiled:
+        assert select(matrix, [path], list(matrix.cells)).cells, f"{path} selects no cell"
+    for inert in ("docs/features/quantization/quantized_kvcache.md", "tests/kernels/attention/test_cache.py"):
+        assert not loader._source_file_dependencies_match(dependencies, [inert])
+        assert not select(matrix, [inert], list(matrix.cells)).cells
+
+
+def test_the_step_file_asks_only_for_archs_with_a_queue(capsys):
+    command = next(c for c in vllm_step_file(capsys)["steps"][0]["commands"] if c.startswith("nox "))
+    assert re.findall(r"--arch (\S+)", command) == ["sm80", "sm89", "sm90", "sm100", "cpu"]
+    assert f"--kvgate-repository {REPOSITORY} --kvgate-ref {KVGATE_REF}" in command
+
+
+def test_the_readme_shows_the_step_file_kvgate_writes_and_the_three_lines_it_runs(capsys):
+    yaml = pytest.importorskip("yaml")
+    text = (ROOT / "ci" / "buildkite" / "README.md").read_text(encoding="utf-8")
+    shown = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite-vllm", "--kvgate-repository",
+                             "https://github.com/OWNER/kvgate.git", "--kvgate-ref", "0123456789abcdef0123456789abcdef01234567")
+    assert code == 0, err
+    assert shown == json.loads(out)
+    three = text.split("**The three lines**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    commands = [c.replace("$$", "$") for c in shown["steps"][0]["commands"]]
+    assert three[0] == "MERGE_BASE=$(git merge-base FETCH_HEAD HEAD)" == commands[4]
+    assert three[1].startswith("nox -f .kvgate/noxfile.py -s matrix -- --format buildkite --vllm-git")
+    assert re.findall(r"--arch (\S+)", three[1]) == re.findall(r"--arch (\S+)", commands[5])
+    assert three[2] == commands[6] == "buildkite-agent pipeline upload kvgate-pipeline.json"
