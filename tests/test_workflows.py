@@ -76,7 +76,19 @@ def all_steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 # ------------------------------------------------------------------------------------------------ linters
 
 def test_workflows_exist():
-    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-vllm.yml", "kvgate.yml"]
+    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-history.yml", "kvgate-vllm.yml",
+                                                  "kvgate.yml"]
+
+
+def test_main_runs_keep_their_history_and_the_schedule_fails_on_a_change_point():
+    gate = {step.get("name"): step for step in load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["gate"]["steps"]}
+    assert gate["Gate"]["env"]["KVGATE_HISTORY_URL"] == "${{ runner.temp }}/history/history.sqlite3"
+    saved = gate["Save the history of main (kvgate-history.yml reads it)"]
+    assert saved["with"]["path"] == "${{ runner.temp }}/history" and "pull_request" in saved["if"]
+    history = load_workflow(WORKFLOWS / "kvgate-history.yml")
+    assert "schedule" in history["on"]
+    detect = next(step for _, step in all_steps(history) if step.get("name") == "Detect change points")
+    assert detect["run"].startswith("nox -s history -- --detect")
 
 
 def test_actionlint_reports_nothing():
@@ -165,7 +177,8 @@ def test_only_the_jobs_that_need_it_get_more_than_read():
             assert "permissions" in job, f"{path.name}:{job_id} inherits the top-level permissions"
             widened.update({(path.name, job_id, scope): level for scope, level in job["permissions"].items()
                             if level != "read" or scope not in ("contents", "actions")})
-    assert widened == {("kvgate-comment.yml", "comment", "pull-requests"): "write"}
+    assert widened == {("kvgate-comment.yml", "comment", "pull-requests"): "write",
+                       ("kvgate-comment.yml", "checks", "checks"): "write"}
 
 
 def test_the_comment_workflow_never_checks_out_pull_request_code():
@@ -212,7 +225,22 @@ def test_the_comment_workflow_follows_the_main_workflow_by_name_and_by_path():
     uploads = [s["with"]["name"] for _, s in all_steps(main) if s.get("uses", "").startswith("actions/upload-artifact@")]
     downloads = [s["with"]["name"] for _, s in all_steps(comment)
                  if s.get("uses", "").startswith("actions/download-artifact@")]
-    assert downloads == ["kvgate-gate"] and "kvgate-gate" in uploads
+    assert downloads == ["kvgate-gate", "kvgate-gate"] and "kvgate-gate" in uploads  # the comment, the check run
+    assert "github.event.workflow_run.path == '.github/workflows/kvgate.yml'" in comment["jobs"]["checks"]["if"]
+
+
+def test_the_gate_junit_xml_is_published_as_a_check_run_of_the_run_commit():
+    """EnricoMi/publish-unit-test-result-action reads the gate artifact's junit.xml as data (the way it documents for
+    runs of fork pull requests) and reports on the commit the run judged; kvgate's comment stays the only comment."""
+    main = load_workflow(WORKFLOWS / "kvgate.yml")
+    gate_artifact = next(s for s in main["jobs"]["gate"]["steps"] if s.get("with", {}).get("name") == "kvgate-gate")
+    assert gate_artifact["with"]["path"].endswith("/kvgate-run/gate")  # kvgate gate writes junit.xml there
+    job = load_workflow(WORKFLOWS / "kvgate-comment.yml")["jobs"]["checks"]
+    download, publish = job["steps"]
+    assert publish["uses"].startswith("EnricoMi/publish-unit-test-result-action@")
+    assert publish["with"]["files"] == download["with"]["path"] + "/junit.xml"
+    assert publish["with"]["commit"] == "${{ github.event.workflow_run.head_sha }}"
+    assert publish["with"]["comment_mode"] == "off"
 
 
 # ------------------------------------------------------------------------------------------------ runners

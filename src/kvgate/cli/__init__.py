@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "power": "kvgate.cli.power_command",
     "canaries": "kvgate.cli.canaries_command",
     "prefetch": "kvgate.cli.prefetch_command",
+    "history": "kvgate.cli.history_command",
 }
 
 

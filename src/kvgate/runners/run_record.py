@@ -6,12 +6,13 @@ import datetime as dt
 import fcntl
 import importlib.metadata
 import json
+import os
 import platform
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,13 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def ci_branch(environ: Mapping[str, str] | None = None) -> str | None:
+    """The branch a CI run was made for: GitHub Actions' GITHUB_REF `refs/heads/<branch>` on a push or a scheduled
+    run (a pull request's ref is `refs/pull/...`: no branch); None outside CI. The gate records runs of main."""
+    ref = (os.environ if environ is None else environ).get("GITHUB_REF", "")
+    return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+
+
 def git_commit(repo: Path) -> str | None:
     try:
         return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -92,6 +100,7 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
         "contract_version": CONTRACT_VERSION,
         "kvgate_version": kvgate.__version__,
         "commit": git_commit(repo),
+        **({"branch": branch} if (branch := ci_branch()) else {}),  # contract 1.8: the gate records runs of main
         "versions": tool_versions(),
         "python": sys.version.split()[0],
         "gpus": gpu_list,

@@ -1,0 +1,109 @@
+"""A verdict -> one history run and its figures per cell: what the history of main keeps of each gate run.
+
+Pure: the gate's CLI hands the verdict over and kvgate.history.store writes the rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.gate.verdict import Verdict
+
+HISTORY_BRANCH = "main"  # the branch whose gate runs the history keeps (run.json `branch`)
+Z_95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
+# throughput check figure -> the measure the history keeps
+THROUGHPUT_MEASURES = {
+    "median_requests_per_second": "throughput:requests_per_second",
+    "median_tokens_per_second": "throughput:tokens_per_second",
+    "median_output_tokens_per_second": "throughput:output_tokens_per_second",
+}
+ENVIRONMENT_KEYS = ("python", "gpu", "driver", "cpu", "cpu_count", "host", "arch", "versions")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Figure:
+    """One measure of one cell in one run; `low`/`high` bound its 95 % interval when it has one."""
+
+    cell: str
+    measure: str  # e.g. "accuracy:strict-match", "throughput:requests_per_second"
+    value: float
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None  # questions (accuracy) or repeats (throughput)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HistoryRun:
+    """One gate run on main: who it ran, on what, what the gate said, and its figures."""
+
+    recorded_at: str  # ISO 8601, UTC: the history's order
+    branch: str
+    commit: str | None  # the commit the run was made from (run.json `commit`)
+    vllm_version: str | None
+    vllm_commit: str | None  # the head side's source commit, when it ran a checkout
+    passed: bool
+    neutral: bool
+    exit_status: int
+    run_folder: str
+    environment: Mapping[str, Any]
+    figures: tuple[Figure, ...]
+
+
+def branch_of(run_info: Mapping[str, Any]) -> str | None:
+    """The branch run.json says the run was made for (`branch`, contract 1.8); None when it names none."""
+    branch = run_info.get("branch")
+    return branch if isinstance(branch, str) and branch else None
+
+
+def is_main(run_info: Mapping[str, Any]) -> bool:
+    return branch_of(run_info) == HISTORY_BRANCH
+
+
+def history_run(verdict: Verdict, *, recorded_at: str) -> HistoryRun:
+    """The row a gate run on main leaves in the history: the verdict's head figures per cell."""
+    info = verdict.run_info
+    head = info.get("vllm_under_test", {}).get("head", {}) if isinstance(info.get("vllm_under_test"), Mapping) else {}
+    head = head if isinstance(head, Mapping) else {}
+    versions = info.get("versions") if isinstance(info.get("versions"), Mapping) else {}
+    return HistoryRun(
+        recorded_at=recorded_at, branch=branch_of(info) or "", commit=_text(info.get("commit")),
+        vllm_version=_text(head.get("version")) or _text(versions.get("vllm")),
+        vllm_commit=_text(head.get("source_commit")), passed=verdict.passed, neutral=verdict.neutral,
+        exit_status=verdict.exit_status, run_folder=verdict.run,
+        environment={key: info[key] for key in ENVIRONMENT_KEYS if key in info},
+        figures=tuple(figures_of(verdict)))
+
+
+def figures_of(verdict: Verdict) -> list[Figure]:
+    """Accuracy per filter (with the 95 % interval of its standard error) and the throughput medians, per cell;
+    from the `accuracy` and `throughput` checks, whichever status they have (a failed run's figures are history)."""
+    found: list[Figure] = []
+    for check in verdict.checks:
+        figures = check.figures
+        if check.kind == "accuracy":
+            n = figures.get("n") if isinstance(figures.get("n"), int) else None
+            for name, value in figures.items():
+                if name == "n" or name.endswith("_stderr") or not _finite(value):
+                    continue
+                stderr = figures.get(f"{name}_stderr")
+                low, high = ((max(0.0, value - Z_95 * stderr), min(1.0, value + Z_95 * stderr)) if _finite(stderr)
+                             else (None, None))  # an accuracy is a share: its interval stays within 0..1
+                found.append(Figure(cell=check.cell, measure=f"accuracy:{name}", value=float(value), low=low,
+                                    high=high, n=n))
+        elif check.kind == "throughput":
+            repeats = figures.get("repeats") if isinstance(figures.get("repeats"), int) else None
+            for name, measure in THROUGHPUT_MEASURES.items():
+                if _finite(figures.get(name)):
+                    found.append(Figure(cell=check.cell, measure=measure, value=float(figures[name]), n=repeats))
+    return found
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,207 @@
+"""Where the history of main lives: an embedded SQLite file by default, PostgreSQL when KVGATE_HISTORY_URL names one.
+
+One schema on both, created and upgraded by numbered migrations (table `history_migrations` records those applied);
+a store written by a newer kvgate (a migration this one does not know) is refused. SQLite needs only the standard
+library; PostgreSQL needs psycopg 3 (`pip install "psycopg[binary]"`), imported only when a server is named.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sqlite3
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvgate import InputError
+from kvgate.history.record import HistoryRun
+
+URL_ENV = "KVGATE_HISTORY_URL"
+DEFAULT_SQLITE = Path("reports") / "history.sqlite3"  # relative to the working directory
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+# version -> statements; append, never edit one that has shipped. The SQL is the subset SQLite and PostgreSQL share.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE history_runs (
+            id TEXT PRIMARY KEY, recorded_at TEXT NOT NULL, branch TEXT NOT NULL, git_commit TEXT,
+            vllm_version TEXT, vllm_commit TEXT, passed INTEGER NOT NULL, neutral INTEGER NOT NULL,
+            exit_status INTEGER NOT NULL, run_folder TEXT NOT NULL, environment TEXT NOT NULL)""",
+        "CREATE INDEX history_runs_order ON history_runs (branch, recorded_at)",
+        """CREATE TABLE history_figures (
+            run_id TEXT NOT NULL REFERENCES history_runs (id), cell TEXT NOT NULL, measure TEXT NOT NULL,
+            value DOUBLE PRECISION NOT NULL, low DOUBLE PRECISION, high DOUBLE PRECISION, n INTEGER,
+            PRIMARY KEY (run_id, cell, measure))""",
+        """CREATE TABLE history_acknowledged (
+            cell TEXT NOT NULL, measure TEXT NOT NULL, git_commit TEXT NOT NULL, acknowledged_at TEXT NOT NULL,
+            PRIMARY KEY (cell, measure, git_commit))""",
+    ),
+}
+SCHEMA_VERSION = max(MIGRATIONS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Point:
+    """One run's figure in a cell's series, in the order main recorded them."""
+
+    recorded_at: str
+    commit: str | None
+    vllm_commit: str | None
+    value: float
+    low: float | None
+    high: float | None
+
+
+class HistoryStore:
+    """An open history: `record` a run, read `series`, `acknowledge` a change point. Use as a context manager."""
+
+    def __init__(self, connection: Any, *, postgres: bool, shown: str):
+        self._connection = connection
+        self._postgres = postgres
+        self.shown = shown
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._connection.close()
+
+    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        cursor = self._connection.cursor()
+        cursor.execute(sql.replace("?", "%s") if self._postgres else sql, tuple(params))
+        return cursor
+
+    def migrate(self) -> int:
+        """Apply the migrations this store lacks, in one transaction; returns the schema version."""
+        try:
+            self._execute("CREATE TABLE IF NOT EXISTS history_migrations (version INTEGER PRIMARY KEY, "
+                          "applied_at TEXT NOT NULL)")
+            applied = {row[0] for row in self._execute("SELECT version FROM history_migrations").fetchall()}
+            newer = sorted(v for v in applied if v not in MIGRATIONS)
+            if newer:
+                raise InputError(self.shown, f"history schema version {newer[-1]} is newer than this kvgate knows "
+                                 f"({SCHEMA_VERSION})", hint="Upgrade kvgate")
+            for version in sorted(set(MIGRATIONS) - applied):
+                for statement in MIGRATIONS[version]:
+                    self._execute(statement)
+                self._execute("INSERT INTO history_migrations (version, applied_at) VALUES (?, ?)",
+                              (version, _now()))
+            self._connection.commit()
+        except InputError:
+            self._connection.rollback()
+            raise
+        except Exception as error:
+            self._connection.rollback()
+            raise InputError(self.shown, f"cannot set up the history tables ({_reason(error)})",
+                             hint="Is it a kvgate history store?") from None
+        return SCHEMA_VERSION
+
+    def record(self, run: HistoryRun) -> str:
+        """Write one run and its figures in one transaction; returns the run's id."""
+        run_id = uuid.uuid4().hex
+        try:
+            self._execute(
+                "INSERT INTO history_runs (id, recorded_at, branch, git_commit, vllm_version, vllm_commit, passed, "
+                "neutral, exit_status, run_folder, environment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, run.recorded_at, run.branch, run.commit, run.vllm_version, run.vllm_commit, int(run.passed),
+                 int(run.neutral), run.exit_status, run.run_folder, json.dumps(run.environment, sort_keys=True)))
+            for figure in run.figures:
+                self._execute("INSERT INTO history_figures (run_id, cell, measure, value, low, high, n) "
+                              "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              (run_id, figure.cell, figure.measure, figure.value, figure.low, figure.high, figure.n))
+            self._connection.commit()
+        except Exception as error:
+            self._connection.rollback()
+            raise InputError(self.shown, f"cannot record the run ({_reason(error)})") from None
+        return run_id
+
+    def series_names(self, branch: str) -> list[tuple[str, str]]:
+        """(cell, measure) of every series the branch has, sorted."""
+        rows = self._execute("SELECT DISTINCT f.cell, f.measure FROM history_figures f JOIN history_runs r "
+                             "ON r.id = f.run_id WHERE r.branch = ? ORDER BY f.cell, f.measure", (branch,))
+        return [(row[0], row[1]) for row in rows.fetchall()]
+
+    def series(self, branch: str, cell: str, measure: str) -> list[Point]:
+        rows = self._execute(
+            "SELECT r.recorded_at, r.git_commit, r.vllm_commit, f.value, f.low, f.high FROM history_figures f "
+            "JOIN history_runs r ON r.id = f.run_id WHERE r.branch = ? AND f.cell = ? AND f.measure = ? "
+            "ORDER BY r.recorded_at, r.id", (branch, cell, measure))
+        return [Point(recorded_at=r[0], commit=r[1], vllm_commit=r[2], value=r[3], low=r[4], high=r[5])
+                for r in rows.fetchall()]
+
+    def runs(self, branch: str) -> int:
+        return self._execute("SELECT COUNT(*) FROM history_runs WHERE branch = ?", (branch,)).fetchone()[0]
+
+    def acknowledge(self, cell: str, measure: str, commit: str) -> None:
+        try:
+            self._execute("INSERT INTO history_acknowledged (cell, measure, git_commit, acknowledged_at) "
+                          "VALUES (?, ?, ?, ?)", (cell, measure, commit, _now()))
+            self._connection.commit()
+        except Exception as error:
+            self._connection.rollback()
+            raise InputError(self.shown, f"cannot acknowledge {cell} {measure} at {commit} ({_reason(error)})",
+                             hint="Was it acknowledged already?") from None
+
+    def acknowledged(self) -> set[tuple[str, str, str]]:
+        rows = self._execute("SELECT cell, measure, git_commit FROM history_acknowledged")
+        return {(r[0], r[1], r[2]) for r in rows.fetchall()}
+
+
+def location(db: str | Path | None = None) -> str:
+    """Where the history is: --db, else KVGATE_HISTORY_URL, else the default SQLite file."""
+    if db is not None:
+        return str(db)
+    return os.environ.get(URL_ENV) or str(DEFAULT_SQLITE)
+
+
+def open_store(where: str) -> HistoryStore:
+    """Open (and migrate) the history at `where`: a postgresql:// URL, a sqlite:/// URL or a file path."""
+    if where.startswith(POSTGRES_SCHEMES):
+        store = _open_postgres(where)
+    else:
+        path = Path(where.removeprefix("sqlite://")) if where.startswith("sqlite://") else Path(where)
+        if path.is_dir():
+            raise InputError(str(path), "is a folder", hint="Name the history's SQLite file, e.g. reports/history.sqlite3")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(path)
+            connection.execute("PRAGMA foreign_keys = ON")
+        except (OSError, sqlite3.Error) as error:
+            raise InputError(str(path), f"cannot open the history ({_reason(error)})",
+                             hint=f"Pass a writable file with --db or set {URL_ENV}") from None
+        store = HistoryStore(connection, postgres=False, shown=str(path))
+    store.migrate()
+    return store
+
+
+def _open_postgres(url: str) -> HistoryStore:
+    shown = _without_password(url)
+    try:
+        import psycopg
+    except ImportError:
+        raise InputError(URL_ENV, f"names a PostgreSQL server ({shown}), but psycopg 3 is not installed",
+                         hint='Install it (`pip install "psycopg[binary]"`) or unset it to use the SQLite file') from None
+    try:
+        connection = psycopg.connect(url, connect_timeout=30)
+    except psycopg.Error as error:
+        raise InputError(shown, f"cannot connect ({_reason(error)})",
+                         hint=f"Check {URL_ENV} and that the server accepts this client") from None
+    return HistoryStore(connection, postgres=True, shown=shown)
+
+
+def _without_password(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    return f"{scheme}://{credentials.split(':', 1)[0]}{at}{host}" if at else url
+
+
+def _reason(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,0 +1,97 @@
+"""A series of the history of main as people read it: a text table, and an SVG line plot with its change points.
+
+Pure: strings in, strings out (the CLI writes them). The SVG is self-contained (no script, no external style), so
+report.html or a CI artifact can hold it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from kvgate.history.detect import ChangePoint
+from kvgate.history.store import Point
+
+WIDTH, HEIGHT, MARGIN = 640, 200, 44
+
+
+def short(commit: str | None) -> str:
+    return commit[:12] if commit else "-"
+
+
+def describe(cell: str, measure: str, points: Sequence[Point], point: ChangePoint) -> str:
+    """One line naming a change point's first run, its shift and its p-value."""
+    first = points[point.index]
+    vllm = f" (vLLM {short(first.vllm_commit)})" if first.vllm_commit else ""
+    return (f"{cell} {measure}: change point at run {point.index + 1} of {len(points)}, commit {short(first.commit)}"
+            f"{vllm}, {first.recorded_at}: {point.mean_before:.6g} -> {point.mean_after:.6g} "
+            f"({point.change_percent:+.2f} %), p = {point.p_value:.2g}")
+
+
+def table(cell: str, measure: str, points: Sequence[Point], found: Sequence[ChangePoint] = (), *,
+          last: int = 20) -> str:
+    """The newest `last` runs of a series, one line each; a change point's first run is marked."""
+    starts = {p.index for p in found}
+    lines = [f"{cell} {measure} ({len(points)} runs on main)",
+             f"  {'run':>4}  {'recorded at':<20}  {'commit':<12}  {'value':>12}  95 % interval"]
+    for index in range(max(0, len(points) - last), len(points)):
+        point = points[index]
+        interval = f"{point.low:.6g} .. {point.high:.6g}" if point.low is not None and point.high is not None else ""
+        mark = "  <- change point" if index in starts else ""
+        lines.append(f"  {index + 1:>4}  {point.recorded_at:<20}  {short(point.commit):<12}  {point.value:>12.6g}  "
+                     f"{interval}{mark}")
+    return "\n".join(lines)
+
+
+def svg(cell: str, measure: str, points: Sequence[Point], found: Sequence[ChangePoint] = ()) -> str:
+    """A line plot of the series (intervals as a band where recorded), each change point a dashed vertical line
+    with its p-value; the title names the cell and the measure."""
+    title = f"{cell} {measure}"
+    values = [p.value for p in points]
+    bounds = values + [b for p in points for b in (p.low, p.high) if b is not None]
+    low, high = (min(bounds), max(bounds)) if bounds else (0.0, 1.0)
+    if high == low:
+        low, high = low - 1, high + 1
+    plot_w, plot_h = WIDTH - 2 * MARGIN, HEIGHT - 2 * MARGIN
+
+    def x(index: int) -> float:
+        return MARGIN + (plot_w * index / (len(points) - 1) if len(points) > 1 else plot_w / 2)
+
+    def y(value: float) -> float:
+        return MARGIN + plot_h * (high - value) / (high - low)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+             f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">',
+             f"<title>{escape(title)}: {len(points)} runs on main</title>",
+             f'<text x="{MARGIN}" y="{MARGIN - 16}" font-family="sans-serif" font-size="13">{escape(title)}</text>',
+             f'<rect x="{MARGIN}" y="{MARGIN}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#ccc"/>',
+             f'<text x="{MARGIN - 4}" y="{MARGIN + 4}" font-family="sans-serif" font-size="10" '
+             f'text-anchor="end">{high:.4g}</text>',
+             f'<text x="{MARGIN - 4}" y="{MARGIN + plot_h}" font-family="sans-serif" font-size="10" '
+             f'text-anchor="end">{low:.4g}</text>']
+    banded = [(i, p) for i, p in enumerate(points) if p.low is not None and p.high is not None]
+    if len(banded) > 1:
+        upper = " ".join(f"{x(i):.1f},{y(p.high):.1f}" for i, p in banded)  # type: ignore[arg-type]
+        lower = " ".join(f"{x(i):.1f},{y(p.low):.1f}" for i, p in reversed(banded))  # type: ignore[arg-type]
+        parts.append(f'<polygon points="{upper} {lower}" fill="#4a7fb5" fill-opacity="0.15"/>')
+    if points:
+        line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+        parts.append(f'<polyline points="{line}" fill="none" stroke="#4a7fb5" stroke-width="1.5"/>')
+        parts += [f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2" fill="#4a7fb5">'
+                  f"<title>run {i + 1}, commit {escape(short(points[i].commit))}: {v:.6g}</title></circle>"
+                  for i, v in enumerate(values)]
+    for point in found:
+        position = x(point.index) - (plot_w / (len(points) - 1) / 2 if len(points) > 1 else 0)
+        parts.append(f'<line x1="{position:.1f}" y1="{MARGIN}" x2="{position:.1f}" y2="{MARGIN + plot_h}" '
+                     f'stroke="#c0392b" stroke-dasharray="4 3"/>')
+        parts.append(f'<text x="{position + 3:.1f}" y="{MARGIN + 12}" font-family="sans-serif" font-size="10" '
+                     f'fill="#c0392b">{point.change_percent:+.1f} % (p = {point.p_value:.2g})</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def stacked(plots: Sequence[str]) -> str:
+    """Several plots of `svg` in one SVG document, one under another."""
+    inner = [plot.replace("<svg ", f'<svg y="{index * HEIGHT}" ', 1) for index, plot in enumerate(plots)]
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{max(1, len(plots)) * HEIGHT}" '
+            f'viewBox="0 0 {WIDTH} {max(1, len(plots)) * HEIGHT}">\n' + "".join(inner) + "</svg>\n")

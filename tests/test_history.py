@@ -1,0 +1,209 @@
+"""The history of main: the gate records a run of main (SQLite; PostgreSQL on a real server), Otava's e-divisive finds
+a shift no single run crossed, and `kvgate history` shows and flags it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpu_run_fixture import extract, matrix_of_the_run
+from kvgate.cli import main
+from kvgate.history import detect, record, store, trends
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from history_change_points import STEP_AT, found_at, synthetic_history
+
+needs_otava = pytest.mark.skipif(not detect.available(), reason="Apache Otava is not installed (pip install --no-deps "
+                                 "-r ci/requirements-history.txt; nox -s tests does)")
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """The real CPU run (tests/fixtures/cpu_run) and the matrix it is judged by."""
+    folder = tmp_path_factory.mktemp("cpu")
+    return extract(folder), matrix_of_the_run(folder / "matrix")
+
+
+def run_naming(cpu_run, tmp_path: Path, branch: str | None) -> Path:
+    run, _ = cpu_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    info = json.loads((copy / "run.json").read_text(encoding="utf-8"))
+    if branch is not None:
+        info["branch"] = branch
+    (copy / "run.json").write_text(json.dumps(info), encoding="utf-8")
+    return copy
+
+
+def gate(cpu_run, run: Path, db: Path) -> int:
+    _, matrix = cpu_run
+    return main(["gate", str(run), "--matrix-dir", str(matrix), "--today", "2026-12-01", "--history", str(db)])
+
+
+def test_a_gate_run_of_main_writes_its_figures_into_the_sqlite_history(cpu_run, tmp_path, capsys):
+    db = tmp_path / "history.sqlite3"
+    assert gate(cpu_run, run_naming(cpu_run, tmp_path, "main"), db) == 0
+    assert "recorded 15 figures of this main run" in capsys.readouterr().err
+    with sqlite3.connect(db) as connection:
+        runs = connection.execute("SELECT branch, git_commit, vllm_version, passed, neutral, environment "
+                                  "FROM history_runs").fetchall()
+        figures = dict(((cell, measure), (value, low, high, n)) for cell, measure, value, low, high, n in
+                       connection.execute("SELECT cell, measure, value, low, high, n FROM history_figures"))
+        migrations = connection.execute("SELECT version FROM history_migrations").fetchall()
+    print(runs, figures)
+    assert migrations == [(store.SCHEMA_VERSION,)]
+    branch, commit, vllm_version, passed, neutral, environment = runs[0]
+    assert (branch, commit, vllm_version, passed, neutral) == (
+        "main", "a34784f5d4215050d9686da11120cd939d660e04", "0.32.0+cpu", 1, 1)  # run.json versions.vllm
+    assert json.loads(environment)["cpu"] == "Intel(R) Xeon(R) Processor @ 2.00GHz"
+    value, low, high, n = figures[("cpu_attn-auto-cpu", "accuracy:strict-match")]
+    assert (value, n) == (0.85, 240)  # 204 of 240, the run's lm-eval results file
+    assert low == pytest.approx(0.85 - 1.959964 * 0.023097, abs=1e-5) and high == pytest.approx(0.85 + 1.959964 * 0.023097, abs=1e-5)
+    assert figures[("cpu_attn-fp8-cpu", "throughput:requests_per_second")] == (pytest.approx(6.947751), None, None, 3)
+    assert figures[("cpu_mla-auto-cpu", "accuracy:flexible-extract")][1] == 0.0  # 2 of 240: the interval stops at 0
+    assert {m for _, m in figures} == {"accuracy:strict-match", "accuracy:flexible-extract", *record.THROUGHPUT_MEASURES.values()}
+
+
+def test_a_run_that_names_no_branch_or_another_leaves_no_history(cpu_run, tmp_path):
+    for branch in (None, "feature"):
+        db = tmp_path / f"{branch}.sqlite3"
+        assert gate(cpu_run, run_naming(cpu_run, tmp_path / str(branch), branch), db) == 0
+        assert not db.exists()
+
+
+def test_a_history_that_cannot_be_written_is_one_error_line(cpu_run, tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
+    assert gate(cpu_run, run_naming(cpu_run, tmp_path, "main"), tmp_path / "folder") == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ERROR {tmp_path / 'folder'}: is a folder. Name the history's SQLite file, e.g. reports/history.sqlite3")
+
+
+def test_a_store_of_a_newer_schema_is_refused(tmp_path):
+    db = tmp_path / "h.sqlite3"
+    store.open_store(str(db)).__exit__()
+    with sqlite3.connect(db) as connection:
+        connection.execute("INSERT INTO history_migrations VALUES (99, 'later')")
+    with pytest.raises(Exception) as error:
+        store.open_store(str(db))
+    assert str(error.value) == f"{db}: history schema version 99 is newer than this kvgate knows (1). Upgrade kvgate"
+
+
+def commit_of(index: int) -> str:
+    return f"{index:04d}".ljust(40, "a")
+
+
+def seeded_history(db: Path | str, values: list[float], cell: str = "flashmla-fp8-sm90",
+                   measure: str = "throughput:requests_per_second") -> None:
+    with store.open_store(str(db)) as history:
+        for index, value in enumerate(values):
+            history.record(record.HistoryRun(
+                recorded_at=f"2026-10-{1 + index // 24:02d}T{index % 24:02d}:00:00Z", branch="main",
+                commit=commit_of(index), vllm_version="0.26.0", vllm_commit=None, passed=True, neutral=False,
+                exit_status=0, run_folder=f"runs/{index}", environment={},
+                figures=(record.Figure(cell=cell, measure=measure, value=value),)))
+
+
+@needs_otava
+def test_a_4_percent_step_at_run_30_of_60_is_found_there_and_60_runs_of_noise_give_none():
+    rng = np.random.default_rng(7)
+    step = synthetic_history(rng, noise=0.01)
+    noise = synthetic_history(rng, noise=0.01, step=0.0)
+    found, quiet = detect.change_points(step), detect.change_points(noise)
+    print("step:", found, "noise:", quiet)
+    assert found_at(found, STEP_AT) and len(found) == 1 and found[0].p_value < detect.MAX_P_VALUE
+    assert found[0].change_percent == pytest.approx(-4, abs=1)
+    assert quiet == []
+
+
+@needs_otava
+def test_history_detect_flags_the_first_commit_of_the_shift_and_fails_until_acknowledged(tmp_path, capsys):
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, synthetic_history(np.random.default_rng(7), noise=0.01))
+    svg = tmp_path / "trends.svg"
+    assert main(["history", "--db", str(db), "--detect", "--svg", str(svg)]) == 1
+    out = capsys.readouterr().out
+    print(out)
+    flagged = [line for line in out.splitlines() if "CHANGE POINT" in line]
+    assert len(flagged) == 1
+    index = int(flagged[0].split("change point at run ")[1].split()[0]) - 1
+    assert abs(index - STEP_AT) <= 1 and f"commit {commit_of(index)[:12]}," in flagged[0]
+    assert "1 change point(s) not acknowledged over 1 series of 60 runs on main" in out
+    assert svg.read_text(encoding="utf-8").count('stroke-dasharray="4 3"') == 1
+    assert main(["history", "--db", str(db), "--acknowledge", "flashmla-fp8-sm90", "throughput:requests_per_second",
+                 commit_of(index)]) == 0
+    assert main(["history", "--db", str(db), "--detect"]) == 0
+    assert "acknowledged: flashmla-fp8-sm90" in capsys.readouterr().out
+
+
+def test_history_without_detect_prints_the_trend_and_needs_no_otava(tmp_path, capsys):
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0, 12.0])
+    assert main(["history", "--db", str(db), "--last", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "flashmla-fp8-sm90 throughput:requests_per_second (3 runs on main)"
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["2", "3"]
+
+
+def test_history_names_an_unknown_cell_with_what_is_recorded(tmp_path, capsys):
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0])
+    assert main(["history", "--db", str(db), "--cell", "flashmla-fp8-sm100"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ERROR --cell: no series for 'flashmla-fp8-sm100' in {db}. Recorded: flashmla-fp8-sm90")
+
+
+def test_an_empty_history_says_how_runs_get_there(tmp_path, capsys):
+    assert main(["history", "--db", str(tmp_path / "h.sqlite3")]) == 2
+    assert "no runs of main recorded. The gate records a run whose run.json names" in capsys.readouterr().err
+
+
+def test_the_trend_svg_is_well_formed_and_marks_the_change_point():
+    import xml.etree.ElementTree as ElementTree
+
+    points = [store.Point(recorded_at="t", commit=None, vllm_commit=None, value=v, low=v - 1, high=v + 1)
+              for v in (10.0, 10.0, 9.0, 9.0)]
+    found = [detect.ChangePoint(index=2, p_value=1e-6, mean_before=10.0, mean_after=9.0)]
+    root = ElementTree.fromstring(trends.stacked([trends.svg("a&b", "m", points, found)] * 2))
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "a&b m" in texts and "-10.0 % (p = 1e-06)" in texts
+
+
+def test_a_postgresql_url_without_psycopg_or_a_server_is_one_clear_error(tmp_path, monkeypatch):
+    url = "postgresql://kvgate:secret@127.0.0.1:9/history"
+    with pytest.raises(Exception) as error:
+        store.open_store(url)
+    assert "secret" not in str(error.value)
+    assert str(error.value).startswith(("KVGATE_HISTORY_URL: names a PostgreSQL server (postgresql://kvgate@127.0.0.1:9/",
+                                        "postgresql://kvgate@127.0.0.1:9/history: cannot connect"))
+
+
+def test_the_postgresql_store_keeps_the_same_rows_on_a_real_server(tmp_path, monkeypatch, capsys):
+    pgserver = pytest.importorskip("pgserver", reason="pgserver (a PostgreSQL server wheel) is not installed")
+    pytest.importorskip("psycopg", reason="psycopg 3 is not installed")
+    server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="stop")
+    try:
+        url = server.get_uri()
+        monkeypatch.setenv(store.URL_ENV, url)
+        seeded_history(url, [10.0, 11.0, 12.0])  # the URL stands where a file path would
+        with store.open_store(store.location()) as history:
+            assert history.migrate() == store.SCHEMA_VERSION  # a second migration applies nothing
+            assert [p.value for p in history.series("main", "flashmla-fp8-sm90", "throughput:requests_per_second")] == [
+                10.0, 11.0, 12.0]
+        assert main(["history"]) == 0
+        assert "(3 runs on main)" in capsys.readouterr().out
+    finally:
+        server.cleanup()
+
+
+def test_run_json_names_the_branch_of_a_ci_push_and_none_for_a_pull_request():
+    from kvgate.runners.run_record import ci_branch
+
+    assert ci_branch({"GITHUB_REF": "refs/heads/main"}) == "main"
+    assert ci_branch({"GITHUB_REF": "refs/pull/7/merge"}) is None and ci_branch({}) is None
+    assert record.is_main({"branch": "main"}) and not record.is_main({"branch": "mainline"}) and not record.is_main({})
