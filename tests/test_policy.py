@@ -171,6 +171,11 @@ BAD_POLICIES = {
         _set("accuracy", "design_flips_by_model", value={"kvgate:tiny-llama": {"fp8": 0.03, "source": "x"}}),
         ["matrix/policy.toml: unknown key 'fp8' in accuracy.design_flips_by_model.kvgate:tiny-llama. Known: "
          "baseline_accuracy, fp8_accuracy, source"]),
+    "measured noise of a cell the matrix does not have": (
+        _set("throughput", "measured_noise", value=[{"arch": "sm90", "cell": "flash_attn-fp8-sm91", "repeat_sd": 0.2,
+                                                    "repeats": 5, "date": "2026-12-02", "source": "x"}]),
+        ["matrix/policy.toml: unknown cell 'flash_attn-fp8-sm91' in throughput.measured_noise[0].cell. Did you mean "
+         "flash_attn-fp8-sm90?"]),
     "misspelt key": (
         _rename("accuracy", "fp8_tax_points", "fp8_tax_point"),
         ["matrix/policy.toml: unknown key 'fp8_tax_point' in accuracy. Did you mean fp8_tax_points?",

@@ -107,6 +107,24 @@ def test_power_command_prints_the_questions_each_check_needs(capsys) -> None:
         "group-sequential: looks at 807, 1613, 2420, 3226 questions (up to 3226 = 1.0732 x 3005); O'Brien-Fleming "
         "alpha spending, futility at the drop to catch with beta t^2, non-binding")
     assert "  7 % per-repeat SD" not in out and "  3 % per-repeat SD: 7 rounds" in out
+    # the GPU noise the policy records (matrix/policy.toml [[throughput.measured_noise]]) and the power it leaves
+    assert ("  measured on sm90, flash_attn-fp8-sm90: 15.5 % per-repeat SD (5 repeats, 2026-12-02): A/B (7 rounds) "
+            "catches a 5/10/15 % slowdown 5.0 % / 14.4 % / 32.5 %, a stored baseline 1.0 % / 4.0 % / 12.9 %; an "
+            "unchanged cell fails 1.4 % (A/B)") in lines
+
+
+def test_measured_noise_power_agrees_with_a_simulation_of_the_paired_test() -> None:
+    """The A/B figure `kvgate power` states at a measured SD is what the real paired test does on simulated runs."""
+    rng = np.random.default_rng(20261202)
+    sd, rounds, slowdown, runs = 0.155, 7, 0.10, 4000
+    fails = 0
+    for _ in range(runs):
+        base = np.exp(rng.normal(0, sd, rounds)) * 100
+        head = np.exp(rng.normal(np.log(1 - slowdown), sd, rounds)) * 100
+        test = margins.paired_ratio_test(dict(enumerate(base)), dict(enumerate(head)), min_ratio=0.95, alpha=0.05)
+        fails += margins.throughput_regressed(test, alpha=0.05)
+    stated = power.paired_rounds_power(rounds, repeat_sd=sd, tolerance=0.05, slowdown=slowdown, alpha=0.05)
+    assert abs(fails / runs - stated) < 4 * np.sqrt(stated * (1 - stated) / runs)
 
 
 def test_power_command_for_one_margin_and_flips(capsys) -> None:

@@ -36,7 +36,7 @@ def log_sd(values: list[float]) -> float:
 
 
 def main(run_dirs: list[Path]) -> int:
-    policy = policy_file.load(ROOT / "matrix" / "policy.toml").throughput
+    policy = policy_file.load().throughput
     runs = [repeats_of(d) for d in run_dirs]
     cells = sorted({cell for run in runs for cell in run})
     if not cells:

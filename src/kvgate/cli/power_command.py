@@ -169,7 +169,25 @@ def _throughput_text(tput: policy_module.ThroughputPolicy, args: argparse.Namesp
     lines.append(f"  a stored baseline (run-to-run SD {100 * tput.run_to_run_sd:g} %, alpha {tput.alpha_unpaired:g}): a "
                  f"{100 * slow:g} % slowdown is caught at most {_percent(best)} of the time, however many repeats (an "
                  f"unchanged cell fails {_percent(unchanged)})")
+    for noise in tput.measured_noise:
+        lines.append(f"  measured on {noise.arch}, {noise.cell}: {100 * noise.repeat_sd:.3g} % per-repeat SD "
+                     f"({noise.repeats} repeats, {noise.date}): {_power_row(tput, noise.repeat_sd)}")
     return "\n".join(lines)
+
+
+def _power_row(tput: policy_module.ThroughputPolicy, repeat_sd: float) -> str:
+    """Power at 5/10/15 % slowdowns of the interleaved A/B test (the policy's rounds) and of a stored baseline (as
+    many repeats, the policy's run-to-run SD), and the A/B test's false alarms on unchanged code."""
+    slowdowns = (0.05, 0.10, 0.15)
+    ab = [power.paired_rounds_power(tput.rounds, repeat_sd=repeat_sd, tolerance=tput.tolerance, slowdown=s,
+                                    alpha=tput.alpha) for s in slowdowns]
+    stored = [power.stored_power(tput.rounds, repeat_sd=repeat_sd, run_to_run_sd=tput.run_to_run_sd,
+                                 tolerance=tput.tolerance, slowdown=s, alpha=tput.alpha_unpaired) for s in slowdowns]
+    unchanged = power.paired_rounds_power(tput.rounds, repeat_sd=repeat_sd, tolerance=tput.tolerance, slowdown=0.0,
+                                          alpha=tput.alpha)
+    shown = "/".join(f"{100 * s:g}" for s in slowdowns)
+    return (f"A/B ({tput.rounds} rounds) catches a {shown} % slowdown {' / '.join(map(_percent, ab))}, a stored "
+            f"baseline {' / '.join(map(_percent, stored))}; an unchanged cell fails {_percent(unchanged)} (A/B)")
 
 
 def _percent(value: float) -> str:

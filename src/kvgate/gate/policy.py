@@ -93,6 +93,18 @@ class Fp8OverAutoExpectation:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredNoise:
+    """A measured per-repeat SD of log throughput (each repeat its own fresh engine), with where it comes from."""
+
+    arch: str
+    cell: str
+    repeat_sd: float
+    repeats: int  # the measured repeats it rests on
+    date: str
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ThroughputPolicy:
     tolerance: float  # the margin: H0 "current / baseline >= 1 - tolerance"
     alpha: float  # per check, at a slowdown equal to the tolerance, for interleaved A/B repeats (paired by round)
@@ -103,6 +115,7 @@ class ThroughputPolicy:
     run_to_run_sd_source: str  # where that figure comes from
     rounds: int  # interleaved A/B rounds the policy's power needs
     fp8_over_auto: tuple[Fp8OverAutoExpectation, ...] = ()
+    measured_noise: tuple[MeasuredNoise, ...] = ()  # what the stated throughput power rests on, per arch
 
     def fp8_over_auto_expectation(self, cell: CellLike) -> Fp8OverAutoExpectation | None:
         """The first expectation declared for this FP8 cell, or None (then the ratio is only reported)."""
@@ -417,7 +430,7 @@ def _parse_sequential(reader: TomlReader, table: Any, where: str) -> SequentialP
 
 def _parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> ThroughputPolicy | None:
     where = "throughput"
-    if not reader.keys(table, where, THROUGHPUT_KEYS, ["fp8_over_auto"]):
+    if not reader.keys(table, where, THROUGHPUT_KEYS, ["fp8_over_auto", "measured_noise"]):
         return None
     expectations = []
     entries = table.get("fp8_over_auto", [])
@@ -456,7 +469,32 @@ def _parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> 
         run_to_run_sd_source=reader.string(table, "run_to_run_sd_source", where),
         rounds=_count(reader, table, "rounds", where, low=2, high=math.inf),
         fp8_over_auto=tuple(expectations),
+        measured_noise=_parse_measured_noise(reader, table.get("measured_noise", []), f"{where}.measured_noise", matrix),
     )
+
+
+def _parse_measured_noise(reader: TomlReader, entries: Any, where: str, matrix: Matrix | None) -> tuple[MeasuredNoise, ...]:
+    if not isinstance(entries, list):
+        reader.error("expected [[throughput.measured_noise]] tables", where)
+        return ()
+    found = []
+    for index, entry in enumerate(entries):
+        sub = f"{where}[{index}]"
+        if not reader.keys(entry, sub, ["arch", "cell", "repeat_sd", "repeats", "date", "source"]):
+            continue
+        cell_id = reader.string(entry, "cell", sub)
+        arch = reader.string(entry, "arch", sub)
+        if matrix is not None:
+            if arch and arch not in matrix.archs:
+                reader.error(f"unknown arch '{arch}'", f"{sub}.arch", unknown_name_hint(arch, list(matrix.archs)))
+            ids = [c.id for c in matrix.cells]
+            if cell_id and cell_id not in ids:
+                reader.error(f"unknown cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, ids))
+        found.append(MeasuredNoise(
+            arch=arch, cell=cell_id, repeat_sd=_number(reader, entry, "repeat_sd", sub, low=0, high=1, low_open=True),
+            repeats=_count(reader, entry, "repeats", sub, low=2, high=math.inf), date=reader.string(entry, "date", sub),
+            source=reader.string(entry, "source", sub)))
+    return tuple(found)
 
 
 def _parse_probe(reader: TomlReader, table: Any, matrix: Matrix | None, source: str) -> ProbePolicy | None:

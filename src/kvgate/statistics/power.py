@@ -183,6 +183,8 @@ def paired_rounds_power(rounds: int, *, repeat_sd: float, tolerance: float, slow
         return 0.0
     df = rounds - 1
     se = math.sqrt(2) * repeat_sd / math.sqrt(rounds)
+    if se == 0:  # no noise: the test sees the slowdown exactly
+        return float(slowdown > tolerance)
     ncp = (math.log(1 - slowdown) - math.log(1 - tolerance)) / se
     # the test fails when T <= -t_{1-alpha}; T is noncentral t (scipy.special.nctdtr: scipy.stats.nct.cdf)
     return float(special.nctdtr(df, ncp, -distributions.t_quantile(1 - alpha, df)))

@@ -15,7 +15,7 @@ from kvgate.gate.checks.pending import Pending
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check
 from kvgate.results.records import CellResults, RunResults, ThroughputResult
-from kvgate.statistics import margins
+from kvgate.statistics import margins, power
 
 
 def interleaved(cell: CellResults, base: RunResults | None) -> bool:
@@ -84,6 +84,11 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
     notes = [f"interleaved A/B: paired by round ({test.n_current} rounds)" if interleaved else
              f"runs not interleaved: the policy's run-to-run SD ({100 * tput.run_to_run_sd:g} %) is part of the test "
              f"({tput.run_to_run_sd_source})"]
+    repeat_sd, caught = repeat_noise_power(test, old_values, values, tput, interleaved=interleaved)
+    figures.update({"repeat_sd_log": repeat_sd, "power_at_10_percent": caught})
+    notes.append(f"this run's repeats vary {100 * repeat_sd:.3g} % (SD of log {measure}); at that noise the test "
+                 f"catches a 10 % slowdown {100 * caught:.3g} % of the time"
+                 + ("" if caught >= 0.8 else ": a pass is weak evidence (matrix/policy.toml throughput.measured_noise)"))
     if interleaved and test.n_current < tput.rounds:
         notes.append(f"{test.n_current} interleaved rounds, fewer than the policy's {tput.rounds}: a 10 % slowdown "
                      "may pass")
@@ -98,10 +103,33 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
             f"ratio {test.ratio:.3f} (tested {test.estimate:.3f}, bounds [{test.lower:.3f}, {test.upper:.3f}])")
     return check, Pending(check=check, test=test, passed_text=text,
                            failed_text=f"{text}: upper bound {test.upper:.3f} < {1 - tolerance:.2f}",
-                           failed_headline=f"throughput ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
+                           failed_headline=f"ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
                                            f"{1 - tolerance:.2f} vs {reference}",
                            family="throughput",
                            decide=lambda t, adj: margins.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
+
+
+POWER_SLOWDOWN = 0.10  # the slowdown each throughput check states its power for
+
+
+def repeat_noise_power(test: margins.RatioTest, old_values: list[float], values: list[float], tput: Any, *,
+                       interleaved: bool) -> tuple[float, float]:
+    """The per-repeat SD of log throughput the run's own repeats show, and the power the check had at it to catch a
+    POWER_SLOWDOWN slowdown (kvgate.statistics.power: the paired test over its rounds, or a stored baseline with
+    the policy's run-to-run SD)."""
+    if interleaved:  # SE of the mean paired difference = sqrt(2) x repeat SD / sqrt(rounds)
+        repeat_sd = test.se_log * math.sqrt(test.n_current) / math.sqrt(2)
+        caught = power.paired_rounds_power(test.n_current, repeat_sd=repeat_sd, tolerance=tput.tolerance,
+                                           slowdown=POWER_SLOWDOWN, alpha=test.alpha)
+    else:
+        logs = [[math.log(v) for v in side] for side in (old_values, values)]
+        df = sum(len(side) - 1 for side in logs)
+        squares = sum((x - sum(side) / len(side)) ** 2 for side in logs for x in side)
+        repeat_sd = math.sqrt(squares / df) if df > 0 else 0.0
+        caught = power.stored_power(min(len(values), len(old_values)), repeat_sd=repeat_sd,
+                                    run_to_run_sd=tput.run_to_run_sd, tolerance=tput.tolerance,
+                                    slowdown=POWER_SLOWDOWN, alpha=test.alpha)
+    return repeat_sd, caught
 
 
 ROUND_FILE = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
@@ -172,6 +200,6 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
                     notes=(f"expectation {expectation.where}: {expectation.reason}",))
     return Pending(check=check, test=test, passed_text=text, family="throughput",
                     failed_text=f"{text}: upper bound {test.upper:.3f} < {expected:.2f}",
-                    failed_headline=f"fp8/auto throughput ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
+                    failed_headline=f"fp8/auto ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "
                                     f"{expected:.2f}",
                     decide=lambda t, adj: margins.throughput_regressed(t, alpha=alpha, adjusted_p=adj))
