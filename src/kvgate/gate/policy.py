@@ -9,36 +9,23 @@ models and cells are checked against the matrix, so a typo cannot silently switc
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
+from typing import Any
 
 from kvgate import InputError, InputErrors, unknown_name_hint
+from kvgate.gate.throughput_policy import ThroughputPolicy
+from kvgate.gate.throughput_policy import parse_throughput as _parse_throughput
+from kvgate.gate.value_readers import read_choice as _choice
+from kvgate.gate.value_readers import read_count as _count
+from kvgate.gate.value_readers import read_number as _number
 from kvgate.matrix import cells as matrix_module
-from kvgate.matrix.cells import GSM8K_FILTERS, Match, Matrix, parse_match
+from kvgate.matrix.cells import GSM8K_FILTERS, Matrix
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 from kvgate.statistics.margins import MULTIPLICITY_METHODS
 
 POLICY_FILE = "policy.toml"
-
-
-class CellLike(Protocol):
-    """What the policy needs of a cell: kvgate.matrix.cells.Cell and kvgate.results.records.CellIdentity both fit."""
-
-    backend: str
-    kv_cache_dtype: str
-    arch: str
-
-    @property
-    def id(self) -> str: ...
-THROUGHPUT_METRICS = ("requests_per_second", "tokens_per_second", "output_tokens_per_second")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,59 +56,13 @@ class AccuracyPolicy:
     design_flips_by_model: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # arch -> questions of a run with no base side (the README's main job keeps its time budget; power stated)
     single_side_questions: Mapping[str, int] = field(default_factory=dict)
-    # lm-eval task -> questions it holds in one fixed order (kvgate's held-out pool; gsm8k's test split)
+    # lm-eval task -> questions it holds in one fixed order (kvgate's held-out pool; gsm8k's test and train splits)
     pool_questions: Mapping[str, int] = field(default_factory=dict)
+    # lm-eval task -> what its questions are, said with every plan that draws from it (the run's first lines, the report)
+    pool_notes: Mapping[str, str] = field(default_factory=dict)
 
     def fp8_tax_for(self, model: str) -> float:
         return self.fp8_tax_points_by_model.get(model, self.fp8_tax_points)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Fp8OverAutoExpectation:
-    """A declared expectation on throughput(fp8 cell) / throughput(auto cell) of the same run."""
-
-    min_ratio: float
-    reason: str
-    where: str  # e.g. "throughput.fp8_over_auto[0]"
-    cell: str | None = None  # an FP8 cell id, or
-    match: Match | None = None  # a selector over FP8 cells
-
-    def covers(self, cell: CellLike) -> bool:
-        if self.cell is not None:
-            return cell.id == self.cell
-        return self.match is not None and self.match.matches(cell)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MeasuredNoise:
-    """A measured per-repeat SD of log throughput (each repeat its own fresh engine), with where it comes from."""
-
-    arch: str
-    cell: str
-    repeat_sd: float
-    repeats: int  # the measured repeats it rests on
-    date: str
-    source: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ThroughputPolicy:
-    tolerance: float  # the margin: H0 "current / baseline >= 1 - tolerance"
-    alpha: float  # per check, at a slowdown equal to the tolerance, for interleaved A/B repeats (paired by round)
-    alpha_unpaired: float  # the same for runs not interleaved (a stored baseline, FP8 vs auto of one run)
-    multiplicity: str
-    metric: str
-    run_to_run_sd: float  # SD of a run's mean log throughput between runs (unpaired comparisons add it)
-    run_to_run_sd_source: str  # where that figure comes from
-    rounds: int  # interleaved A/B rounds the policy's power needs
-    fp8_over_auto: tuple[Fp8OverAutoExpectation, ...] = ()
-    measured_noise: tuple[MeasuredNoise, ...] = ()  # what the stated throughput power rests on, per arch
-
-    def fp8_over_auto_expectation(self, cell: CellLike) -> Fp8OverAutoExpectation | None:
-        """The first expectation declared for this FP8 cell, or None (then the ratio is only reported)."""
-        if cell.kv_cache_dtype == "auto":
-            return None
-        return next((e for e in self.fp8_over_auto if e.covers(cell)), None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -202,7 +143,8 @@ class AccuracyFloor:
         return None if value is None else value * (1 - self.rtol)
 
     def covers(self, model: str, arch: str, task: str) -> bool:
-        return model == self.model and arch in self.archs and task == self.task
+        # results filed under lm-eval's own gsm8k (earlier runs; the hub models' pool now, which begins with it) too
+        return model == self.model and arch in self.archs and task in (self.task, "gsm8k")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -246,11 +188,10 @@ PROBE_AB_KEYS = ("growth_max", "greedy_prefix_drop_max", "source")
 KV_CACHE_OPTIONAL = ("fp8_min_token_ratio",)
 ACCURACY_KEYS = ("fp8_tax_points", "baseline_margin_points", "alpha", "multiplicity", "primary_filter", "filters",
                  "min_n", "power", "gap_points", "design_flips", "questions", "sequential")
-ACCURACY_OPTIONAL = ("fp8_tax_points_by_model", "design_flips_by_model", "single_side_questions", "pool_questions")
+ACCURACY_OPTIONAL = ("fp8_tax_points_by_model", "design_flips_by_model", "single_side_questions", "pool_questions",
+                     "pool_notes")
 COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy")
 SEQUENTIAL_KEYS = ("looks", "beta_spending_rho", "max_questions")
-THROUGHPUT_KEYS = ("tolerance", "alpha", "alpha_unpaired", "multiplicity", "metric", "run_to_run_sd",
-                   "run_to_run_sd_source", "rounds")
 PROBE_KEYS = ("mean_abs_logprob_diff_max", "max_abs_logprob_diff_max", "top1_agreement_min")
 PROBE_OPTIONAL_KEYS = ("decode_mean_abs_logprob_diff_max", "greedy_prefix_match_min", "require_effect")
 
@@ -292,37 +233,6 @@ def _floors(reader: TomlReader, matrix: Matrix | None, accuracy: AccuracyPolicy 
                                     task=str(workload.gsm8k.get("task", "gsm8k")), expected=dict(expected.values),
                                     rtol=expected.rtol, source=expected.source))
     return tuple(floors)
-
-
-def _number(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float,
-            low_open: bool = False, high_open: bool = False, integer: bool = False) -> float:
-    value = table.get(key)
-    number_ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
-    if number_ok and math.isfinite(value):
-        above = value > low if low_open else value >= low
-        below = value < high if high_open else value <= high
-        if above and below:
-            return value
-    kind = "an integer" if integer else "a number"
-    lo = f"{'>' if low_open else '>='} {low:g}"
-    hi = "" if math.isinf(high) else f" and {'<' if high_open else '<='} {high:g}"
-    reader.error(f"expected {kind} {lo}{hi}, got {describe_value(value)}", f"{where}.{key}")
-    return math.nan
-
-
-def _count(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, *, low: float, high: float) -> int:
-    value = _number(reader, table, key, where, low=low, high=high, integer=True)
-    return 0 if math.isnan(value) else int(value)
-
-
-def _choice(reader: TomlReader, table: Mapping[str, Any], key: str, where: str, choices: Sequence[str],
-            what: str) -> str:
-    value = table.get(key)
-    if isinstance(value, str) and value in choices:
-        return value
-    shown = f"'{value}'" if isinstance(value, str) else describe_value(value)
-    reader.error(f"unknown {what} {shown}", f"{where}.{key}", unknown_name_hint(value, choices))
-    return ""
 
 
 def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> AccuracyPolicy | None:
@@ -379,7 +289,15 @@ def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> Ac
                                               list(matrix.archs) if matrix is not None else None, "arch"),
         pool_questions=_counts_by_name(reader, table.get("pool_questions", {}), f"{where}.pool_questions", None,
                                        "task"),
+        pool_notes=_notes_by_task(reader, table.get("pool_notes", {}), f"{where}.pool_notes"),
     )
+
+
+def _notes_by_task(reader: TomlReader, table: Any, where: str) -> dict[str, str]:
+    if not isinstance(table, dict):
+        reader.error(f"expected a table of task = \"note\", got {describe_value(table)}", where)
+        return {}
+    return {name: reader.string(table, name, where) for name in table}
 
 
 def _flips_by_model(reader: TomlReader, table: Any, where: str) -> dict[str, dict[str, float]]:
@@ -426,75 +344,6 @@ def _parse_sequential(reader: TomlReader, table: Any, where: str) -> SequentialP
         looks=tuple(float(v) for v in looks),
         beta_spending_rho=_number(reader, table, "beta_spending_rho", where, low=0, high=20, low_open=True),
         max_questions=_count(reader, table, "max_questions", where, low=1, high=math.inf))
-
-
-def _parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> ThroughputPolicy | None:
-    where = "throughput"
-    if not reader.keys(table, where, THROUGHPUT_KEYS, ["fp8_over_auto", "measured_noise"]):
-        return None
-    expectations = []
-    entries = table.get("fp8_over_auto", [])
-    if not isinstance(entries, list):
-        reader.error("expected [[throughput.fp8_over_auto]] tables", f"{where}.fp8_over_auto")
-        entries = []
-    for index, entry in enumerate(entries):
-        sub = f"{where}.fp8_over_auto[{index}]"
-        if not reader.keys(entry, sub, ["min_ratio", "reason"], ["cell", "match"]):
-            continue
-        if ("cell" in entry) == ("match" in entry):
-            reader.error("give exactly one of 'cell' or 'match'", sub)
-            continue
-        cell_id = match = None
-        if "cell" in entry:
-            cell_id = reader.string(entry, "cell", sub)
-            if matrix is not None and cell_id:
-                fp8_cells = [c.id for c in matrix.cells if c.is_fp8]
-                if cell_id not in fp8_cells:
-                    reader.error(f"unknown FP8 cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, fp8_cells))
-        elif matrix is not None:
-            match = parse_match(reader, entry["match"], f"{sub}.match", matrix.kv_cache_dtypes, matrix.archs,
-                                 matrix.backends)
-            if match is not None and not any(match.matches(c) for c in matrix.cells if c.is_fp8):
-                reader.error("matches no FP8 cell", f"{sub}.match", "Fix its names or delete it")
-        expectations.append(Fp8OverAutoExpectation(
-            min_ratio=_number(reader, entry, "min_ratio", sub, low=0, high=100, low_open=True),
-            reason=reader.string(entry, "reason", sub), where=sub, cell=cell_id, match=match))
-    return ThroughputPolicy(
-        tolerance=_number(reader, table, "tolerance", where, low=0, high=1, high_open=True),
-        alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
-        alpha_unpaired=_number(reader, table, "alpha_unpaired", where, low=0, high=0.5, low_open=True),
-        multiplicity=_choice(reader, table, "multiplicity", where, MULTIPLICITY_METHODS, "multiplicity method"),
-        metric=_choice(reader, table, "metric", where, THROUGHPUT_METRICS, "throughput metric"),
-        run_to_run_sd=_number(reader, table, "run_to_run_sd", where, low=0, high=1),
-        run_to_run_sd_source=reader.string(table, "run_to_run_sd_source", where),
-        rounds=_count(reader, table, "rounds", where, low=2, high=math.inf),
-        fp8_over_auto=tuple(expectations),
-        measured_noise=_parse_measured_noise(reader, table.get("measured_noise", []), f"{where}.measured_noise", matrix),
-    )
-
-
-def _parse_measured_noise(reader: TomlReader, entries: Any, where: str, matrix: Matrix | None) -> tuple[MeasuredNoise, ...]:
-    if not isinstance(entries, list):
-        reader.error("expected [[throughput.measured_noise]] tables", where)
-        return ()
-    found = []
-    for index, entry in enumerate(entries):
-        sub = f"{where}[{index}]"
-        if not reader.keys(entry, sub, ["arch", "cell", "repeat_sd", "repeats", "date", "source"]):
-            continue
-        cell_id = reader.string(entry, "cell", sub)
-        arch = reader.string(entry, "arch", sub)
-        if matrix is not None:
-            if arch and arch not in matrix.archs:
-                reader.error(f"unknown arch '{arch}'", f"{sub}.arch", unknown_name_hint(arch, list(matrix.archs)))
-            ids = [c.id for c in matrix.cells]
-            if cell_id and cell_id not in ids:
-                reader.error(f"unknown cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, ids))
-        found.append(MeasuredNoise(
-            arch=arch, cell=cell_id, repeat_sd=_number(reader, entry, "repeat_sd", sub, low=0, high=1, low_open=True),
-            repeats=_count(reader, entry, "repeats", sub, low=2, high=math.inf), date=reader.string(entry, "date", sub),
-            source=reader.string(entry, "source", sub)))
-    return tuple(found)
 
 
 def _parse_probe(reader: TomlReader, table: Any, matrix: Matrix | None, source: str) -> ProbePolicy | None:
