@@ -26,8 +26,18 @@ On a push, a schedule or a manual run every cell is planned.
 Each matrix entry gains `runs-on`: its runner label plus the pool label (kvgate-main for main's own runs, kvgate-pr
 otherwise) on self-hosted runners, so main's baseline never runs where a pull request's code ran.
 
-Writes to $GITHUB_OUTPUT: matrix (`{"include": [...]}`, one line), has-cells (true/false), cell-count, merge-base
-(with --base/--head: the commit the change is counted from);
+GPU-minutes: every GPU cell's minutes are estimated before anything runs, as an upper bound (its planned stages'
+timeouts from matrix/workloads.toml, times the sides of an A/B run, or the cells job's timeout-minutes where that is
+less; kvgate records no measured minutes for the matrix's workloads on their archs yet, so every figure is a bound
+and says so). The GPU cells run only when asked for (KVGATE_GPU=true: the workflows set it on main's own runs and
+for a pull request that carries the label `kvgate-gpu`), and only as many as the cap allows
+(KVGATE_GPU_MINUTES_CAP, the repository variable; empty: no cap). A planned cell held back either way is never
+dropped: it stays in `planned` with its reason (`held_back`), the plan and the step summary name it, and the gate,
+which requires every planned cell, fails it as not run. CPU cells always run and count no GPU-minutes.
+
+Writes to $GITHUB_OUTPUT: matrix (the cells that run, `{"include": [...]}`, one line), planned (every cell the
+change selects, those held back with `held_back`; the gate's list), has-cells (true/false), cell-count, gpu-minutes
+(the upper bound of the cells that run), merge-base (with --base/--head: the commit the change is counted from);
 a short plan to $GITHUB_STEP_SUMMARY; the matrix JSON to stdout. Exit 2 with one `ERROR` line on bad input.
 """
 
@@ -97,6 +107,116 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 class PlanError(Exception):
     """Bad input or a failed planning command; printed as one `ERROR` line."""
+
+
+# The label of a pull request that asks for the GPU cells (ci/README.md, "The GPU matrix").
+GPU_LABEL = "kvgate-gpu"
+# The kernels stage's timeout: kvgate.runners.matrix_run.DEFAULT_TIMEOUT_SECONDS (a test checks), also that of a
+# stage whose workload declares none.
+DEFAULT_STAGE_TIMEOUT_S = 3600
+PLANNED_STAGES = ("kernels", "accuracy", "throughput")
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """What the GPU cells may spend: whether they were asked for, the cap in minutes (None: none), the sides each
+    cell runs (2 in an A/B run) and the cells job's timeout-minutes."""
+
+    triggered: bool
+    cap_minutes: float | None
+    sides: int = 1
+    job_minutes: int = 180
+
+
+def is_gpu_cell(entry: Mapping[str, object]) -> bool:
+    return entry.get("arch") != "cpu"
+
+
+def gpu_minutes(entry: Mapping[str, object], timeouts: Mapping[str, int], budget: GpuBudget) -> tuple[float, str]:
+    """(the cell's GPU-minutes, upper bound; what bounds it, in words): its planned stages' timeouts times its sides,
+    or the cells job's timeout-minutes where that is less."""
+    stages = entry.get("stages") or PLANNED_STAGES
+    seconds = sum(timeouts.get(str(stage), DEFAULT_STAGE_TIMEOUT_S) for stage in stages if stage in PLANNED_STAGES)
+    by_stages = budget.sides * seconds / 60
+    if by_stages <= budget.job_minutes:
+        sides = f" x {budget.sides} sides" if budget.sides > 1 else ""
+        return by_stages, f"upper bound: its stage timeouts{sides}"
+    return float(budget.job_minutes), f"upper bound: the cells job's timeout-minutes ({budget.job_minutes})"
+
+
+@dataclass
+class Budgeted:
+    """The plan split by the GPU budget: the cells that run, those held back with why, each GPU cell's minutes."""
+
+    run: list[dict[str, object]]
+    held: list[dict[str, object]]
+    minutes: dict[str, tuple[float, str]]
+
+    @property
+    def run_minutes(self) -> float:
+        return sum(self.minutes[str(e["cell"])][0] for e in self.run if str(e["cell"]) in self.minutes)
+
+
+def apply_gpu_budget(matrix: dict[str, list[dict[str, object]]], timeouts_of: Mapping[str, Mapping[str, int]],
+                     budget: GpuBudget) -> Budgeted:
+    """Hold back the GPU cells when they were not asked for, and, in plan order, each GPU cell that would take the
+    running total past the cap; every held cell keeps its entry with `held_back` (its reason)."""
+    out = Budgeted(run=[], held=[], minutes={})
+    total = 0.0
+    for entry in matrix["include"]:
+        if not is_gpu_cell(entry):
+            out.run.append(entry)
+            continue
+        cell = str(entry["cell"])
+        minutes, _ = out.minutes[cell] = gpu_minutes(entry, timeouts_of.get(cell, {}), budget)
+        if not budget.triggered:
+            reason = (f"not run: the GPU cells run on a pull request only when it carries the label `{GPU_LABEL}` "
+                      "(add it to run them)")
+        elif budget.cap_minutes is not None and total + minutes > budget.cap_minutes:
+            reason = (f"not run: over the GPU-minutes cap (KVGATE_GPU_MINUTES_CAP = {budget.cap_minutes:g}): "
+                      f"{total:g} planned before it, {minutes:g} for it")
+        else:
+            total += minutes
+            out.run.append(entry)
+            continue
+        out.held.append({**entry, "held_back": reason})
+    return out
+
+
+def read_budget(environ: Mapping[str, str], event: str) -> GpuBudget:
+    """KVGATE_GPU (true/false; unset: true), KVGATE_GPU_MINUTES_CAP (minutes; empty: no cap), KVGATE_SIDES (1 or 2),
+    KVGATE_CELL_JOB_MINUTES (the cells job's timeout-minutes)."""
+    gpu = environ.get("KVGATE_GPU", "").strip().lower() or "true"
+    if gpu not in ("true", "false"):
+        raise PlanError(f"$KVGATE_GPU {gpu[:40]!r}: expected true or false")
+    cap_text = environ.get("KVGATE_GPU_MINUTES_CAP", "").strip()
+    try:
+        cap = float(cap_text) if cap_text else None
+    except ValueError:
+        cap = -1.0
+    if cap is not None and not (cap >= 0 and cap < float("inf")):
+        raise PlanError(f"$KVGATE_GPU_MINUTES_CAP {cap_text[:40]!r}: expected a number of minutes >= 0 (the "
+                        "repository variable; leave it unset for no cap)")
+    numbers = {}
+    for name, default in (("KVGATE_SIDES", "1"), ("KVGATE_CELL_JOB_MINUTES", "180")):
+        text = environ.get(name, "").strip() or default
+        if not text.isdigit() or int(text) < 1:
+            raise PlanError(f"${name} {text[:40]!r}: expected a whole number >= 1")
+        numbers[name] = int(text)
+    return GpuBudget(triggered=gpu == "true" or event in ALL_CELLS_EVENTS, cap_minutes=cap,
+                     sides=numbers["KVGATE_SIDES"], job_minutes=numbers["KVGATE_CELL_JOB_MINUTES"])
+
+
+def workload_timeouts(matrix: dict[str, list[dict[str, object]]]) -> dict[str, dict[str, int]]:
+    """Each planned cell's stage timeouts, from the trusted matrix (kvgate.matrix is stdlib only, as in noxfile.py)."""
+    if not matrix["include"]:
+        return {}
+    sys.path.insert(0, str(ROOT / "src"))
+    from kvgate.matrix import cells as kvmatrix
+
+    declared = {cell.id: cell for cell in kvmatrix.load(ROOT / "matrix").cells}
+    return {str(e["cell"]): dict(declared[str(e["cell"])].workload.timeouts) for e in matrix["include"]
+            if str(e["cell"]) in declared}
 
 
 def _matches(path: str, patterns: Sequence[str]) -> bool:
@@ -187,14 +307,21 @@ def with_runner_pool(matrix: dict[str, list[dict[str, object]]], pool_label: str
     return {"include": include}
 
 
-def outputs(matrix: dict[str, list[dict[str, object]]]) -> dict[str, str]:
-    """The plan job's outputs. An empty matrix cannot fan out: has-cells=false skips the cells job."""
-    count = len(matrix["include"])
-    return {
-        "matrix": json.dumps(matrix, separators=(",", ":")),
+def outputs(matrix: dict[str, list[dict[str, object]]], budgeted: Budgeted | None = None) -> dict[str, str]:
+    """The plan job's outputs. An empty matrix cannot fan out: has-cells=false skips the cells job. With a budget,
+    `matrix` is the cells that run and `planned` every planned cell (those held back with `held_back`)."""
+    run = matrix if budgeted is None else {"include": budgeted.run}
+    planned = matrix if budgeted is None else {"include": [*budgeted.run, *budgeted.held]}
+    count = len(run["include"])
+    values = {
+        "matrix": json.dumps(run, separators=(",", ":")),
         "has-cells": "true" if count else "false",
         "cell-count": str(count),
     }
+    if budgeted is not None:
+        values["planned"] = json.dumps(planned, separators=(",", ":"))
+        values["gpu-minutes"] = f"{budgeted.run_minutes:g}"
+    return values
 
 
 def output_lines(values: dict[str, str]) -> str:
@@ -205,15 +332,38 @@ def output_lines(values: dict[str, str]) -> str:
     return "".join(f"{name}={value}\n" for name, value in values.items())
 
 
-def summary(matrix: dict[str, list[dict[str, object]]], reason: str) -> str:
-    include = matrix["include"]
+def summary(matrix: dict[str, list[dict[str, object]]], reason: str, budgeted: Budgeted | None = None) -> str:
+    include = matrix["include"] if budgeted is None else budgeted.run
     lines = ["## kvgate plan", "", reason, ""]
-    if not include:
+    if not include and not (budgeted and budgeted.held):
         lines.append("No cell selected: nothing runs on a GPU runner, and the gate reports nothing to check.")
-    else:
-        lines += [f"{len(include)} cells:", "", "| cell | runner | model |", "|---|---|---|"]
-        lines += [f"| `{e['cell']}` | `{e['runner']}` | `{e['model']}` |" for e in include]
+    elif include:
+        minutes = budgeted.minutes if budgeted is not None else {}
+        lines += [f"{len(include)} cells:", "", "| cell | runner | model | GPU-minutes |", "|---|---|---|---|"]
+        lines += [f"| `{e['cell']}` | `{e['runner']}` | `{e['model']}` | {_minutes_cell(minutes, e)} |"
+                  for e in include]
+    if budgeted is not None:
+        lines += ["", budget_line(budgeted)]
+        if budgeted.held:
+            lines += ["", f"{len(budgeted.held)} planned cells held back (not run; the gate fails them as not run):",
+                      "", "| cell | GPU-minutes | why |", "|---|---|---|"]
+            lines += [f"| `{e['cell']}` | {_minutes_cell(budgeted.minutes, e)} | {e['held_back']} |"
+                      for e in budgeted.held]
     return "\n".join(lines) + "\n"
+
+
+def _minutes_cell(minutes: Mapping[str, tuple[float, str]], entry: Mapping[str, object]) -> str:
+    figure = minutes.get(str(entry["cell"]))
+    return "CPU" if figure is None else f"≤ {figure[0]:g} ({figure[1]})"
+
+
+def budget_line(budgeted: Budgeted) -> str:
+    """The plan's GPU-minutes in one line: the upper bound of the cells that run, and what was held back."""
+    gpu = sum(1 for e in budgeted.run if str(e["cell"]) in budgeted.minutes)
+    line = f"GPU-minutes: at most {budgeted.run_minutes:g} for {gpu} GPU cells (upper bounds, not measurements)"
+    if budgeted.held:
+        line += f"; held back: {', '.join(str(e['cell']) for e in budgeted.held)}"
+    return line + "."
 
 
 def parse_name_status(raw: bytes) -> list[str]:
@@ -402,13 +552,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         matrix, reason, explanation = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, all_cells,
                                            args.vllm_git)
         matrix = with_runner_pool(matrix, args.pool_label)
-        _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix), "merge-base": args.merge_base}))
+        budgeted = apply_gpu_budget(matrix, workload_timeouts(matrix), read_budget(os.environ, args.event))
+        _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix, budgeted),
+                                                               "merge-base": args.merge_base}))
     except PlanError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
-    _append(os.environ.get("GITHUB_STEP_SUMMARY"), summary(matrix, reason) + (f"\n{explanation}" if explanation else ""))
-    print(json.dumps(matrix, separators=(",", ":")))
-    print(f"kvgate plan: {reason} {len(matrix['include'])} cells", file=sys.stderr)
+    _append(os.environ.get("GITHUB_STEP_SUMMARY"), summary(matrix, reason, budgeted)
+            + (f"\n{explanation}" if explanation else ""))
+    print(json.dumps({"include": budgeted.run}, separators=(",", ":")))
+    print(f"kvgate plan: {reason} {len(budgeted.run)} cells. {budget_line(budgeted)}", file=sys.stderr)
+    for entry in budgeted.held:
+        print(f"kvgate plan: {entry['cell']} held back, {entry['held_back']}", file=sys.stderr)
     return 0
 
 

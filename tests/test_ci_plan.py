@@ -416,7 +416,8 @@ def test_the_plan_writes_the_merge_base_it_counted_from(vllm_repo, tmp_path, mon
     assert plan.main([*args, "--change-of", "vllm", "--nox", "false"]) == 2  # no matrix printed: nothing written
     assert not output.exists()
     assert plan.main([*args, "--change-of", "kvgate"]) == 0  # docs only: no cell, no nox needed
-    assert output.read_text() == f'matrix={{"include":[]}}\nhas-cells=false\ncell-count=0\nmerge-base={base}\n'
+    assert output.read_text() == (f'matrix={{"include":[]}}\nhas-cells=false\ncell-count=0\nplanned={{"include":[]}}\n'
+                                  f'gpu-minutes=0\nmerge-base={base}\n')
 
 
 def test_every_harness_pattern_has_a_code_owner():
@@ -424,3 +425,92 @@ def test_every_harness_pattern_has_a_code_owner():
     for pattern in ("**/conftest.py", "**/pytest.ini", "**/pyproject.toml", "**/tox.ini", "**/setup.cfg", "*.pth",
                     "**/sitecustomize.py", "**/usercustomize.py"):
         assert f"\n{pattern} " in codeowners, pattern
+
+
+# ------------------------------------------------------------------------------------------------ GPU budget
+
+CPU_ENTRY = {**ENTRY, "cell": "cpu_attn-fp8-cpu", "arch": "cpu", "runner": "ubuntu-latest"}
+SM90 = {**ENTRY, "cell": "flashmla-fp8-sm90", "arch": "sm90", "runner": "gpu-sm90"}
+# matrix/workloads.toml's deepseek-v2-lite and defaults (seconds per stage); kernels takes the default 3600
+TIMEOUTS = {"flashinfer_mla-fp8-sm100": {"accuracy": 4800, "throughput": 9000},
+            "flashmla-fp8-sm90": {"accuracy": 3600, "throughput": 7800}}
+
+
+def test_each_gpu_cells_minutes_are_an_upper_bound_that_says_what_bounds_it():
+    one_side = plan.GpuBudget(triggered=True, cap_minutes=None, sides=1, job_minutes=600)
+    assert plan.gpu_minutes(SM90, TIMEOUTS["flashmla-fp8-sm90"], one_side) == (
+        250.0, "upper bound: its stage timeouts")  # (3600 + 3600 + 7800) s
+    assert plan.gpu_minutes({**SM90, "stages": ["kernels", "accuracy"]}, TIMEOUTS["flashmla-fp8-sm90"],
+                            one_side) == (120.0, "upper bound: its stage timeouts")
+    ab = plan.GpuBudget(triggered=True, cap_minutes=None, sides=2, job_minutes=240)
+    assert plan.gpu_minutes(SM90, TIMEOUTS["flashmla-fp8-sm90"], ab) == (
+        240.0, "upper bound: the cells job's timeout-minutes (240)")
+    assert plan.gpu_minutes({**SM90, "stages": ["kernels"]}, {}, ab) == (
+        120.0, "upper bound: its stage timeouts x 2 sides")
+
+
+def test_the_cap_holds_back_the_cells_over_it_by_name_and_the_cpu_cells_always_run():
+    matrix = {"include": [CPU_ENTRY, ENTRY, SM90]}
+    budget = plan.GpuBudget(triggered=True, cap_minutes=300, sides=1, job_minutes=600)
+
+    budgeted = plan.apply_gpu_budget(matrix, TIMEOUTS, budget)
+
+    print(plan.summary(matrix, "reason", budgeted))
+    assert [e["cell"] for e in budgeted.run] == ["cpu_attn-fp8-cpu", "flashinfer_mla-fp8-sm100"]  # 290 minutes
+    assert budgeted.held == [{**SM90, "held_back": "not run: over the GPU-minutes cap (KVGATE_GPU_MINUTES_CAP = 300): "
+                                                   "290 planned before it, 250 for it"}]
+    assert budgeted.run_minutes == 290
+    outputs = plan.outputs(matrix, budgeted)
+    assert json.loads(outputs["matrix"]) == {"include": budgeted.run}
+    assert json.loads(outputs["planned"])["include"][-1]["held_back"].startswith("not run: over the GPU-minutes cap")
+    assert (outputs["has-cells"], outputs["cell-count"], outputs["gpu-minutes"]) == ("true", "2", "290")
+    text = plan.summary(matrix, "reason", budgeted)
+    assert "| `flashinfer_mla-fp8-sm100` | `gpu-sm100` | `deepseek-ai/DeepSeek-V2-Lite-Chat` | ≤ 290 (upper bound: " \
+           "its stage timeouts) |" in text
+    assert "| `cpu_attn-fp8-cpu` | `ubuntu-latest` | `deepseek-ai/DeepSeek-V2-Lite-Chat` | CPU |" in text
+    assert ("GPU-minutes: at most 290 for 1 GPU cells (upper bounds, not measurements); held back: "
+            "flashmla-fp8-sm90.") in text
+    assert "| `flashmla-fp8-sm90` | ≤ 250 (upper bound: its stage timeouts) | not run: over the GPU-minutes cap" in text
+
+
+def test_without_the_trigger_every_gpu_cell_is_held_back_with_how_to_run_it():
+    budget = plan.GpuBudget(triggered=False, cap_minutes=None)
+    budgeted = plan.apply_gpu_budget({"include": [CPU_ENTRY, ENTRY]}, TIMEOUTS, budget)
+    assert [e["cell"] for e in budgeted.run] == ["cpu_attn-fp8-cpu"]
+    assert [e["held_back"] for e in budgeted.held] == [
+        "not run: the GPU cells run on a pull request only when it carries the label `kvgate-gpu` (add it to run them)"]
+    assert plan.outputs({"include": [CPU_ENTRY, ENTRY]}, budgeted)["gpu-minutes"] == "0"
+
+
+@pytest.mark.parametrize(("environ", "event", "expected"), [
+    ({}, "pull_request", plan.GpuBudget(triggered=True, cap_minutes=None, sides=1, job_minutes=180)),
+    ({"KVGATE_GPU": "false"}, "pull_request", plan.GpuBudget(triggered=False, cap_minutes=None)),
+    ({"KVGATE_GPU": "false"}, "push", plan.GpuBudget(triggered=True, cap_minutes=None)),  # main's runs: every cell
+    ({"KVGATE_GPU": "true", "KVGATE_GPU_MINUTES_CAP": "600", "KVGATE_SIDES": "2", "KVGATE_CELL_JOB_MINUTES": "240"},
+     "pull_request", plan.GpuBudget(triggered=True, cap_minutes=600, sides=2, job_minutes=240)),
+])
+def test_the_budget_is_read_from_the_environment(environ, event, expected):
+    assert plan.read_budget(environ, event) == expected
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"KVGATE_GPU": "yes"}, "$KVGATE_GPU 'yes': expected true or false"),
+    ({"KVGATE_GPU_MINUTES_CAP": "ten"}, "$KVGATE_GPU_MINUTES_CAP 'ten': expected a number of minutes >= 0 (the "
+                                        "repository variable; leave it unset for no cap)"),
+    ({"KVGATE_GPU_MINUTES_CAP": "-5"}, "$KVGATE_GPU_MINUTES_CAP '-5': expected a number of minutes >= 0 (the "
+                                       "repository variable; leave it unset for no cap)"),
+    ({"KVGATE_SIDES": "0"}, "$KVGATE_SIDES '0': expected a whole number >= 1"),
+])
+def test_a_bad_budget_setting_is_one_error(environ, message):
+    with pytest.raises(plan.PlanError) as error:
+        plan.read_budget(environ, "pull_request")
+    assert str(error.value) == message
+
+
+def test_the_planned_cells_timeouts_come_from_the_trusted_matrix():
+    from kvgate.matrix import cells as kvmatrix
+    from kvgate.runners.matrix_run import DEFAULT_TIMEOUT_SECONDS
+
+    assert plan.DEFAULT_STAGE_TIMEOUT_S == DEFAULT_TIMEOUT_SECONDS  # the kernels stage's timeout
+    cell = kvmatrix.load(ROOT / "matrix").cell("flashmla-fp8-sm90")
+    assert plan.workload_timeouts({"include": [SM90]}) == {"flashmla-fp8-sm90": dict(cell.workload.timeouts)}

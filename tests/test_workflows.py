@@ -500,18 +500,40 @@ def test_the_reusable_workflow_gates_head_against_base_with_every_planned_cell_r
         "KVGATE_VLLM_OVERLAY_BASE": "${{ inputs.overlay-base || needs.plan.outputs.merge-base }}"}
     gate_step = next(s for s in jobs["gate"]["steps"] if s.get("run", "").endswith("gate_job.py"))
     assert gate_step["env"]["KVGATE_SIDES"] == "base,head"
-    assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.matrix }}"
+    assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.planned }}"  # held-back cells included
     assert "KVGATE_BOOTSTRAP_BASELINE" not in gate_step["env"]  # a pull request is never a bootstrap
 
 
 def test_kvgate_yml_passes_the_plan_to_the_gate_and_bootstraps_only_by_hand():
     workflow = load_workflow(WORKFLOWS / "kvgate.yml")
     gate_step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/gate_job.py")
-    assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.matrix }}"
+    assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.planned }}"  # held-back cells included
     assert gate_step["env"]["KVGATE_BOOTSTRAP_BASELINE"] == "${{ inputs.bootstrap-baseline }}"  # dispatch input only
     assert workflow["on"]["workflow_dispatch"]["inputs"]["bootstrap-baseline"]["default"] is False
     fetch = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/fetch_baseline.py")
     assert "if" not in fetch  # push runs compare with the previous main run too
+
+
+@pytest.mark.parametrize(("name", "sides", "label"), [("kvgate.yml", None, "'kvgate-gpu'"),
+                                                      ("kvgate-vllm.yml", "2", "inputs.gpu-label")])
+def test_gpu_cells_run_only_when_asked_for_and_within_the_cap(name, sides, label):
+    """The plan step gets the trigger as a boolean GitHub computes from the event (main's runs, or a pull request
+    carrying the label), the cap from the repository variable, and the cells job's timeout-minutes as it is; the
+    gate gets every planned cell, those the plan held back included, so none of them can pass unseen."""
+    workflow = load_workflow(WORKFLOWS / name)
+    jobs = workflow["jobs"]
+    env = next(s for s in jobs["plan"]["steps"] if s.get("id") == "plan")["env"]
+    assert env["KVGATE_GPU"] == ("${{ github.event_name != 'pull_request' || "
+                                 f"contains(github.event.pull_request.labels.*.name, {label}) }}}}")
+    assert env["KVGATE_GPU_MINUTES_CAP"] == "${{ vars.KVGATE_GPU_MINUTES_CAP }}"
+    assert env["KVGATE_CELL_JOB_MINUTES"] == str(jobs["cells"]["timeout-minutes"])
+    assert env.get("KVGATE_SIDES") == sides
+    assert "comment" not in json.dumps(env)  # no text a person typed reaches the plan
+    assert jobs["plan"]["outputs"]["planned"] == "${{ steps.plan.outputs.planned }}"
+    if name == "kvgate.yml":
+        assert "labeled" in workflow["on"]["pull_request"]["types"]
+    else:
+        assert workflow["on"]["workflow_call"]["inputs"]["gpu-label"]["default"] == "kvgate-gpu"
 
 
 # Values of the github context that GitHub assigns; a pull request's author chooses none of them.
@@ -528,10 +550,13 @@ def test_attack_the_concurrency_group_cannot_be_chosen_by_a_pull_request():
 
 
 def test_every_pip_install_in_ci_is_hashed():
+    """nox for the jobs that run sessions; kvgate's core lock for the comment job (jsonschema checks verdict.json)."""
     for path in workflow_files():
         for job_id, step in all_steps(load_workflow(path)):
             if "pip install" in step.get("run", ""):
-                assert "--require-hashes" in step["run"] and "requirements-nox.txt" in step["run"], (path.name, job_id)
+                lock = "requirements-core.txt" if (path.name, job_id) == ("kvgate-comment.yml", "comment") \
+                    else "requirements-nox.txt"
+                assert "--require-hashes" in step["run"] and f"ci/{lock}" in step["run"], (path.name, job_id)
 
 
 def test_codeowners_cover_everything_that_decides_the_verdict():

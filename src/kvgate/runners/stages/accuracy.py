@@ -18,6 +18,7 @@ from typing import Any
 from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine.backend_check import backend_mismatch
+from kvgate.runners.engine.infrastructure import infrastructure_failure, retry_header, twice_failed_reason
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import lm_eval_arguments
@@ -52,14 +53,20 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         header = (f"kvgate: {cell.id} accuracy: lm_eval {' '.join(_shell_quote(a) for a in lm_args)}")
         result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
                             heartbeat=_heartbeat(ctx))
-        if not result.ok and not result.timed_out and profiling_race(_read_text(log)):
-            # another engine on the GPU freed memory while this one measured its own: nothing of the cell's
-            # doing, and nothing was answered yet (the engine never started), so it starts once more
+        infra_retries: list[dict[str, str]] = []
+        infrastructure_again = None
+        infrastructure = None if result.ok or result.timed_out else infrastructure_failure(_read_text(log))
+        if infrastructure:
+            # the engine never came up, and what stopped it is the machine, not the cell: nothing was answered
+            # yet, so it starts once more (and a second failure is the stage's error, never a regression)
+            infra_retries.append({"run": "engine start", "reason": infrastructure})
             shutil.rmtree(output, ignore_errors=True)
+            report_path.unlink(missing_ok=True)
+            attempt = len(_read_text(log))
             result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
-                                heartbeat=_heartbeat(ctx),
-                                header=f"{header}\nkvgate: once more: vLLM's memory profiling saw another engine "
-                                       "free GPU memory (two engines started on one GPU at once)")
+                                heartbeat=_heartbeat(ctx), header=f"{header}\n{retry_header(infrastructure)}")
+            if not result.ok and not result.timed_out:
+                infrastructure_again = infrastructure_failure(_read_text(log)[attempt:])
         elapsed = time.monotonic() - start
         report = _read_report(report_path)
         engine_backends = report.get("attention_backends")
@@ -73,6 +80,8 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             status, reason = "error", wrong_vllm
         elif result.returncode == EXIT_BACKEND_MISMATCH or (result.ok and mismatch):
             status, reason = "error", f"wrong attention backend: {mismatch or 'the engine ran another backend'}"
+        elif infrastructure_again:
+            status, reason = "error", twice_failed_reason(infrastructure_again)
         elif not result.ok:
             cause = failure_cause(_read_text(log))
             status, reason = "error", (f"the accuracy run {describe_exit(result.returncode)} ({_last_step(report)})"
@@ -84,6 +93,8 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
 
         outcomes = []
         extra: dict[str, Any] = {"elapsed_s": round(elapsed, 1), "backend": cell.backend}
+        if infra_retries:
+            extra["infra_retries"] = infra_retries
         if engine_backends is not None:
             extra["engine_backends"] = engine_backends
         if report.get("vllm_file"):
@@ -114,20 +125,6 @@ def _heartbeat(ctx: CellContext):
     """Every minute while lm-eval runs: the questions answered of the plan's, the time so far and the ETA."""
     return heartbeat_for(f"{ctx.label} accuracy", echo=ctx.echo, count_questions=True,
                          questions=ctx.design.questions if ctx.design is not None else None)
-
-
-PROFILING_RACE = "Error in memory profiling"  # vLLM's words when another process freed GPU memory meanwhile
-
-
-def profiling_race(log_text: str) -> bool:
-    """The engine refused to start because GPU memory was freed by someone else while it profiled its own."""
-    cause = failure_cause(log_text) or ""
-    return PROFILING_RACE in cause and "engine" not in _steps_after_start(log_text)
-
-
-def _steps_after_start(log_text: str) -> str:
-    """'engine' when the log shows the engine came up (kvgate's worker printed its backends), else ''."""
-    return "engine" if "kvgate: the engine's attention layers use" in log_text else ""
 
 
 def _answered(worker: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.bench_output import BenchFigures, read_bench_figures
+from kvgate.runners.engine.infrastructure import infrastructure_failure, retry_header, twice_failed_reason
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import bench_throughput_argv
@@ -46,6 +47,7 @@ class ThroughputSession:
         self.scratch = Path(tempfile.mkdtemp(prefix=".throughput-work-", dir=ctx.cell_dir))
         self.figures: list[BenchFigures] = []
         self.failed: _StageFailed | None = None
+        self.infra_retries: list[dict[str, str]] = []  # engine starts that failed on the machine, retried
 
     def warmup(self, index: int) -> None:
         self._step(f"warm-up {index}/{self.warmups}", None)
@@ -57,7 +59,8 @@ class ThroughputSession:
         if self.failed is not None:
             return  # a failed stage runs no more engines
         try:
-            figures = _one_run(self.ctx, label, repeat, self.scratch, self.log, self.deadline)
+            figures = _one_run(self.ctx, label, repeat, self.scratch, self.log, self.deadline,
+                               self.infra_retries)
         except _StageFailed as failed:
             self.failed = failed
             return
@@ -67,6 +70,8 @@ class ThroughputSession:
     def finish(self, **facts) -> StageOutcome:
         """Commit the repeats (or record the failure) in the cell folder; the session is over."""
         ctx, cell = self.ctx, self.ctx.cell
+        if self.infra_retries:
+            facts = {**facts, "infra_retries": self.infra_retries}
         try:
             elapsed = time.monotonic() - self.start
             if self.failed is not None:
@@ -115,8 +120,9 @@ def run_throughput_interleaved(contexts: list[CellContext]) -> list[StageOutcome
 
 
 def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, log: Path,
-             deadline: float | None) -> BenchFigures | None:
-    """One `vllm bench throughput`; the figures of a measured repeat, None for a warm-up."""
+             deadline: float | None, infra_retries: list[dict[str, str]]) -> BenchFigures | None:
+    """One `vllm bench throughput`; the figures of a measured repeat, None for a warm-up. An engine start that
+    failed on the machine starts once more, and is added to infra_retries."""
     cell = ctx.cell
     remaining = None if deadline is None else deadline - time.monotonic()
     if remaining is not None and remaining <= 0:
@@ -133,6 +139,20 @@ def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, lo
     result = run_logged(argv, env=ctx.env, logs=[log, run_log], timeout=remaining, echo=ctx.echo,
                         heartbeat=heartbeat_for(f"{ctx.label} throughput {label}", echo=ctx.echo))
     text = run_log.read_text(encoding="utf-8", errors="replace")
+    infrastructure = None if result.ok or result.timed_out else infrastructure_failure(text)
+    if infrastructure:
+        # the engine never came up, and what stopped it is the machine, not the cell: this run starts once more
+        # (its repeat-N.log keeps the second start alone; the stage log keeps both)
+        infra_retries.append({"run": label, "reason": infrastructure})
+        run_log.unlink(missing_ok=True)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        result = run_logged(argv, env=ctx.env, logs=[log, run_log], timeout=remaining, echo=ctx.echo,
+                            header=retry_header(infrastructure),
+                            heartbeat=heartbeat_for(f"{ctx.label} throughput {label}", echo=ctx.echo))
+        text = run_log.read_text(encoding="utf-8", errors="replace")
+        again = None if result.ok or result.timed_out else infrastructure_failure(text)
+        if again:
+            raise _StageFailed("error", f"{label}: {twice_failed_reason(again)}", result.log_tail)
     if repeat is None:
         run_log.unlink(missing_ok=True)  # a warm-up's output lives on in the stage log only
     if result.timed_out:
