@@ -34,6 +34,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import ci_facts
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -125,11 +127,11 @@ def cell_folders(run_dir: Path) -> list[Path]:
 
 
 def run_info(environ: dict[str, str]) -> dict[str, object]:
-    """run.json for this job's slice of the run (docs/results-folder.md: free-form facts)."""
-    keys = {"commit": "GITHUB_SHA", "repository": "GITHUB_REPOSITORY", "workflow_run_id": "GITHUB_RUN_ID",
-            "runner": "RUNNER_NAME", "cell": "KVGATE_CELL"}
-    info: dict[str, object] = {"contract_version": 1, "source": "github-actions"}
-    info.update({key: environ[var] for key, var in keys.items() if environ.get(var)})
+    """run.json for this job's slice of the run (docs/results-folder.md: free-form facts), where the runners wrote
+    none: the CI's facts (ci/ci_facts.py: GitHub Actions or Buildkite) and the cell."""
+    info: dict[str, object] = {"contract_version": 1, **ci_facts.run_facts(environ)}
+    if environ.get("KVGATE_CELL"):
+        info["cell"] = environ["KVGATE_CELL"]
     return info
 
 

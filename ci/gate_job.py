@@ -23,7 +23,9 @@ in an A/B run, no usable $BASELINE_DIR) fails. Only a push or manual run with KV
 
 Then `nox -s gate -- $KVGATE_RUN_DIR --expect-cells PLAN --require-baseline [--baseline $BASELINE_DIR]`;
 `gate/report.md` goes to $GITHUB_STEP_SUMMARY; `gate/pull_request.json` tells kvgate-comment.yml which pull
-request it is for. The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
+request it is for. On Buildkite (BUILDKITE=true) `gate/annotation.md` is the report folded to fit an annotation
+(1 MiB), which the gate step annotates the build with. run.json names the CI, its commit and the branch of a push or
+scheduled build (ci/ci_facts.py). The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ci_facts
+import pr_comment
+
 ROOT = Path(__file__).resolve().parents[1]
 
 IDENTITY_KEYS = ("backend", "kv_cache_dtype", "arch", "model")
@@ -48,6 +53,10 @@ CELL_STAGES = ("kernels", "accuracy", "throughput")
 GATE_FOLDER = "gate"
 # $GITHUB_STEP_SUMMARY takes at most 1 MiB per step.
 SUMMARY_LIMIT = 1024 * 1024 - 4096
+# Buildkite refuses an annotation body over 1 MiB; on Buildkite (BUILDKITE=true) the gate step annotates the build
+# with gate/ANNOTATION_FILE, the report folded to fit (pr_comment.fit: <details> blocks first, never inside a table).
+ANNOTATION_LIMIT = 1024 * 1024 - 4096
+ANNOTATION_FILE = "annotation.md"
 PULL_REQUEST_FILE = "pull_request.json"
 EXPECTED_CELLS_FILE = "expected-cells.json"
 ARTIFACT_PREFIX = "kvgate-cell-"
@@ -189,12 +198,10 @@ def require_baseline(environ: Mapping[str, str]) -> bool:
 
 
 def merged_run_info(assembly: Assembly, environ: Mapping[str, str], sides: Sequence[str]) -> dict[str, Any]:
-    """run.json of the assembled run: this workflow's facts; each job's own run.json under `jobs`, as data."""
-    info: dict[str, Any] = {"contract_version": 1, "source": "github-actions"}
-    for key, var in (("commit", "GITHUB_SHA"), ("repository", "GITHUB_REPOSITORY"),
-                     ("workflow_run_id", "GITHUB_RUN_ID"), ("event", "GITHUB_EVENT_NAME")):
-        if environ.get(var):
-            info[key] = environ[var]
+    """run.json of the assembled run: this workflow's or build's facts (ci/ci_facts.py: GitHub Actions or Buildkite;
+    the branch of a push or scheduled build, which the gate's history of main reads); each job's own run.json under
+    `jobs`, as data."""
+    info: dict[str, Any] = {"contract_version": 1, **ci_facts.run_facts(environ)}
     if sides:
         info["sides"] = list(sides)
     if assembly.run_infos:
@@ -253,6 +260,26 @@ def note_report(title: str, lines: Sequence[str]) -> str:
     return "\n".join([f"## kvgate: {title}", "", *lines]) + "\n"
 
 
+def annotation(report: str, limit: int = ANNOTATION_LIMIT) -> str:
+    """The report as a Buildkite annotation of at most `limit` UTF-8 bytes: folded where it is longer, with a line
+    saying where the whole report is (the gate step uploads the gate folder as this build's artifacts)."""
+    folded = "_({what}: folded to fit the annotation; see kvgate-run/gate/report.md in this build's artifacts)_"
+    note = "_(the rest of the report did not fit the annotation: kvgate-run/gate/report.md in this build's artifacts)_"
+    characters = limit
+    while True:  # fit counts characters; an annotation's limit is in bytes
+        text = pr_comment.fit(report, characters, folded, note)
+        size = len(text.encode("utf-8"))
+        if size <= limit:
+            return text
+        characters -= size - limit
+
+
+def _annotate(gate_dir: Path, report: str, environ: Mapping[str, str]) -> None:
+    if ci_facts.source(environ) == ci_facts.BUILDKITE:
+        gate_dir.mkdir(parents=True, exist_ok=True)
+        (gate_dir / ANNOTATION_FILE).write_text(annotation(report), encoding="utf-8")
+
+
 def _append(path: str | None, text: str) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as handle:
@@ -285,14 +312,14 @@ def run(environ: Mapping[str, str]) -> int:
     if plan_result != "success":
         report = note_report("plan failed", [f"The plan job ended `{plan_result or 'unknown'}`: no cell was chosen, "
                                              "so nothing can be checked. See the plan job's log."])
-        return _finish(gate_dir, summary, report, 1)
+        return _finish(gate_dir, summary, report, 1, environ)
 
     planned = planned_cells(environ.get("PLANNED_MATRIX", ""))
     if not planned:
         report = note_report("nothing to check", [
             "This change touches nothing the matrix's cells run or read, so no cell was planned and no GPU job "
             "ran. Pass."])
-        return _finish(gate_dir, summary, report, 0)
+        return _finish(gate_dir, summary, report, 0, environ)
 
     assembly = assemble(artifacts_dir, run_dir, planned)
     cells_result = environ.get("CELLS_RESULT", "")
@@ -303,7 +330,10 @@ def run(environ: Mapping[str, str]) -> int:
             print(f"::error title={name}::its {stage} stage never reported; the gate fails it", flush=True)
     present = {name.removesuffix(BASE_SUFFIX) for name in assembly.cells}
     for entry in planned:
-        if entry["cell"] not in present:
+        if entry["cell"] not in present and isinstance(entry.get("held_back"), str):  # the plan's GPU budget
+            print(f"::error title={entry['cell']}::{entry['held_back'][:300]}; the gate fails it as missing",
+                  flush=True)
+        elif entry["cell"] not in present:
             print(f"::error title={entry['cell']}::no results from its job (cells job result: "
                   f"{cells_result or 'unknown'}); the gate fails it as missing", flush=True)
     for problem in assembly.problems:
@@ -337,17 +367,19 @@ def run(environ: Mapping[str, str]) -> int:
                        + (" (a bootstrap run: this one becomes the first reference)._\n" if not required else "._\n"))
         _append(summary, clip(report, SUMMARY_LIMIT, "_(report cut to fit the step summary; the full report "
                                                      "is in the kvgate-gate artifact)_"))
+        _annotate(gate_dir, report, environ)
         return status
     tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-40:])
     report = note_report("the gate wrote no report", [
         f"`{' '.join(argv)}` exited {status} without writing {GATE_FOLDER}/report.md.", "", "```", tail, "```"])
-    return _finish(gate_dir, summary, report, status or 1)
+    return _finish(gate_dir, summary, report, status or 1, environ)
 
 
-def _finish(gate_dir: Path, summary: str | None, report: str, status: int) -> int:
+def _finish(gate_dir: Path, summary: str | None, report: str, status: int, environ: Mapping[str, str]) -> int:
     gate_dir.mkdir(parents=True, exist_ok=True)
     (gate_dir / "report.md").write_text(report, encoding="utf-8")
     _append(summary, report)
+    _annotate(gate_dir, report, environ)
     return status
 
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from ci_scripts import load_ci_script
 from kvgate.cli import main as kvgate_main
 from kvgate.matrix import buildkite
 from kvgate.matrix import cells as kvmatrix
+from kvgate.runners.run_record import ci_branch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "ci" / "buildkite" / "schema" / "schema.json"
@@ -31,6 +33,16 @@ RUN = ("--kvgate-repository", REPOSITORY, "--kvgate-ref", KVGATE_REF)
 QUEUED_ARCHS = ("--arch", "sm80", "--arch", "sm89", "--arch", "sm90", "--arch", "sm100", "--arch", "cpu")
 # A compiled path only CUTLASS_MLA's sources claim, and vLLM's shared FP8 quantization kernels (every cell).
 CUTLASS_ONLY = "csrc/attention/mla/sm100_cutlass_mla_kernel.cu"
+
+gate_job = load_ci_script("gate_job")
+cell_job = load_ci_script("cell_job")
+ci_facts = sys.modules["ci_facts"]  # what both scripts import
+VLLM_SHA = "f" * 40
+# The variables Buildkite sets in every job (buildkite.com/docs/pipelines/configure/environment-variables)
+BUILDKITE_PUSH = {"BUILDKITE": "true", "BUILDKITE_BRANCH": "main", "BUILDKITE_PULL_REQUEST": "false",
+                  "BUILDKITE_COMMIT": VLLM_SHA, "BUILDKITE_REPO": "https://github.com/vllm-project/vllm.git",
+                  "BUILDKITE_BUILD_URL": "https://buildkite.com/vllm/ci/builds/7", "BUILDKITE_SOURCE": "webhook",
+                  "BUILDKITE_AGENT_NAME": "gpu-h200-3"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +143,10 @@ def test_the_gate_judges_after_every_cell_even_a_failed_one_and_never_soft_fails
     assert gate["agents"] == {"queue": "small_cpu_queue_premerge"}
     commands = "\n".join(gate["commands"])
     assert 'buildkite-agent artifact download "kvgate-cell-*" .kvgate-artifacts/' in commands
-    assert 'buildkite-agent annotate --style "$$style" --context kvgate < kvgate-run/gate/report.md' in commands
+    # the report folded to fit Buildkite's 1 MiB annotation (ci/gate_job.py writes it), the whole one an artifact
+    assert 'buildkite-agent annotate --style "$$style" --context kvgate < kvgate-run/gate/annotation.md' in commands
+    assert buildkite.ANNOTATION_FILE == gate_job.ANNOTATION_FILE
+    assert 'buildkite-agent artifact upload "kvgate-run/gate/**/*"' in commands
     assert gate["commands"][-1] == 'exit "$$status"'
     assert document["env"] == {"KVGATE_REPOSITORY": REPOSITORY, "KVGATE_REF": KVGATE_REF,
                                "KVGATE_MERGE_BASE": MERGE_BASE}
@@ -274,3 +289,62 @@ def test_the_readme_shows_the_step_file_kvgate_writes_and_the_three_lines_it_run
     assert three[1].startswith("nox -f .kvgate/noxfile.py -s matrix -- --format buildkite --vllm-git")
     assert re.findall(r"--arch (\S+)", three[1]) == re.findall(r"--arch (\S+)", commands[5])
     assert three[2] == commands[6] == "buildkite-agent pipeline upload kvgate-pipeline.json"
+
+
+# ------------------------------------------------------------------------------ run.json and the annotation
+
+@pytest.mark.parametrize(("environ", "branch"), [
+    (BUILDKITE_PUSH, "main"),
+    ({**BUILDKITE_PUSH, "BUILDKITE_SOURCE": "schedule", "BUILDKITE_BRANCH": "release-0.26"}, "release-0.26"),
+    # a pull request's build: its branch (a fork's may be called main) is not main's
+    ({**BUILDKITE_PUSH, "BUILDKITE_PULL_REQUEST": "4242"}, None),
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "push"}, "main"),
+    ({"GITHUB_REF": "refs/pull/7/merge", "GITHUB_EVENT_NAME": "pull_request"}, None),
+    ({}, None),
+])
+def test_run_json_names_the_branch_of_a_push_build_on_either_ci_by_one_rule(environ, branch):
+    """The CI jobs' run.json (ci/ci_facts.py) and the runners' (kvgate.runners.run_record) name the same branch: the
+    gate records a run whose branch is main into the history of main."""
+    assert ci_facts.branch(environ) == ci_branch(environ) == branch
+
+
+def test_on_buildkite_run_json_says_buildkite_with_the_builds_commit_and_branch():
+    assert cell_job.run_info({**BUILDKITE_PUSH, "KVGATE_CELL": "flashmla-fp8-sm90"}) == {
+        "contract_version": 1, "source": "buildkite", "commit": VLLM_SHA,
+        "repository": "https://github.com/vllm-project/vllm.git", "build_url": "https://buildkite.com/vllm/ci/builds/7",
+        "event": "webhook", "runner": "gpu-h200-3", "branch": "main", "cell": "flashmla-fp8-sm90"}
+    merged = gate_job.merged_run_info(gate_job.Assembly(), {**BUILDKITE_PUSH, "BUILDKITE_COMMIT": "HEAD"}, ["base", "head"])
+    assert merged["source"] == "buildkite" and merged["branch"] == "main" and merged["sides"] == ["base", "head"]
+    assert "commit" not in merged  # Buildkite's HEAD before a checkout names no commit
+    github = gate_job.merged_run_info(gate_job.Assembly(), {"GITHUB_SHA": "b" * 40, "GITHUB_REF": "refs/heads/main",
+                                                            "GITHUB_EVENT_NAME": "schedule"}, [])
+    assert github == {"contract_version": 1, "source": "github-actions", "commit": "b" * 40, "event": "schedule",
+                      "branch": "main"}
+
+
+def test_on_buildkite_the_gate_job_writes_the_annotation(tmp_path):
+    """A gate job that ends early (here its plan failed) annotates the build with its report too."""
+    environ = {**BUILDKITE_PUSH, "KVGATE_RUN_DIR": str(tmp_path / "run"), "PLAN_RESULT": "failure"}
+    assert gate_job.run(environ) == 1
+    gate = tmp_path / "run" / "gate"
+    assert (gate / "annotation.md").read_text() == (gate / "report.md").read_text()
+    assert "## kvgate: plan failed" in (gate / "annotation.md").read_text()
+    assert gate_job.run({**environ, "KVGATE_RUN_DIR": str(tmp_path / "github"), "BUILDKITE": ""}) == 1
+    assert not (tmp_path / "github" / "gate" / "annotation.md").exists()
+
+
+def test_the_annotation_of_a_report_too_long_folds_it_to_fit_and_keeps_every_table_whole(tmp_path):
+    """A judged A/B run of 52 cells with regressions planted; its report.md folded to an annotation of a tenth of its
+    size (the gate's, under Buildkite's 1 MiB: the same folding at any limit): UTF-8 bytes, never inside a table."""
+    from kvgate.report import render_all
+    from test_report_grid import judge_ab, planted_ab_run, table_rows_are_whole
+
+    report = render_all(judge_ab(planted_ab_run(tmp_path / "run", 52)[0]))["report.md"].decode()
+    assert gate_job.annotation(report) == report  # it fits Buildkite's limit as it is
+    limit = len(report.encode()) // 10
+    folded = gate_job.annotation(report, limit)
+    print(len(report.encode()), limit, len(folded.encode()))
+    assert len(folded.encode()) <= limit
+    assert folded.splitlines()[0] == report.splitlines()[0]  # the headline, then the grid
+    assert "| **sm80** |" in folded and not table_rows_are_whole(folded)
+    assert "folded to fit the annotation; see kvgate-run/gate/report.md in this build's artifacts" in folded

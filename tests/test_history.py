@@ -4,6 +4,7 @@ a shift no single run crossed, and `kvgate history` shows and flags it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sqlite3
 import sys
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 
 from cpu_run_fixture import extract, matrix_of_the_run
-from kvgate.cli import main
+from kvgate.cli import gate_command, main
 from kvgate.history import detect, record, store, trends
+from test_fp8_kv_cache_check import gate_cli, h200_matrix, h200_unpacked  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from history_change_points import STEP_AT, found_at, synthetic_history
@@ -73,15 +75,70 @@ def test_a_gate_run_of_main_writes_its_figures_into_the_sqlite_history(cpu_run, 
 def test_a_run_that_names_no_branch_or_another_leaves_no_history(cpu_run, tmp_path):
     for branch in (None, "feature"):
         db = tmp_path / f"{branch}.sqlite3"
-        assert gate(cpu_run, run_naming(cpu_run, tmp_path / str(branch), branch), db) == 0
+        run = run_naming(cpu_run, tmp_path / str(branch), branch)
+        assert gate(cpu_run, run, db) == 0
         assert not db.exists()
+        assert '<section id="history">' not in (run / "gate" / "report.html").read_text(encoding="utf-8")
+
+
+def history_section(report_html: Path) -> str:
+    return report_html.read_text(encoding="utf-8").split('<section id="history">')[1].split("</section>")[0]
+
+
+def test_report_html_of_a_run_of_main_shows_the_trend_of_each_of_its_cells(cpu_run, tmp_path):
+    db = tmp_path / "history.sqlite3"
+    run = run_naming(cpu_run, tmp_path, "main")
+    for _ in range(2):
+        assert gate(cpu_run, run, db) == 0
+    section = history_section(run / "gate" / "report.html")
+    print(section)
+    assert ("This run is recorded in the history of main; here the trend of each of its 3 cells, over the newest 30 "
+            "runs at most") in section
+    drawn = re.findall(r'aria-label="([^"]+)">\s*<title>[^<]*: (\d+) runs on main</title>', section)
+    assert drawn == [(f"{cell} {measure}", "2") for cell in ("cpu_attn-auto-cpu", "cpu_attn-fp8-cpu", "cpu_mla-auto-cpu")
+                     for measure in ("accuracy:strict-match", "throughput:requests_per_second")]
+    assert section.count('<div class="scroll"><svg') == 3  # one box per cell, scrolling sideways on a phone
 
 
 def test_a_history_that_cannot_be_written_is_one_error_line(cpu_run, tmp_path, capsys):
     (tmp_path / "folder").mkdir()
-    assert gate(cpu_run, run_naming(cpu_run, tmp_path, "main"), tmp_path / "folder") == 2
+    run = run_naming(cpu_run, tmp_path, "main")
+    assert gate(cpu_run, run, tmp_path / "folder") == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"ERROR {tmp_path / 'folder'}: is a folder. Name the history's SQLite file, e.g. reports/history.sqlite3")
+    assert (run / "gate" / "verdict.json").is_file()  # the run is judged and reported all the same
+
+
+def test_the_history_keeps_each_cells_kernel_timings_and_draws_the_cells_that_need_attention_first(
+        h200_unpacked, h200_matrix, tmp_path, monkeypatch, capsys):  # noqa: F811 (fixtures)
+    """The real H200 run: 13 cells wrote kernels/timings.json (31 timed cases); each case is one figure, its median
+    over its repeats, and a file the reader refuses is left out with its reason. report.html draws at most
+    HISTORY_PLOTTED_CELLS cells, the failing ones first."""
+    run = Path(shutil.copytree(h200_unpacked, tmp_path / "run"))
+    info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    (run / "run.json").write_text(json.dumps({**info, "branch": "main"}), encoding="utf-8")
+    corrupt = run / "flex_attention-auto-sm90" / "kernels" / "timings.json"
+    written = {path.parent.parent.name: json.loads(path.read_text(encoding="utf-8"))["entries"]
+               for path in run.glob("*/kernels/timings.json") if path != corrupt}
+    corrupt.write_text(json.dumps({**json.loads(corrupt.read_text(encoding="utf-8")), "version": 2}), encoding="utf-8")
+    monkeypatch.setattr(gate_command, "HISTORY_PLOTTED_CELLS", 2)
+    db = tmp_path / "history.sqlite3"
+    assert gate_cli(run, h200_matrix, tmp_path / "out", "--history", str(db)) == 1
+    assert (f"kvgate gate: kernel timings of flex_attention-auto-sm90 not recorded in the history: {corrupt}: format "
+            "version 2 is newer than this kvgate reads (1)") in capsys.readouterr().err
+    with sqlite3.connect(db) as connection:
+        kernels = {(cell, measure): (value, n) for cell, measure, value, n in connection.execute(
+            "SELECT cell, measure, value, n FROM history_figures WHERE measure LIKE 'kernels:%'")}
+    assert len(written) == 12 and sum(map(len, written.values())) == len(kernels) == 29
+    for cell, entries in written.items():
+        for entry in entries:
+            measure = f"kernels:{entry['family']}/{entry['kv_cache_dtype']}/{entry['spec']}:median_us"
+            assert kernels[cell, measure] == (entry["median_us"], entry["repeats"])
+    assert kernels["triton_mla-fp8-sm90", "kernels:vllm_triton_mla/fp8_e4m3/b128-h16-kv4096:median_us"] == (358.29, 30)
+    section = history_section(tmp_path / "out" / "report.html")
+    assert "here the trends of 2 of its 12 cells, those that need attention first" in section
+    assert re.findall(r'<svg y="0"[^>]*aria-label="([^" ]+) ', section) == ["flash_attn-auto-sm90",
+                                                                          "flashinfer-fp8-sm90"]
 
 
 def test_a_store_of_a_newer_schema_is_refused(tmp_path):

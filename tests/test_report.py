@@ -18,7 +18,7 @@ from kvgate.matrix import cells as matrix_module
 from kvgate.report import headline, render_all, write_all
 from kvgate.report.words import COLOR, FAIL
 from kvgate.results.run_loader import KnownNames, load_run
-from synthetic_run import write_kernels, write_seed_run
+from synthetic_run import AB_DTYPES, ab_run_axes, write_ab_run, write_kernels, write_seed_run
 
 MATRIX = matrix_module.load()
 POLICY = policy_module.load(matrix=MATRIX)
@@ -73,7 +73,12 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
                          "policy needs at least 1",
                          "- ❌ FAIL `flashinfer_mla-fp8-sm100` fp8_accuracy [strict-match]: drop 7.1 pts, lower bound "
                          "5.0 > margin 3.0 (p<0.001)"]
-    assert "accuracy checks each at alpha 0.01, no adjustment: each is a test against its margin" in text
+    # the throughput family had no check (no baseline): the line says nothing of it, never "the run's 0 ... checks"
+    size = failing.multiplicity["accuracy"]["family_size"]
+    tested = f"{size} accuracy checks each at" if size != 1 else "1 accuracy check at"
+    assert (f"- Multiplicity: the run's {tested} alpha 0.01, no adjustment: each is a test against its margin "
+            "(matrix/policy.toml states the run-level false alarms this buys).") in lines
+    assert failing.multiplicity["throughput"]["family_size"] == 0 and "throughput check" not in text
 
 
 def test_a_waived_run_says_so_in_its_first_line(tmp_path):
@@ -110,6 +115,40 @@ def test_html_fits_any_width_and_leads_with_what_needs_attention(failing):
     assert "margin 3</text>" in drops and "accuracy drop, points" in drops  # the margin labelled, an axis title
     legend = page.split('<div class="legend"')[1].split("</div>")[0]
     assert f'fill="{COLOR[FAIL]}"/></svg><b>FAIL</b>' in legend
+    # nothing was adjusted for multiplicity: the checks table says "p", as report.md does
+    assert "<th>threshold</th><th>p</th></tr>" in page and "p (adj.)" not in page
+
+
+def test_the_checks_table_says_adjusted_only_where_a_family_was(tmp_path):
+    text = policy_module.default_policy_path().read_text().replace('multiplicity = "none"', 'multiplicity = "bh"', 1)
+    (tmp_path / "policy.toml").write_text(text)
+    policy = policy_module.load(tmp_path / "policy.toml", matrix=MATRIX)
+    run = write_seed_run(tmp_path / "run", fp8_drop_points=7.1)
+    verdict = gate.evaluate(load_run(run, KnownNames.from_matrix(MATRIX)), policy=policy,
+                            waiver_for=MATRIX.waiver_for, today=dt.date(2026, 11, 30))
+    rendered = render_all(verdict)
+    assert "<th>threshold</th><th>p (adj.)</th></tr>" in rendered["report.html"].decode()
+    assert "| threshold | p (adj.) |" in rendered["report.md"].decode()
+    assert re.search(r"the run's \d+ accuracy p-values? adjusted together with", rendered["report.md"].decode())
+
+
+def test_a_throughput_regression_names_its_kind_once(tmp_path):
+    """The headline prints the check's kind, then the check's own words: "throughput ratio …", not "throughput
+    throughput ratio …"."""
+    axes = ab_run_axes(2, MATRIX.backends)
+    slow = "-".join((axes[1][0].lower(), *axes[1][1:]))
+    results = load_run(write_ab_run(tmp_path / "run", axes, slower={slow: 0.8}),
+                       KnownNames(backends=tuple(MATRIX.backends), kv_cache_dtypes=AB_DTYPES,
+                                  archs=tuple(MATRIX.archs)))
+    verdict = gate.evaluate(results.side("head"), baseline=results.side("base"), ab=True, policy=POLICY,
+                            waiver_for=MATRIX.waiver_for, today=dt.date(2026, 11, 30))
+    report = render_all(verdict)["report.md"].decode()
+    print(report)
+    first = report.splitlines()[0]
+    assert first.startswith("❌ kvgate: 1 of ") and first.endswith(
+        f" checks failed — {slow} throughput ratio 0.800, upper bound 0.800 < 0.95 vs base side (p<0.001)")
+    assert "throughput throughput" not in report
+    assert "the run's 2 throughput checks each at alpha 0.05" in report
 
 
 def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_path):

@@ -2,8 +2,8 @@
 
 Each page must fit its width (no horizontal overflow), show every plot at a nonzero size, show its first failing
 check on the first screen, and keep its text at 11 px or more. The pages are the gate's own outputs: a real H200
-run (tests/fixtures/h200_run), the seed run passing and failing, and a generated A/B run of 48 cells with one
-regression. Chromium is driven by puppeteer-core (ci/browser/measure.mjs); `bash ci/install_browser.sh` installs
+run (tests/fixtures/h200_run), alone and recorded in the history of main (its trends drawn), the seed run passing
+and failing, and a generated A/B run of 48 cells with one regression. Chromium is driven by puppeteer-core (ci/browser/measure.mjs); `bash ci/install_browser.sh` installs
 both, as `nox -s tests` does, and without them this test skips with the reason. The screenshots' paths are printed.
 """
 
@@ -61,6 +61,14 @@ def pages(tmp_path_factory, h200_unpacked, h200_matrix) -> dict[str, Path]:  # n
                "ab-48-cells": gate(ab, root / "ab-48-cells")}
     assert gate_cli(h200_unpacked, h200_matrix, root / "h200") in (0, 1)
     written["h200"] = root / "h200" / "report.html"
+    # the same run recorded twice in the history of main: its page gains "History of main", a trend per cell
+    on_main = Path(shutil.copytree(h200_unpacked, root / "h200-main-run"))
+    info = json.loads((on_main / "run.json").read_text(encoding="utf-8"))
+    (on_main / "run.json").write_text(json.dumps({**info, "branch": "main"}), encoding="utf-8")
+    for _ in range(2):
+        assert gate_cli(on_main, h200_matrix, root / "h200-main", "--history", str(root / "history.sqlite3")) == 1
+    written["h200-main-history"] = root / "h200-main" / "report.html"
+    assert '<section id="history">' in written["h200-main-history"].read_text(encoding="utf-8")
     pages = {}
     for name, page in written.items():  # named by what they hold, so that the screenshots are
         pages[name] = page.rename(page.with_name(f"{name}.html"))

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +25,18 @@ from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
 from kvgate.history import record as history_record
 from kvgate.history import store as history_store
+from kvgate.history import trends as history_trends
+from kvgate.kernels import timings
 from kvgate.matrix import cells as matrix_module
-from kvgate.report import headline, write_all
+from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
-from kvgate.results.records import BASE, HEAD, STAGES
+from kvgate.results.records import BASE, HEAD, STAGES, CellResults
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run
 
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
+HISTORY_PLOTTED_CELLS = 16  # report.html's "History of main" draws this many of a run's cells at most
+HISTORY_PLOTTED_RUNS = 30  # and the newest this many runs of each series
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -138,14 +142,41 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     return [ExpectedCell(cell=cell) for cell in cells]
 
 
-def record_history(verdict: gate.Verdict, where: str | None) -> None:
-    """A run of main leaves its figures in the history (kvgate history); one that cannot is bad input (exit 2)."""
+def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.TimingEntry]]:
+    """Each cell's kernels/timings.json, for the history (the verdict does not carry them). One that cannot be read
+    is left out with a line saying why: the gate has judged it already (a corrupt one is its kernel stage's ERROR)."""
+    found = {}
+    for cell in cells:
+        path = Path(cell.folder) / "kernels" / "timings.json"
+        if not path.is_file():
+            continue
+        try:
+            found[cell.identity.id] = timings.read(path)
+        except ValueError as error:
+            print(f"kvgate gate: kernel timings of {cell.identity.id} not recorded in the history: {error}",
+                  file=sys.stderr)
+    return found
+
+
+def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[CellResults]) -> HistoryPlots:
+    """A run of main leaves its figures in the history (kvgate history); one that cannot is bad input (exit 2).
+    Returns the trends of the run's cells for report.html, those that need attention first."""
     run = history_record.history_run(verdict, recorded_at=dt.datetime.now(dt.timezone.utc).isoformat(
-        timespec="seconds").replace("+00:00", "Z"))
+        timespec="seconds").replace("+00:00", "Z"), kernel_timings=kernel_timings(cells))
     with history_store.open_store(history_store.location(where)) as history:
         history.record(run)
         print(f"kvgate gate: recorded {len(run.figures)} figures of this {run.branch} run in {history.shown}",
               file=sys.stderr)
+        recorded: dict[str, list[str]] = {}
+        for figure in run.figures:
+            recorded.setdefault(figure.cell, []).append(figure.measure)
+        drawn = {cell: history_trends.report_measures(measures) for cell, measures in recorded.items()}
+        drawn = {cell: measures for cell, measures in drawn.items() if measures}
+        attention = {check.cell for check in verdict.failed}
+        plots = [history_trends.stacked([history_trends.svg(cell, measure, history.series(
+                     run.branch, cell, measure)[-HISTORY_PLOTTED_RUNS:]) for measure in drawn[cell]])
+                 for cell in sorted(drawn, key=lambda cell: (cell not in attention, cell))[:HISTORY_PLOTTED_CELLS]]
+    return HistoryPlots(plots=tuple(plots), cells=len(drawn), runs=HISTORY_PLOTTED_RUNS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -200,10 +231,16 @@ def run(args: argparse.Namespace) -> int:
                             require_baseline=args.require_baseline, planned=planned, planned_out=planned_out,
                             planned_stages=stages, not_planned=not_planned)
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
-    paths = write_all(verdict, out_dir)
-    print(headline(verdict))
+    history, unrecorded = None, None
     if history_record.is_main(verdict.run_info):
-        record_history(verdict, args.history)
+        try:
+            history = record_history(verdict, args.history, results.cells)
+        except InputError as error:  # the verdict and its report are written all the same; then exit 2
+            unrecorded = error
+    paths = write_all(verdict, out_dir, history)
+    print(headline(verdict))
+    if unrecorded is not None:
+        raise unrecorded
     if os.environ.get("GITHUB_ACTIONS") == "true":  # annotations on the run and the pull request
         for line in workflow_commands(verdict):
             print(line)

@@ -1,14 +1,15 @@
 """A verdict -> one history run and its figures per cell: what the history of main keeps of each gate run.
 
-Pure: the gate's CLI hands the verdict over and kvgate.history.store writes the rows.
+Pure: the gate's CLI hands the verdict over, with each cell's kernel timings (kernels/timings.json, read by
+kvgate.kernels.timings: the verdict does not carry them), and kvgate.history.store writes the rows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvgate.gate.verdict import Verdict
 
@@ -21,6 +22,22 @@ THROUGHPUT_MEASURES = {
     "median_output_tokens_per_second": "throughput:output_tokens_per_second",
 }
 ENVIRONMENT_KEYS = ("python", "gpu", "driver", "cpu", "cpu_count", "host", "arch", "versions")
+KERNEL_MEASURE = "kernels:{family}/{kv_cache_dtype}/{spec}:median_us"  # one per timed kernel case of a cell
+
+
+class TimedKernelCase(Protocol):
+    """What the history keeps of one entry of kernels/timings.json (kvgate.kernels.timings.TimingEntry, frozen)."""
+
+    @property
+    def family(self) -> str: ...
+    @property
+    def kv_cache_dtype(self) -> str: ...
+    @property
+    def spec(self) -> str: ...
+    @property
+    def median_us(self) -> float: ...
+    @property
+    def repeats(self) -> int: ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,11 +45,11 @@ class Figure:
     """One measure of one cell in one run; `low`/`high` bound its 95 % interval when it has one."""
 
     cell: str
-    measure: str  # e.g. "accuracy:strict-match", "throughput:requests_per_second"
+    measure: str  # e.g. "accuracy:strict-match", "throughput:requests_per_second", KERNEL_MEASURE
     value: float
     low: float | None = None
     high: float | None = None
-    n: int | None = None  # questions (accuracy) or repeats (throughput)
+    n: int | None = None  # questions (accuracy) or repeats (throughput, kernel timings)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,8 +79,10 @@ def is_main(run_info: Mapping[str, Any]) -> bool:
     return branch_of(run_info) == HISTORY_BRANCH
 
 
-def history_run(verdict: Verdict, *, recorded_at: str) -> HistoryRun:
-    """The row a gate run on main leaves in the history: the verdict's head figures per cell."""
+def history_run(verdict: Verdict, *, recorded_at: str,
+                kernel_timings: Mapping[str, Iterable[TimedKernelCase]] | None = None) -> HistoryRun:
+    """The row a gate run on main leaves in the history: the verdict's head figures per cell, and the kernel
+    timings of each cell that has them (cell id -> its timings.json entries)."""
     info = verdict.run_info
     head = info.get("vllm_under_test", {}).get("head", {}) if isinstance(info.get("vllm_under_test"), Mapping) else {}
     head = head if isinstance(head, Mapping) else {}
@@ -74,7 +93,7 @@ def history_run(verdict: Verdict, *, recorded_at: str) -> HistoryRun:
         vllm_commit=_text(head.get("source_commit")), passed=verdict.passed, neutral=verdict.neutral,
         exit_status=verdict.exit_status, run_folder=verdict.run,
         environment={key: info[key] for key in ENVIRONMENT_KEYS if key in info},
-        figures=tuple(figures_of(verdict)))
+        figures=(*figures_of(verdict), *kernel_figures(kernel_timings or {})))
 
 
 def figures_of(verdict: Verdict) -> list[Figure]:
@@ -99,6 +118,18 @@ def figures_of(verdict: Verdict) -> list[Figure]:
                 if _finite(figures.get(name)):
                     found.append(Figure(cell=check.cell, measure=measure, value=float(figures[name]), n=repeats))
     return found
+
+
+def kernel_figures(kernel_timings: Mapping[str, Iterable[TimedKernelCase]]) -> list[Figure]:
+    """Per cell, the median time of each timed kernel case (family, kv cache dtype, shape), in µs, over its repeats;
+    a case timed twice in one file keeps its last entry (the history holds one figure per cell and measure)."""
+    found: dict[tuple[str, str], Figure] = {}
+    for cell, cases in sorted(kernel_timings.items()):
+        for case in cases:
+            measure = KERNEL_MEASURE.format(family=case.family, kv_cache_dtype=case.kv_cache_dtype, spec=case.spec)
+            if _finite(case.median_us):
+                found[cell, measure] = Figure(cell=cell, measure=measure, value=float(case.median_us), n=case.repeats)
+    return list(found.values())
 
 
 def _finite(value: Any) -> bool:

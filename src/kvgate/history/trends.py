@@ -12,7 +12,7 @@ from html import escape
 from kvgate.history.detect import ChangePoint
 from kvgate.history.store import Point
 
-WIDTH, HEIGHT, MARGIN = 640, 200, 44
+WIDTH, HEIGHT, MARGIN = 640, 200, 56  # room left of the plot for a 6-digit tick label at report.html's 12 px
 
 
 def short(commit: str | None) -> str:
@@ -88,6 +88,13 @@ def svg(cell: str, measure: str, points: Sequence[Point], found: Sequence[Change
                      f'fill="#c0392b">{point.change_percent:+.1f} % (p = {point.p_value:.2g})</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def report_measures(measures: Sequence[str]) -> list[str]:
+    """What report.html's "History of main" draws of a cell, of its measures in the order its run recorded them: its
+    first accuracy filter (the task's own first, gsm8k's strict-match) and its requests per second."""
+    accuracy = next((m for m in measures if m.startswith("accuracy:")), None)
+    return [m for m in (accuracy, "throughput:requests_per_second") if m is not None and m in measures]
 
 
 def stacked(plots: Sequence[str]) -> str:

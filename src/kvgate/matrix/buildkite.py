@@ -9,7 +9,8 @@ environment has no YAML library):
                                      (ci/fetch_vllm_wheels.py, ci/cell_job.py) and uploading its results with
                                      `buildkite-agent artifact upload`; a `wait`; then the gate step, which downloads
                                      them, runs ci/gate_job.py (a planned cell with no results fails), annotates the
-                                     build with the report (`buildkite-agent annotate --style error|success`) and exits
+                                     build with the report folded to fit an annotation (`buildkite-agent annotate
+                                     --style error|success`), uploads the gate folder as artifacts and exits
                                      with the gate's status. The gate runs when a cell failed (allow_dependency_failure)
                                      and is never soft_fail.
     vllm_step_file(matrix, queues, run)  a step file in vLLM's `.buildkite/test_areas/` conventions (group, depends_on
@@ -43,6 +44,7 @@ CELL_TIMEOUT_MINUTES = 240  # as kvgate-vllm.yml's cells job
 GATE_TIMEOUT_MINUTES = 30
 PLAN_TIMEOUT_MINUTES = 20
 ANNOTATION_CONTEXT = "kvgate"
+ANNOTATION_FILE = "annotation.md"  # ci/gate_job.py's ANNOTATION_FILE: the report, folded to fit an annotation
 # vLLM's generator retries a job whose agent was lost (exit status -1) once; so do the cells.
 AGENT_LOST_RETRY = {"automatic": [{"exit_status": -1, "limit": 1}]}
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -159,8 +161,9 @@ def gate_step(plan: Mapping[str, Any], cell_keys: Sequence[str], queue: str) -> 
             'status=0; ARTIFACTS_DIR="$$PWD/.kvgate-artifacts" KVGATE_RUN_DIR="$$PWD/kvgate-run" '
             "python3 .kvgate/ci/gate_job.py || status=$$?",
             'if [ "$$status" -eq 0 ]; then style=success; else style=error; fi',
-            f'if [ -f kvgate-run/gate/report.md ]; then buildkite-agent annotate --style "$$style" '
-            f'--context {ANNOTATION_CONTEXT} < kvgate-run/gate/report.md; else echo "kvgate: the gate exited '
+            # ci/gate_job.py folds the report into annotation.md to fit Buildkite's 1 MiB; the whole is an artifact
+            f'if [ -f kvgate-run/gate/{ANNOTATION_FILE} ]; then buildkite-agent annotate --style "$$style" '
+            f'--context {ANNOTATION_CONTEXT} < kvgate-run/gate/{ANNOTATION_FILE}; else echo "kvgate: the gate exited '
             f'$$status without a report; see this job\'s log" | buildkite-agent annotate --style error '
             f"--context {ANNOTATION_CONTEXT}; fi",
             'buildkite-agent artifact upload "kvgate-run/gate/**/*" || true',

@@ -17,32 +17,33 @@ from pathlib import Path
 
 from kvgate import InputError
 from kvgate.gate.verdict import Verdict, to_dict
-from kvgate.report.html import render_html
+from kvgate.report.html import HistoryPlots, render_html
 from kvgate.report.junit_xml import render_junit
 from kvgate.report.markdown import headline, render_markdown
 
 OUTPUT_FILES = ("verdict.json", "report.md", "report.html", "junit.xml")
 
-__all__ = ["OUTPUT_FILES", "headline", "render_all", "write_all"]
+__all__ = ["OUTPUT_FILES", "HistoryPlots", "headline", "render_all", "write_all"]
 
 
-def render_all(verdict: Verdict) -> dict[str, bytes]:
+def render_all(verdict: Verdict, history: HistoryPlots | None = None) -> dict[str, bytes]:
+    """Every output; report.html gains "History of main" when the CLI recorded the run there (`history`)."""
     return {
         "verdict.json": (json.dumps(to_dict(verdict), indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode(),
         "report.md": render_markdown(verdict).encode(),
-        "report.html": render_html(verdict).encode(),
+        "report.html": render_html(verdict, history).encode(),
         "junit.xml": render_junit(verdict),
     }
 
 
-def write_all(verdict: Verdict, out_dir: Path) -> dict[str, Path]:
+def write_all(verdict: Verdict, out_dir: Path, history: HistoryPlots | None = None) -> dict[str, Path]:
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise InputError(str(out_dir), f"cannot create the output folder: {error.strerror or error}",
                          hint="Pass a writable --out folder") from None
-    rendered = render_all(verdict)
+    rendered = render_all(verdict, history)
     temporary: dict[str, str] = {}
     try:
         for name, data in rendered.items():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kvgate.gate.verdict import STATUS_LABEL, Check, Verdict, sort_key
 from kvgate.report import grid
-from kvgate.report.markdown import headline, multiplicity_text, run_facts
+from kvgate.report.markdown import adjusted, headline, multiplicity_text, run_facts
 from kvgate.report.words import COLOR, LABEL, MEANING, ORDER, word_of
 
 STATUS_COLORS = COLOR  # one colour per status word, in the badges, the plots and their legend
@@ -42,7 +42,17 @@ code{font-size:12px;background:#f6f8fa;padding:0 3px;border-radius:3px;white-spa
 """
 
 
-def render_html(verdict: Verdict) -> str:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HistoryPlots:
+    """The history of main of a run the gate recorded in it: one SVG per cell (kvgate.history.trends, drawn by the
+    CLI, which holds the store), of the `cells` the run has."""
+
+    plots: tuple[str, ...]
+    cells: int
+    runs: int  # the newest runs of each series drawn
+
+
+def render_html(verdict: Verdict, history: HistoryPlots | None = None) -> str:
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{_e(_plain(headline(verdict)))}</title>", f"<style>{CSS}</style></head><body>",
@@ -73,7 +83,11 @@ def render_html(verdict: Verdict) -> str:
                   '<p class="note">Ratio of medians over repeats (requests/s) with the bounds of the tested '
                   "ratio, each one-sided at the decision's level; dashed line: the threshold where one is judged (a "
                   "check fails when the upper bound is below it).</p>", ratios]
-    parts += ["<h2>Checks</h2>", '<div class="scroll">', _table(sorted(verdict.checks, key=sort_key)), "</div>"]
+    if history is not None and history.plots:
+        parts.append(history_html(history))
+    p_header = "p (adj.)" if adjusted(verdict) else "p"  # as report.md: "adj." only where a family was adjusted
+    parts += ["<h2>Checks</h2>", '<div class="scroll">', _table(sorted(verdict.checks, key=sort_key), p_header=p_header),
+              "</div>"]
     parts += ["<h2>Method</h2>", "<ul>",
               f"<li>Multiplicity: {_e(multiplicity_text(verdict))}.</li>"]
     notes: dict[str, list[str]] = {}
@@ -85,6 +99,20 @@ def render_html(verdict: Verdict) -> str:
                      f"{' …' if len(names) > 8 else ''})</span></li>")
     parts += ["</ul>", "</body></html>", ""]
     return "\n".join(parts)
+
+
+def history_html(history: HistoryPlots) -> str:
+    """"History of main": each plot at its own size (its text stays legible) in a box that scrolls sideways on a
+    narrow screen, so that the page itself never gets wider than the window."""
+    shown = len(history.plots)
+    which = (f"the trends of {shown} of its {history.cells} cells, those that need attention first"
+             if shown < history.cells else f"the trend of each of its {shown} cell{'s' if shown != 1 else ''}")
+    return ('<section id="history"><h2>History of main</h2>'
+            f'<p class="note">This run is recorded in the history of main; here {which}, over the newest '
+            f"{history.runs} runs at most (accuracy with its 95 % interval as a band, requests/s). "
+            "<code>kvgate history</code> shows every series, kernel timings included, and <code>--detect</code> "
+            "finds their change points.</p>"
+            + "".join(f'<div class="scroll">{plot}</div>' for plot in history.plots) + "</section>")
 
 
 def _needs_attention(verdict: Verdict, most: int = 20) -> str:
@@ -139,14 +167,14 @@ def _badge(status: str, text: str) -> str:
     return f'<span class="badge" style="background:{STATUS_COLORS[status]}">{_e(text)}</span>'
 
 
-def _table(checks: Iterable[Check]) -> str:
+def _table(checks: Iterable[Check], *, p_header: str) -> str:
     rows = ["<table><tr><th>status</th><th>cell</th><th>check</th><th>measured</th><th>interval</th>"
-            "<th>threshold</th><th>p (adj.)</th></tr>"]
+            f"<th>threshold</th><th>{p_header}</th></tr>"]
     for c in checks:
         interval = f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else ""
-        adjusted = c.adjusted_p_value
+        adjusted_p = c.adjusted_p_value
         p = "" if c.p_value is None or c.status == "info" else _p(c.p_value) + (
-            f" ({_p(adjusted)})" if adjusted is not None and adjusted != c.p_value else "")
+            f" ({_p(adjusted_p)})" if adjusted_p is not None and adjusted_p != c.p_value else "")
         kind = c.kind + (f" <code>{_e(c.subject)}</code>" if c.subject and c.kind.endswith("accuracy") else "")
         rows.append(f"<tr><td>{_badge(c.status, STATUS_LABEL[c.status])}</td>"
                     f"<td><code>{_e(c.cell)}</code></td><td>{kind}</td><td>{_e(c.detail)}</td>"

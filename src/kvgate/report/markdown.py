@@ -161,12 +161,15 @@ def render_markdown(verdict: Verdict) -> str:
 def multiplicity_text(verdict: Verdict) -> str:
     parts = []
     for family, spec in verdict.multiplicity.items():
+        size = spec.get("family_size", 0)
+        if not size:
+            continue  # a family with no check this run: nothing was tested, so there is nothing to say of it
         method = spec.get("method", "none")
         if method == "none":
-            parts.append(f"the run's {spec.get('family_size', 0)} {family} checks each at alpha {spec.get('alpha')}, "
-                         f"{MULTIPLICITY['none']}")
+            checks = "check at" if size == 1 else "checks each at"
+            parts.append(f"the run's {size} {family} {checks} alpha {spec.get('alpha')}, {MULTIPLICITY['none']}")
             continue
-        parts.append(f"the run's {spec.get('family_size', 0)} {family} p-values adjusted together with "
+        parts.append(f"the run's {size} {family} p-value{'s' if size != 1 else ''} adjusted together with "
                      f"{MULTIPLICITY.get(method, method)}, alpha {spec.get('alpha')}")
     return "; ".join(parts) or "no p-values"
 

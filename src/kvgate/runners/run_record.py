@@ -77,8 +77,15 @@ def cpu_model() -> str | None:
 
 def ci_branch(environ: Mapping[str, str] | None = None) -> str | None:
     """The branch a CI run was made for: GitHub Actions' GITHUB_REF `refs/heads/<branch>` on a push or a scheduled
-    run (a pull request's ref is `refs/pull/...`: no branch); None outside CI. The gate records runs of main."""
-    ref = (os.environ if environ is None else environ).get("GITHUB_REF", "")
+    run (a pull request's ref is `refs/pull/...`: no branch); on Buildkite (BUILDKITE=true) BUILDKITE_BRANCH, unless
+    the build is a pull request's (BUILDKITE_PULL_REQUEST is its number, not `false`: a fork's branch may be called
+    main too); None outside CI. The gate records runs of main. ci/ci_facts.py's `branch` is the same rule for the CI
+    jobs' own run.json."""
+    environ = os.environ if environ is None else environ
+    if environ.get("BUILDKITE") == "true":
+        branch = environ.get("BUILDKITE_BRANCH", "")
+        return branch if branch and environ.get("BUILDKITE_PULL_REQUEST", "false") == "false" else None
+    ref = environ.get("GITHUB_REF", "")
     return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
 
 
