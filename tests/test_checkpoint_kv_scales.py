@@ -112,10 +112,10 @@ def test_a_hub_model_cannot_claim_kvgates_scales(tmp_path):
         shutil.copy(path, tmp_path / path.name)
     workloads = tmp_path / "workloads.toml"
     text = workloads.read_text()
-    marker = 'gsm8k = { add_bos_token = true }\ntimeouts = { accuracy = 4800'
+    marker = 'gsm8k = { add_bos_token = true }\ntimeouts = { accuracy = 8300'
     assert marker in text
     workloads.write_text(text.replace(marker, 'gsm8k = { add_bos_token = true }\nfp8_kv_scales = "checkpoint"\n'
-                                              'timeouts = { accuracy = 4800', 1))
+                                              'timeouts = { accuracy = 8300', 1))
     with pytest.raises(InputErrors) as errors:
         kvmatrix.load(tmp_path)
     assert any("kvgate ships FP8 KV scales for its own models only" in str(e) for e in errors.value.errors)

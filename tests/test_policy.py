@@ -47,9 +47,9 @@ def test_the_repository_policy_loads(matrix: matrix_module.Matrix) -> None:
     assert policy.fp8_tax_points("some/other-model") == accuracy.fp8_tax_points
     assert (policy.throughput.tolerance, policy.throughput.alpha, policy.throughput.rounds) == (0.05, 0.05, 7)
     assert policy.throughput.run_to_run_sd == 0.03
-    floor = policy.floor_for("deepseek-ai/DeepSeek-V2-Lite-Chat", "sm100", "gsm8k")
+    floor = policy.floor_for("deepseek-ai/DeepSeek-V2-Lite-Chat", "sm100", "kvgate_gsm8k_test_train")
     assert floor is not None and floor.floor("strict-match") == pytest.approx(0.671 * 0.92)
-    assert policy.floor_for("deepseek-ai/DeepSeek-V2-Lite-Chat", "cpu", "gsm8k") is None
+    assert policy.floor_for("deepseek-ai/DeepSeek-V2-Lite-Chat", "cpu", "kvgate_gsm8k_test_train") is None
     assert policy.kernels.min_executed_tests == 1
 
 

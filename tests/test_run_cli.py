@@ -40,7 +40,8 @@ def test_cells_of_another_arch_are_skipped_with_the_reason(tmp_path, capsys, mon
     reason = "cell flashinfer_mla-fp8-sm100 needs sm100; this machine is cpu (set KVGATE_ARCH to override)"
     assert status == {"throughput": {"status": "skipped", "reason": reason}}
     cell = json.loads((tmp_path / "run" / "flashinfer_mla-fp8-sm100" / "cell.json").read_text())
-    assert (cell["backend"], cell["kv_cache_dtype"], cell["arch"], cell["task"]) == ("FLASHINFER_MLA", "fp8", "sm100", "gsm8k")
+    assert (cell["backend"], cell["kv_cache_dtype"], cell["arch"], cell["task"]) == ("FLASHINFER_MLA", "fp8", "sm100",
+                                                                                         "kvgate_gsm8k_test_train")
     assert "1 stage runs, 0 ok, 0 failed, 1 skipped" in capsys.readouterr().out
 
 

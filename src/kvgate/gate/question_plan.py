@@ -69,6 +69,7 @@ def plan(policy: Policy, *, arch: str, task: str, model: str, ab: bool) -> Quest
     (an auto cell is the reference its FP8 cells answer against: both answer the same questions)."""
     acc = policy.accuracy
     pool = acc.pool_questions.get(task)
+    note = f"; {acc.pool_notes[task]}" if task in acc.pool_notes else ""
     flips = flips_for(policy, model)
     kinds = ["fp8_accuracy", "baseline_accuracy"] if ab else ["fp8_accuracy"]
     margins = {"fp8_accuracy": policy.fp8_tax_points(model), "baseline_accuracy": acc.baseline_margin_points}
@@ -79,7 +80,7 @@ def plan(policy: Policy, *, arch: str, task: str, model: str, ab: bool) -> Quest
         n = min(n, pool) if pool else n
         return QuestionPlan(questions=n, looks=(n,), fixed_questions=fixed, flips=flips,
                             reason=f"a run with no base side on {arch}: {n} questions (single_side_questions), "
-                                   "its power stated")
+                                   f"its power stated{note}")
     fractions = acc.sequential.looks
     inflation = _inflation(fractions, acc.alpha, 1 - acc.power, acc.sequential.beta_spending_rho) \
         if len(fractions) > 1 else 1.0
@@ -90,7 +91,7 @@ def plan(policy: Policy, *, arch: str, task: str, model: str, ab: bool) -> Quest
     capped = f", all the {pool} the task holds" if pool and wanted > pool else ""
     return QuestionPlan(questions=n, looks=tuple(dict.fromkeys(looks)), fixed_questions=fixed, flips=flips,
                         reason=f"power {100 * acc.power:g} % at margin + {acc.gap_points:g} pts with noise flips "
-                               f"{shown}: {fixed} questions fixed, up to {n} in {len(set(looks))} looks{capped}")
+                               f"{shown}: {fixed} questions fixed, up to {n} in {len(set(looks))} looks{capped}{note}")
 
 
 @functools.lru_cache(maxsize=64)

@@ -35,7 +35,7 @@ from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
 from kvgate.runners.stage_plan import planned_stages
 from kvgate.runners.stages.accuracy import run_accuracy
-from kvgate.runners.stages.commands import LOCAL_GSM8K_TASK
+from kvgate.runners.stages.commands import HUB_POOL_GSM8K_TASK, LOCAL_GSM8K_TASK
 from kvgate.runners.stages.kernels import run_kernels
 from kvgate.runners.stages.looks import Design, Plan, Reference
 from kvgate.runners.stages.throughput import run_throughput, run_throughput_interleaved
@@ -341,6 +341,8 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
         setup_error = f"setup failed: {type(error).__name__}: {error}"
     if needs_engine and setup_error is None:  # a model or dataset the offline engine cannot find: say so now
         setup_error = missing_from_cache(cell, options.stages, env)
+    if setup_error is None and "accuracy" in options.stages and cell.workload.gsm8k["task"] == HUB_POOL_GSM8K_TASK:
+        include_path, setup_error = _pool_task_folder(run_dir, env)
     if needs_engine and setup_error is None and cell.host_requirements:  # a head size the cell's kernels refuse
         problem = head_size_problems(cell, str(model_path))
         setup_error = f"setup failed: {problem}" if problem else None
@@ -373,6 +375,28 @@ def _local_task_folder(run_dir: Path, questions: int) -> Path:
             if name != LOCAL_GSM8K_TASK:
                 raise RuntimeError(f"kvgate.workloads.gsm8k_local wrote task {name!r}, expected {LOCAL_GSM8K_TASK!r}")
     return folder
+
+
+def _pool_task_folder(run_dir: Path, env: Mapping[str, str]) -> tuple[Path | None, str | None]:
+    """The run's copy of the hub models' pool task (kvgate.workloads.gsm8k_pool), written once per results folder by
+    a process with the engines' environment (the hub offline, their Hugging Face cache); or why it could not be."""
+    import fcntl
+    import subprocess
+
+    from kvgate.workloads.gsm8k_pool import YAML_NAME, test_questions
+
+    folder = run_dir / ".kvgate-pool-task"
+    with open(run_dir / ".kvgate-tasks.lock", "a+") as lock:  # invocations into one folder at once: one writes
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / YAML_NAME).is_file() and test_questions(folder) > 0:  # the YAML is written last
+            return folder, None
+        done = subprocess.run([sys.executable, "-m", "kvgate.workloads.gsm8k_pool", str(folder)], env=dict(env),
+                              capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        errors = [line.removeprefix("ERROR ") for line in done.stderr.splitlines() if line.startswith("ERROR ")]
+        last = (errors or done.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"setup failed: the gsm8k test+train pool could not be written (exit {done.returncode}): {last}"
+    return folder, None
 
 
 def looks_plan(cell: Cell, side: Side, cells: Sequence[Cell], sides: Sequence[Side], design: Design | None,

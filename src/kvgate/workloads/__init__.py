@@ -5,6 +5,8 @@ Owns
                     unpacked locally, nothing downloaded
     gsm8k_problems  kvgate's own grade-school problems in gsm8k's format (generator and shipped splits)
     gsm8k_local     lm-eval's gsm8k task pointed at those problems (a task YAML that includes lm-eval's own)
+    gsm8k_pool      the hub models' questions: lm-eval's gsm8k task over gsm8k's test split followed by its train
+                    split, written from the Hugging Face cache in the run
     training_problems  the tiny models' training problems, disjoint from the test problems (checked), and
                     training_wordings, their sentence variants
     data/           the shipped problem files and tokenizer corpus

@@ -28,9 +28,11 @@ class HubDataset:
     name: str | None  # its config (dataset_name)
 
 
-# lm-eval tasks a workload may name whose data comes from the hub (lm-eval 0.4.13 tasks/gsm8k/gsm8k.yaml).
-# kvgate's own task (kvgate_gsm8k_local) reads files kvgate ships and needs nothing.
-HUB_TASK_DATASETS = {"gsm8k": HubDataset(path="openai/gsm8k", name="main")}
+# lm-eval tasks a workload may name whose data comes from the hub (lm-eval 0.4.13 tasks/gsm8k/gsm8k.yaml): gsm8k,
+# and the hub models' pool (kvgate.workloads.gsm8k_pool: gsm8k's test then train split, loaded from the same
+# dataset). kvgate's own task (kvgate_gsm8k_local) reads files kvgate ships and needs nothing.
+GSM8K_DATASET = HubDataset(path="openai/gsm8k", name="main")
+HUB_TASK_DATASETS = {"gsm8k": GSM8K_DATASET, "kvgate_gsm8k_test_train": GSM8K_DATASET}
 PREFETCH_HINT = ("Fill the cache on a machine with network access (a token for gated models there, never on a "
                  "runner): `kvgate prefetch` with the same HF_HOME, then copy it to this runner (README: "
                  "\"Offline operation\")")
@@ -88,7 +90,7 @@ def missing_from_cache(cell: Cell, stages: Sequence[str], env: Mapping[str, str]
         problems.append(f"model {cell.model} is not in the Hugging Face cache {hub_cache(env)}")
     dataset = HUB_TASK_DATASETS.get(str(cell.workload.gsm8k["task"]))
     if "accuracy" in stages and dataset is not None and not dataset_cached(dataset, env):
-        problems.append(f"lm-eval's {cell.workload.gsm8k['task']} dataset {dataset.path} ({dataset.name}) is not in "
+        problems.append(f"lm-eval's gsm8k dataset {dataset.path} ({dataset.name}) is not in "
                         f"the datasets cache {datasets_cache(env)}")
     if not problems:
         return None

@@ -14,6 +14,7 @@ from typing import Any
 from kvgate.matrix.cells import Cell
 
 LOCAL_GSM8K_TASK = "kvgate_gsm8k_local"  # kvgate.workloads.gsm8k_local's task: lm-eval's gsm8k over local data
+HUB_POOL_GSM8K_TASK = "kvgate_gsm8k_test_train"  # kvgate.workloads.gsm8k_pool's: gsm8k's test then train split
 DEFAULT_MAX_MODEL_LEN = 4096
 VLLM_CLI = ("-m", "vllm.entrypoints.cli.main")  # `vllm` without relying on the venv's bin/ being on PATH
 
