@@ -30,18 +30,21 @@ def test_cpu_defaults_and_offline_local_models():
     env, _ = engine_environment({}, arch="cpu", local_model=True, home=HOME)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CACHE_ROOT"] == "/home/u/.cache/kvgate/vllm"
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"  # vllm-cpu 0.32 cannot load its AOT artifacts: torch.compile's cache
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["HF_DATASETS_OFFLINE"] == "1"
 
 
 def test_user_settings_win_and_gpu_runs_keep_vllms_own_cache_and_kv_sizing():
-    env, _ = engine_environment({"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CACHE_ROOT": "/c"}, arch="cpu",
-                                local_model=False, home=HOME)
+    env, _ = engine_environment({"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CACHE_ROOT": "/c", "VLLM_USE_AOT_COMPILE": "1"},
+                                arch="cpu", local_model=False, home=HOME)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert env["VLLM_USE_AOT_COMPILE"] == "1"
     assert env["VLLM_CACHE_ROOT"] == "/c"
     gpu, _ = engine_environment({}, arch="sm100", local_model=False, home=HOME)
     assert "VLLM_CPU_KVCACHE_SPACE" not in gpu
     assert "VLLM_CACHE_ROOT" not in gpu
+    assert "VLLM_USE_AOT_COMPILE" not in gpu
 
 
 def test_hub_models_run_with_the_hub_offline_unless_told_otherwise():

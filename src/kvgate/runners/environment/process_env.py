@@ -13,6 +13,7 @@ CONFIGURE_LOGGING_VARIABLE = "VLLM_CONFIGURE_LOGGING"
 LEVELS_THAT_KEEP_INFO = ("DEBUG", "INFO")  # vLLM upper-cases the value; DEBUG writes the INFO lines too
 MODEL_DIR_VARIABLE = "KVGATE_MODEL_DIR"
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's (the second is its old name)
+AOT_COMPILE_VARIABLE = "VLLM_USE_AOT_COMPILE"
 CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: the tiny models need little; the machine is shared
 
 
@@ -38,6 +39,11 @@ def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
     if arch == "cpu":  # the embedded default; GPU runners keep vLLM's own cache place and KV sizing
         env.setdefault("VLLM_CACHE_ROOT", str(default_cache_root(home)))
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+        # vllm-cpu 0.32.0 with torch 2.13 cannot load its own AOT-compiled artifacts ("Compiling model again due to
+        # a load failure ... 'function' object has no attribute 'finalize_loading'"), so every start compiled
+        # again; torch.compile's own cache (the same graph, the same kernels) makes a later start take 7 s
+        # instead of 24-38 s (measured 2026-12-02, a cpu_attn cell 1:06 instead of 1:33-2:06).
+        env.setdefault(AOT_COMPILE_VARIABLE, "0")
     if local_model:  # kvgate's own models and data: nothing to fetch, so never wait on the hub
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
