@@ -1,10 +1,12 @@
 """Time the gate on a large run: 256 cells x 1319 gsm8k questions (both filters logged), 3 throughput repeats.
 
-    PYTHONPATH=src python benchmarks/gate_benchmark.py [--cells 256] [--samples 1319] [--prompt-chars 3000]
+    PYTHONPATH=src python benchmarks/gate_benchmark.py [--cells 256] [--samples 1319] [--prompt-chars 3000] [--probes]
 
 Sample lines are about the size lm-eval writes for gsm8k 5-shot (a ~3 KB prompt in "arguments", the doc, the
-response), so parsing costs what it costs on a real run. The folder is built once under --dir (reused on later
-runs); the timed part is what `kvgate gate` does: read every file, run every check, render and write the reports.
+response), so parsing costs what it costs on a real run. --probes gives every cell the probe/probe.json a real cell
+job writes: the triton_attn auto and fp8 cells' files of the H200 run (tests/fixtures/h200_run, ~300 KB, 16 prompts,
+top-5). The folder is built once under --dir (reused on later runs); the timed part is what `kvgate gate` does:
+read every file, run every check, render and write the reports.
 Target: under 5 s on the 2-core development machine. Prints the figures; asserts nothing.
 """
 
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import shutil
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,12 +37,26 @@ PAIRS = (("FLASHINFER_MLA", "sm100"), ("CUTLASS_MLA", "sm100"), ("FLASHMLA", "sm
          ("FLASHINFER", "sm90"), ("FLASH_ATTN", "sm90"), ("TRITON_ATTN", "sm89"), ("FLASHINFER", "sm100"))
 
 
-def build(run_dir: Path, cells: int, samples: int, prompt_chars: int) -> None:
+H200_RUN = ROOT / "tests" / "fixtures" / "h200_run" / "run.tar.xz"
+
+
+def real_probes(folder: Path) -> dict[str, Path]:
+    """The probe.json of the H200 run's triton_attn auto and fp8 cells, unpacked under `folder`."""
+    with tarfile.open(H200_RUN) as archive:
+        members = [archive.getmember(f"run/triton_attn-{dtype}-sm90/probe/probe.json") for dtype in ("auto", "fp8")]
+        archive.extractall(folder, members=members, filter="data")
+    return {dtype: folder / "run" / f"triton_attn-{dtype}-sm90" / "probe" / "probe.json" for dtype in ("auto", "fp8")}
+
+
+def build(run_dir: Path, cells: int, samples: int, prompt_chars: int, probes: bool) -> None:
     marker = run_dir / ".built"
-    wanted = f"{cells} {samples} {prompt_chars}"
+    wanted = f"{cells} {samples} {prompt_chars}" + (" probes" if probes else "")
     if marker.exists() and marker.read_text() == wanted:
         return
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
     started = time.perf_counter()
+    probe_files = real_probes(Path(tempfile.mkdtemp(prefix="kvgate-probes-"))) if probes else {}
     for group in range(cells // 2):
         backend, arch = PAIRS[group % len(PAIRS)]
         model = f"bench/model-{group // len(PAIRS):03d}"
@@ -51,6 +70,9 @@ def build(run_dir: Path, cells: int, samples: int, prompt_chars: int) -> None:
                            prompt_chars=prompt_chars)
             write_throughput(cell, rps)
             write_kernels(cell, passed=12)
+            if probes:
+                (cell / "probe").mkdir()
+                shutil.copyfile(probe_files[dtype], cell / "probe" / "probe.json")
     marker.write_text(wanted)
     print(f"built {cells} cells in {time.perf_counter() - started:.1f} s")
 
@@ -61,14 +83,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1319)
     parser.add_argument("--prompt-chars", type=int, default=3000)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/kvgate-gate-benchmark"))
+    parser.add_argument("--probes", action="store_true", help="give every cell a real H200 probe.json (~300 KB)")
     parser.add_argument("--stdlib-json", action="store_true", help="read sample logs without msgspec (json only)")
     args = parser.parse_args()
     if args.stdlib_json:
         from kvgate.results.parsers import lm_eval
 
         lm_eval._FAST_DECODERS["exact_match"] = None
-    run_dir = args.dir / f"run-{args.cells}x{args.samples}"
-    build(run_dir, args.cells, args.samples, args.prompt_chars)
+    run_dir = args.dir / (f"run-{args.cells}x{args.samples}" + ("-probes" if args.probes else ""))
+    build(run_dir, args.cells, args.samples, args.prompt_chars, args.probes)
     size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
     matrix = matrix_module.load()
     policy = policy_module.load(matrix=matrix)
@@ -82,8 +105,9 @@ def main() -> None:
     t3 = time.perf_counter()
     print(headline(verdict))
     reader = "json (stdlib)" if args.stdlib_json else "msgspec when installed, else json"
-    print(f"{len(results.cells)} cells, {args.samples} questions x 2 filters each, {size / 1e9:.2f} GB on disk; "
-          f"sample logs read with {reader}")
+    probes = "a real H200 probe.json" if args.probes else "no probe"
+    print(f"{len(results.cells)} cells, {args.samples} questions x 2 filters each, {probes} each, "
+          f"{size / 1e9:.2f} GB on disk; sample logs read with {reader}")
     print(f"read+parse {t1 - t0:.2f} s ({size / 1e6 / (t1 - t0):.0f} MB/s) | checks+stats {t2 - t1:.2f} s | "
           f"reports {t3 - t2:.2f} s | total {t3 - t0:.2f} s (target < 5 s)")
 

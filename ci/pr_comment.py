@@ -15,8 +15,13 @@ become one line naming what was folded (the step summary and the artifact keep t
 paragraphs from the end go. The heading says "passed" only when the run concluded success AND the artifact's
 verdict.json says the gate passed; otherwise it says what each of them said.
 
+verdict.json, when the artifact holds one, must meet the results contract's verdict schema (the default branch's
+docs/schemas/verdict.schema.json, checked with jsonschema, which the workflow installs from ci/requirements-core.txt):
+a verdict that breaks it (not JSON, NaN or a number out of range included) is one ERROR line, exit status 2, and no
+comment, since its heading could not be trusted.
+
 Writes COMMENT_FILE = {"pull_request": N, "marker": ..., "body": ...}, or nothing (exit 0, a notice) when there
-is no usable artifact. Never raises on any input: an unexpected error is a warning and no comment. Stdlib only.
+is no usable artifact. Never raises on any input: an unexpected error is a warning and no comment.
 """
 
 from __future__ import annotations
@@ -65,8 +70,15 @@ REFERENCE_LINK = re.compile(r"\[([^\]\n]+)\]\[[^\]\n]*\]")
 SCHEME = re.compile(r"\b(https?|ftp|file|mailto|data|javascript)(:)(?=//|[A-Za-z0-9])", re.IGNORECASE)
 
 
+VERDICT_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "schemas" / "verdict.schema.json"
+
+
 class ArtifactError(Exception):
     """The artifact cannot be used; said as a notice, no comment posted."""
+
+
+class VerdictError(Exception):
+    """The artifact's verdict.json breaks the verdict schema: one ERROR line, exit status 2, no comment posted."""
 
 
 def read_capped(path: Path, limit: int = READ_LIMIT) -> str:
@@ -89,6 +101,59 @@ def _json(text: str, name: str) -> Any:
         raise ArtifactError(f"{name}: not JSON") from None
     except RecursionError:
         raise ArtifactError(f"{name}: nested too deep") from None
+
+
+def _refuse_number(literal: str) -> float:
+    raise ValueError(f"{literal[:24]} is not a number JSON allows")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {literal[:24]} is out of range (it reads as infinity)")
+    return value
+
+
+def _float_sized(literal: str) -> int:
+    if len(literal) > 309:  # 1.8e308, the largest float, has 309 digits
+        _finite(literal)
+    return int(literal)
+
+
+def _place(parts: Any) -> str:
+    where = ""
+    for part in parts:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    return where or "the top level"
+
+
+def check_verdict(text: str, name: str = "verdict.json", schema_path: Path = VERDICT_SCHEMA) -> None:
+    """Raise VerdictError, one line naming the file, the place and what is wrong, unless `text` is JSON (no NaN,
+    no Infinity, no number out of a float's range) that meets the verdict schema."""
+    try:
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import best_match
+    except ImportError:
+        raise VerdictError(f"{name}: cannot be checked: jsonschema is not installed. Install ci/requirements-core.txt"
+                           ) from None
+    try:
+        schema = json.loads(schema_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise VerdictError(f"{schema_path.name}: cannot read the verdict schema ({error})") from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_number, parse_int=_float_sized, parse_float=_finite)
+        error = best_match(Draft202012Validator(schema).iter_errors(data))
+    except RecursionError:
+        raise VerdictError(f"{name}: JSON nested too deeply") from None
+    except ValueError as error:  # not JSON, NaN / Infinity, out of range, an integer of over 4300 digits
+        raise VerdictError(f"{name}: not JSON the verdict schema allows ({str(error)[:120]})") from None
+    if error is not None:
+        raise VerdictError(f"{name}: {error.message[:160]} in {_place(error.absolute_path)}")
+
+
+def _one_line(text: str) -> str:
+    """A message from untrusted text as one inert line (no control characters, so no workflow command)."""
+    return " ".join(CONTROL.sub(" ", text).split())
 
 
 def pull_request_number(text: str, head_sha: str) -> int:
@@ -255,8 +320,9 @@ def comment(gate_dir: Path, environ: Mapping[str, str]) -> dict[str, object]:
     if verdict_path.exists() or verdict_path.is_symlink():
         try:
             verdict = read_capped(verdict_path, VERDICT_READ_LIMIT)
-        except ArtifactError:
-            verdict = ""  # unreadable
+        except ArtifactError as error:
+            raise VerdictError(str(error)) from None
+        check_verdict(verdict)
     repository = environ.get("GITHUB_REPOSITORY", "")
     body = render(report, environ.get("RUN_CONCLUSION", ""), environ.get("RUN_URL", ""), verdict_outcome(verdict),
                   repository if REPOSITORY.fullmatch(repository) else "")
@@ -268,6 +334,9 @@ def main() -> int:
     out = Path(os.environ.get("COMMENT_FILE", "comment.json"))
     try:
         data = comment(gate_dir, os.environ)
+    except VerdictError as error:
+        print(f"ERROR {_one_line(str(error))}", file=sys.stderr)
+        return 2
     except ArtifactError as error:
         print(f"::notice::kvgate: no comment posted: {error}")
         return 0

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import synthetic_run
 from ci_scripts import load_ci_script
+from kvgate.cli import main
+from kvgate.results import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "0123456789abcdef0123456789abcdef01234567"
@@ -22,7 +25,7 @@ WJ = "\u2060"  # the word joiner the sanitiser puts after a broken `@`, `#` or `
 
 
 def verdict(passed: bool, failed: int = 0, neutral: bool = False, exit_status: int | None = None) -> str:
-    return json.dumps({"verdict_version": "1.1", "passed": passed, "neutral": neutral,
+    return json.dumps({"verdict_version": "1.1", "passed": passed, "neutral": neutral, "run": "runs/r",
                        "exit_status": (0 if passed else 1) if exit_status is None else exit_status,
                        "summary": {"checks": 4, "failed": failed}, "checks": []})
 
@@ -172,9 +175,6 @@ def test_the_script_writes_the_comment_and_the_post_flag(tmp_path):
     (verdict(True, failed=1), "success", "kvgate gate failed (though the workflow run passed)"),
     (verdict(True, exit_status=1), "success", "kvgate gate failed (though the workflow run passed)"),
     (None, "success", "kvgate gate: no verdict (the workflow run passed)"),
-    ("[" * 4096, "success", "kvgate gate: an unreadable verdict (the workflow run passed)"),
-    (b"\xff\xfe{", "success", "kvgate gate: an unreadable verdict (the workflow run passed)"),
-    ('{"passed": "yes"}', "success", "kvgate gate: an unreadable verdict (the workflow run passed)"),
 ])
 def test_attack_the_heading_does_not_trust_the_run_conclusion_alone(tmp_path, verdict_json, conclusion, title):
     folder = gate_artifact(tmp_path, "report\n", verdict_json=verdict_json)
@@ -182,11 +182,63 @@ def test_attack_the_heading_does_not_trust_the_run_conclusion_alone(tmp_path, ve
     assert body.splitlines()[1] == f"### {title}"
 
 
-def test_a_verdict_that_is_a_link_is_unreadable(tmp_path):
+def test_a_verdict_that_is_a_link_is_refused(tmp_path):
     folder = gate_artifact(tmp_path, "report\n")
     (folder / "verdict.json").symlink_to(tmp_path / "elsewhere.json")
-    body = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_CONCLUSION": "success"})["body"]
-    assert body.splitlines()[1] == "### kvgate gate: an unreadable verdict (the workflow run passed)"
+    with pytest.raises(pr_comment.VerdictError) as error:
+        pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_CONCLUSION": "success"})
+    assert str(error.value) == "verdict.json: not a plain file"
+
+
+VALID = json.loads(verdict(True))
+INVALID_VERDICTS = {
+    "4 KiB of [": ("[" * 4096, "JSON nested too deeply"),
+    "invalid UTF-8": (b"\xff\xfe{", "not JSON the verdict schema allows (Expecting value: line 1 column 1 (char 0))"),
+    "a word for passed": (json.dumps({**VALID, "passed": "yes"}), "'yes' is not of type 'boolean' in passed"),
+    "no run": (json.dumps({k: v for k, v in VALID.items() if k != "run"}), "'run' is a required property in the "
+                                                                            "top level"),
+    "a count below 0": (json.dumps({**VALID, "summary": {"failed": -1}}), "-1 is less than the minimum of 0 in "
+                                                                          "summary.failed"),
+    "a check of no status": (json.dumps({**VALID, "checks": [{"cell": "c", "kind": "probe", "status": "passed"}]}),
+                             "'passed' is not one of ['pass', 'fail', 'waived', 'missing', 'error', 'not_run', "
+                             "'info'] in checks[0].status"),
+    "a NaN p-value": (verdict(True).replace('"checks": []', '"checks": [{"cell": "c", "kind": "probe", '
+                                                              '"status": "pass", "p_value": NaN}]'),
+                      "not JSON the verdict schema allows (NaN is not a number JSON allows)"),
+    "an infinite exit status": (verdict(True).replace('"exit_status": 0', '"exit_status": 1e999'),
+                                "not JSON the verdict schema allows (number 1e999 is out of range (it reads as "
+                                "infinity))"),
+}
+
+
+@pytest.mark.parametrize("name", INVALID_VERDICTS)
+def test_a_verdict_against_the_verdict_schema_is_refused_in_one_line(tmp_path, name):
+    """Its heading could not be trusted: no comment, one line naming the file, the place and what is wrong."""
+    text, message = INVALID_VERDICTS[name]
+    folder = gate_artifact(tmp_path, "report\n", verdict_json=text)
+    with pytest.raises(pr_comment.VerdictError) as error:
+        pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_CONCLUSION": "success"})
+    assert str(error.value) == f"verdict.json: {message}"
+
+
+def test_a_verdict_the_gate_wrote_meets_the_schema_the_comment_checks(tmp_path):
+    run = synthetic_run.write_seed_run(tmp_path / "run", probes=True)
+    assert main(["gate", str(run), "--today", "2026-11-30", "--out", str(tmp_path / "gate")]) == 0
+    pr_comment.check_verdict((tmp_path / "gate" / "verdict.json").read_text(encoding="utf-8"))
+    assert pr_comment.VERDICT_SCHEMA.read_text(encoding="utf-8") == schema.schema_text("verdict")
+
+
+def test_the_script_refuses_a_verdict_against_the_schema_with_exit_status_2_and_no_comment(tmp_path):
+    hostile = json.dumps({**VALID, "verdict_version": "1.1\n::warning::forged"})
+    folder = gate_artifact(tmp_path, "report\n", verdict_json=hostile)
+    env = {**os.environ, "GATE_DIR": str(folder), "COMMENT_FILE": str(tmp_path / "c.json"),
+           "GITHUB_OUTPUT": str(tmp_path / "out"), "HEAD_SHA": HEAD, "RUN_CONCLUSION": "success"}
+    result = subprocess.run([sys.executable, "ci/pr_comment.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            check=False)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("ERROR verdict.json: '1.1\\n::warning::forged' does not match "
+                             "'^[0-9]{1,6}(\\\\.[0-9]{1,6})*$' in verdict_version\n")  # one line, no workflow command
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------------ hostile files
@@ -203,11 +255,11 @@ HOSTILE_REPORTS = {
 
 @pytest.mark.parametrize("name", HOSTILE_REPORTS)
 def test_attack_hostile_report_files_never_raise(tmp_path, name):
-    folder = gate_artifact(tmp_path, HOSTILE_REPORTS[name], verdict_json="[" * 4096)
+    folder = gate_artifact(tmp_path, HOSTILE_REPORTS[name], verdict_json=verdict(True))
     data = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "success"})
     body = data["body"]
     assert len(body) <= pr_comment.BODY_LIMIT + 1
-    assert body.startswith(pr_comment.MARKER + "\n### kvgate gate: an unreadable verdict (the workflow run passed)\n")
+    assert body.startswith(pr_comment.MARKER + "\n### kvgate gate passed\n")
     assert re.search(r"[@\uff20][A-Za-z0-9_-]", body) is None  # no mention survives
     assert "\x00" not in body and "<!--" not in body.removeprefix(pr_comment.MARKER)
 

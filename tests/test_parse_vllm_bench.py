@@ -55,6 +55,26 @@ def test_bad_figures_are_refused(change, message):
     assert str(error.value) == message
 
 
+@pytest.mark.parametrize(("literal", "message"), [
+    ("1e999", "b.json: number 1e999 is out of range (it reads as infinity) in requests_per_second. Write a finite "
+              "number or null"),
+    ("NaN", "b.json: NaN is not a number JSON allows in the file. Write a finite number or null"),
+    ("9" * 400, "b.json: expected a finite number, got a whole number past a float's range in requests_per_second"),
+])
+def test_a_figure_json_has_no_number_for_is_refused(literal, message):
+    """JSON has no NaN or infinity; Python's json reads NaN, and 1e999 as infinity: both refused, with the place."""
+    text = json.dumps({**json.loads(read_text(FIXTURES / "repeat-1.json")), "requests_per_second": 7.5})
+    with pytest.raises(InputError) as error:
+        vllm_bench.parse_output_json(text.replace("7.5", literal), "b.json")
+    assert str(error.value) == message
+
+
+def test_an_infinite_figure_in_the_log_is_refused():
+    with pytest.raises(InputError) as error:
+        vllm_bench.parse_log("x\nThroughput: 1e999 requests/s, 2.0 tokens/s\n", "t.log")
+    assert str(error.value) == "t.log: requests/s must be finite, got inf in line 2"
+
+
 def test_missing_keys_are_listed():
     with pytest.raises(InputError) as error:
         vllm_bench.parse_output_json('{"model_id": "m", "elapsed_time": 1.0}', "b.json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from kvgate import InputError
 from kvgate.gate import probe_agreement
 from kvgate.results import probe_file
+from kvgate.results.parsers import reading
 from kvgate.runners.stages import probe
 
 
@@ -199,6 +201,12 @@ def malformed(change) -> dict:
      "expected a [token id, logprob] pair, got a list in prompts[1].generated_top[0][0]"),
     (json.dumps(malformed(lambda r: r["prompts"][0]["generated_token_ids"].append(5))),
      "4 positions for 5 generated tokens in prompts[0].generated_logprobs"),
+    (json.dumps(malformed(lambda r: r["prompts"][1]["generated_logprobs"].__setitem__(3, 7.0)))
+     .replace("7.0", "-1e999"),
+     'number -1e999 is out of range (it reads as -infinity) in prompts[1].generated_logprobs[3]. '
+     'Write "inf" or "-inf"'),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [5, 7.0]))).replace("7.0", "NaN"),
+     'NaN is not a number JSON allows in the file. Write "nan", "inf" or "-inf"'),
 ])
 def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "probe.json"
@@ -206,6 +214,31 @@ def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: 
     with pytest.raises(InputError) as error:
         probe_file.read(path)
     assert str(error.value) == f"{path}: {message}"
+
+
+H200_RUN = Path(__file__).parent / "fixtures" / "h200_run" / "run.tar.xz"
+
+
+@pytest.mark.parametrize("cell", ["triton_attn-fp8-sm90", "flashmla-auto-sm90"])
+def test_the_fast_reading_of_a_real_probe_file_is_the_entry_by_entry_one(tmp_path, monkeypatch, cell) -> None:
+    """msgspec's parse and the reader's all-at-once checks give what json and the entry-by-entry checks give, on a
+    real H200 probe file; cached-context prompts and a non-finite logprob included."""
+    with tarfile.open(H200_RUN) as archive:
+        archive.extractall(tmp_path, members=[archive.getmember(f"run/{cell}/probe/probe.json")], filter="data")
+    data = json.loads((tmp_path / "run" / cell / "probe" / "probe.json").read_text())
+    data["cached_context"] = [{**data["prompts"][1], "cached_tokens": 3, "fresh_generated_token_ids": [5, 6],
+                               "fresh_generated_logprobs": [-0.25, 0], "fresh_cached_tokens": 0}]
+    data["prompts"][0]["generated_logprobs"][2] = "-inf"
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(data))
+    fast = probe_file.read(path)
+    monkeypatch.setattr(reading, "_msgspec_decode", lambda: None)
+    monkeypatch.setattr(probe_file, "_types", lambda values: {object})  # no list passes all at once
+    slow = probe_file.read(path)
+    assert fast == slow
+    assert len(fast.prompts) == 16 and fast.prompts[0].generated_logprobs[2] == -math.inf
+    assert fast.cached_context[0].fresh_generated_logprobs == (-0.25, 0.0)
+    assert sum(len(top) for prompt in fast.prompts for top in prompt.generated_top) > 4000
 
 
 def test_a_missing_probe_file_says_so(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ and the place."""
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import tarfile
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from kvgate.cli import main
 from kvgate.gate.evaluation import KIND_ORDER
 from kvgate.gate.verdict import STATUSES
 from kvgate.kernels import timings
-from kvgate.results import cell_folder, schema
+from kvgate.results import cell_folder, probe_file, schema
 from kvgate.results.records import CONTRACT_VERSION, STAGE_STATUSES
 from kvgate.runners.run_record import run_record, write_run_record
 
@@ -237,8 +239,8 @@ def test_a_hostile_document_is_one_line_naming_the_file_and_the_place(case):
      "NaN is not a number JSON allows in the file. Write a finite number or null"),
     ('{"backend": "A", "kv_cache_dtype": "fp8", "arch": "sm90", "model": "m', "truncated JSON in line 1 column 68"),
     ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply in the file"),
-    ('{"backend": "A", "kv_cache_dtype": "fp8", "arch": "sm90", "model": 1e999}', "expected a string, got number inf "
-                                                                                   "in model"),
+    ('{"backend": "A", "kv_cache_dtype": "fp8", "arch": "sm90", "model": 1e999}',
+     "number 1e999 is out of range (it reads as infinity) in model. Write a finite number or null"),
 ])
 def test_a_hostile_file_is_one_line_naming_it(tmp_path, text, message):
     path = tmp_path / "cell.json"
@@ -246,6 +248,98 @@ def test_a_hostile_file_is_one_line_naming_it(tmp_path, text, message):
     with pytest.raises(InputError) as raised:
         schema.read_file(path, "cell", "run/cell/cell.json")
     assert str(raised.value) == f"run/cell/cell.json: {message}"
+
+
+TIMING = {"family": "f", "kv_cache_dtype": "fp8", "spec": "s", "batch": 1, "num_heads": 1, "kv_len": 1,
+          "page_size": 1, "median_us": 1.5, "min_us": 1, "max_us": 2, "repeats": 3, "bytes": 1, "achieved_gbps": 1,
+          "fraction_of_copy": None, "cuda_graph": True, "provenance": ""}
+
+
+@pytest.mark.parametrize(("figure", "literal", "message"), [
+    ("median_us", "1e999", "number 1e999 is out of range (it reads as infinity)"),
+    ("achieved_gbps", "-1E400", "number -1E400 is out of range (it reads as -infinity)"),
+    ("fraction_of_copy", "1.8e308", "number 1.8e308 is out of range (it reads as infinity)"),
+    ("max_us", "NaN", "NaN is not a number JSON allows"),
+    ("min_us", "-Infinity", "-Infinity is not a number JSON allows"),
+])
+def test_a_figure_json_has_no_number_for_is_one_line_naming_the_file_and_the_place(tmp_path, figure, literal,
+                                                                                     message):
+    """JSON has no NaN or infinity, but Python's json reads NaN, Infinity and 1e999 (as infinity); the gate refuses
+    all of them in every contract file it reads, here kernels/timings.json, whose schema cannot say "finite"."""
+    document = {"format": "kvgate-kernel-timings", "version": 1, "entries": [TIMING, {**TIMING, figure: 0}]}
+    text = json.dumps(document).replace(f'"{figure}": 0', f'"{figure}": {literal}')
+    path = tmp_path / "timings.json"
+    path.write_text(text)
+    with pytest.raises(InputError) as raised:
+        schema.read_file(path, "timings", "run/cell/kernels/timings.json")
+    place = f"entries[1].{figure}" if "out of range" in message else "the file"
+    assert str(raised.value) == f"run/cell/kernels/timings.json: {message} in {place}. Write a finite number or null"
+
+
+# The probe reader's checks of the rules the gate's structural pass leaves to it (schema.READER_CHECKED), one or more
+# hostile entries each: (the entry's place, what is put there, the one line both the reader and the whole schema say)
+PROBE_WITH_CACHE = _with(PROBE, lambda d: d.update(cached_context=[{
+    "prompt": "b", "prompt_token_ids": [1, 2], "cached_tokens": 2, "generated_token_ids": [3],
+    "generated_logprobs": [-0.1], "generated_top": [[[3, -0.1]]], "fresh_generated_token_ids": [3],
+    "fresh_generated_logprobs": [-0.1], "fresh_cached_tokens": 0}]))
+READER_CHECKED_CASES = {
+    "/$defs/token_ids/items": [
+        (("prompts", 0, "prompt_token_ids", 1), "2", "expected a token id (a whole number >= 0), got string '2'"),
+        (("prompts", 0, "generated_token_ids", 0), -3, "expected a token id (a whole number >= 0), got number -3"),
+        (("cached_context", 0, "fresh_generated_token_ids", 0), True,
+         "expected a token id (a whole number >= 0), got boolean true"),
+    ],
+    "/$defs/logprobs/items": [
+        (("prompts", 0, "generated_logprobs", 0), "NaN",
+         'expected a logprob (a number, or "nan", "inf", "-inf"), got string \'NaN\''),
+        (("cached_context", 0, "generated_logprobs", 0), [-0.1],
+         'expected a logprob (a number, or "nan", "inf", "-inf"), got a list'),
+        (("cached_context", 0, "fresh_generated_logprobs", 0), None,
+         'expected a logprob (a number, or "nan", "inf", "-inf"), got null'),
+    ],
+    "/$defs/tops/items": [
+        (("prompts", 0, "generated_top", 0), [], "expected at least 1 entry, got 0"),
+        (("prompts", 0, "generated_top", 0), {"3": -0.1}, "expected a list, got an object"),
+        (("prompts", 0, "generated_top", 0, 0), [3], "expected a [token id, logprob] pair, got a list"),
+        (("cached_context", 0, "generated_top", 0, 0, 0), "3", "expected a whole number, got string '3'"),
+        (("prompts", 0, "generated_top", 0, 0, 1), "-Infinity",
+         'expected a logprob (a number, or "nan", "inf", "-inf"), got string \'-Infinity\''),
+    ],
+    "/$defs/prompt/properties/prompt_logprobs/items": [
+        (("prompts", 0, "prompt_logprobs", 1), False,
+         'expected a logprob (a number, or "nan", "inf", "-inf"), got boolean false'),
+    ],
+    "/$defs/prompt/properties/prompt_top/items": [
+        (("prompts", 0, "prompt_top", 1), None, "expected a list, got null"),
+        (("prompts", 0, "prompt_top", 1, 0), [2, -0.5, 1], "expected a [token id, logprob] pair, got a list"),
+    ],
+}
+
+
+def test_every_rule_the_gates_structural_pass_leaves_out_has_hostile_cases():
+    assert set(READER_CHECKED_CASES) == set(schema.READER_CHECKED["probe"])
+    schema.validate_structure(PROBE_WITH_CACHE, "probe", "probe.json")  # each pointer names a rule of the schema
+    schema.validate(PROBE_WITH_CACHE, "probe", "probe.json")
+
+
+@pytest.mark.parametrize(("rule", "place", "value", "message"), [
+    (rule, place, value, message) for rule, cases in READER_CHECKED_CASES.items() for place, value, message in cases])
+def test_a_rule_left_to_the_probe_reader_is_enforced_by_it_in_the_schemas_words(tmp_path, rule, place, value,
+                                                                                 message):
+    """The whole schema refuses the entry, the gate's structural pass lets it through (the rule is left out) and
+    the reader the gate reads probe.json with refuses it in one line, as the whole schema would."""
+    *parents, last = place
+    document = _with(PROBE_WITH_CACHE,
+                     lambda d: functools.reduce(operator.getitem, parents, d).__setitem__(last, value))
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in place).lstrip(".")
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError) as whole:
+        schema.validate(document, "probe", str(path))
+    schema.validate_structure(document, "probe", str(path))
+    with pytest.raises(InputError) as read:
+        probe_file.read(path)
+    assert str(read.value) == str(whole.value) == f"{path}: {message} in {where}"
 
 
 # ---------------------------------------------------------------------------------------------- the gate

@@ -20,14 +20,19 @@ for them); `cached_tokens` is how many prompt tokens came from the cache; `fresh
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
 from kvgate.results import schema
+from kvgate.results.parsers.reading import OutOfRangeNumber, out_of_range_place, strict_json
+from kvgate.results.parsers.reading import kind as kind_of
 
 FORMAT = "kvgate-probe"
 VERSION = 1
@@ -101,7 +106,9 @@ def read(path: Path) -> ProbeRecord:
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(source, f"cannot read the probe file ({error})") from None
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = strict_json(text)
+    except OutOfRangeNumber as error:
+        raise InputError(source, str(error), out_of_range_place(text), 'Write "inf" or "-inf"') from None
     except json.JSONDecodeError as error:
         raise InputError(source, f"not valid JSON ({error.msg})", f"line {error.lineno} column {error.colno}",
                          "Was the probe interrupted while writing?") from None
@@ -110,12 +117,8 @@ def read(path: Path) -> ProbeRecord:
     except RecursionError:
         raise InputError(source, "JSON nested too deeply", "the file") from None
     check_header(data, source)
-    schema.validate(data, "probe", source)
+    schema.validate_structure(data, "probe", source)  # from_dict checks the rules of schema.READER_CHECKED
     return from_dict(data, source)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def from_dict(data: Any, source: str = "<memory>") -> ProbeRecord:
@@ -162,8 +165,7 @@ def _cached_from_dict(item: Any, source: str, where: str) -> CachedContextProbe:
                                                 "generated tokens", source, where)
         fresh = {"fresh_generated_token_ids": fresh_ids,
                  "fresh_cached_tokens": _cached_count(item, "fresh_cached_tokens", len(token_ids), source, where),
-                 "fresh_generated_logprobs": tuple(_logprob(v, source, f"{where}.fresh_generated_logprobs[{i}]")
-                                                   for i, v in enumerate(fresh_logprobs))}
+                 "fresh_generated_logprobs": _logprobs(fresh_logprobs, source, f"{where}.fresh_generated_logprobs")}
     return CachedContextProbe(prompt=_field(item, "prompt", str, source, where), prompt_token_ids=token_ids,
                               cached_tokens=_cached_count(item, "cached_tokens", len(token_ids), source, where),
                               **_generated_from_dict(item, source, where), **fresh)
@@ -202,10 +204,21 @@ def _kind_name(kind: type) -> str:
     return {dict: "an object", list: "a list", str: "a string", int: "a whole number"}.get(kind, kind.__name__)
 
 
+# The per-token entries, which schema.validate_structure leaves to this reader (schema.READER_CHECKED): each check
+# here is its schema rule, refused in the words of that rule's "title".
+
+def _types(values: Iterable[Any]) -> set[type]:
+    """The types of a list's entries, in one pass of C code (bool is its own type, apart from int)."""
+    return set(map(type, values))
+
+
 def _token_ids(values: list, source: str, where: str) -> tuple[int, ...]:
+    if _types(values) <= {int} and (not values or min(values) >= 0):  # the common case, all at once
+        return tuple(values)
     for i, value in enumerate(values):
         if type(value) is not int or value < 0:
-            raise InputError(source, f"expected a token id, got {value!r}", f"{where}[{i}]")
+            raise InputError(source, f"expected a token id (a whole number >= 0), got {kind_of(value)}",
+                             f"{where}[{i}]")
     return tuple(values)
 
 
@@ -213,17 +226,43 @@ def _logprob(value: Any, source: str, where: str) -> float:
     if isinstance(value, str) and value in ("nan", "inf", "-inf"):
         return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(source, f"expected a logprob, got {value!r}", where)
+        raise InputError(source, f'expected a logprob (a number, or "nan", "inf", "-inf"), got {kind_of(value)}',
+                         where)
     return float(value)
 
 
+def _logprobs(values: list, source: str, where: str, start: int = 0) -> tuple[float, ...]:
+    """values[start:] as logprobs (`where` names the list)."""
+    if _types(values[start:]) <= {float}:  # the common case, all at once
+        return tuple(values[start:])
+    return tuple(_logprob(values[i], source, f"{where}[{i}]") for i in range(start, len(values)))
+
+
+def _top_lists(values: list, source: str, where: str, start: int = 0) -> tuple[TopList, ...]:
+    """values[start:] as top-k lists (`where` names the list)."""
+    tops = values[start:]
+    if _types(tops) <= {list} and all(tops):  # the common case, all at once: non-empty lists of [int, float]
+        pairs = list(itertools.chain.from_iterable(tops))
+        if _types(pairs) <= {list} and set(map(len, pairs)) <= {2} and _types(map(_TOKEN, pairs)) <= {int} \
+                and _types(map(_LOGPROB, pairs)) <= {float}:
+            return tuple(tuple(map(tuple, top)) for top in tops)
+    return tuple(_top_list(values[i], source, f"{where}[{i}]") for i in range(start, len(values)))
+
+
+_TOKEN, _LOGPROB = operator.itemgetter(0), operator.itemgetter(1)
+
+
 def _top_list(value: Any, source: str, where: str) -> TopList:
-    if not isinstance(value, list) or not value:
-        raise InputError(source, "expected a non-empty list of [token id, logprob] pairs", where)
+    if not isinstance(value, list):
+        raise InputError(source, f"expected a list, got {kind_of(value)}", where)
+    if not value:
+        raise InputError(source, "expected at least 1 entry, got 0", where)
     pairs = []
     for i, pair in enumerate(value):
-        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int):
-            raise InputError(source, f"expected a [token id, logprob] pair, got {pair!r}", f"{where}[{i}]")
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise InputError(source, f"expected a [token id, logprob] pair, got {kind_of(pair)}", f"{where}[{i}]")
+        if type(pair[0]) is not int:
+            raise InputError(source, f"expected a whole number, got {kind_of(pair[0])}", f"{where}[{i}][0]")
         pairs.append((pair[0], _logprob(pair[1], source, f"{where}[{i}][1]")))
     return tuple(pairs)
 
@@ -236,9 +275,8 @@ def _generated_from_dict(item: dict, source: str, where: str) -> dict[str, Any]:
         raise InputError(source, f"expected a string, got {type(text).__name__}", f"{where}.generated_text")
     return {
         "generated_token_ids": generated,
-        "generated_logprobs": tuple(_logprob(v, source, f"{where}.generated_logprobs[{i}]")
-                                    for i, v in enumerate(logprobs_in)),
-        "generated_top": tuple(_top_list(v, source, f"{where}.generated_top[{i}]") for i, v in enumerate(top_in)),
+        "generated_logprobs": _logprobs(logprobs_in, source, f"{where}.generated_logprobs"),
+        "generated_top": _top_lists(top_in, source, f"{where}.generated_top"),
         "generated_text": text,
     }
 
@@ -255,10 +293,8 @@ def _prompt_from_dict(item: Any, source: str, where: str) -> PromptProbe:
         if values[0] is not None:
             raise InputError(source, "the first prompt position has no logprob; expected null",
                              f"{where}.{key}[0]")
-    prompt_logprobs = (None, *(
-        _logprob(v, source, f"{where}.prompt_logprobs[{i}]") for i, v in enumerate(logprobs_in) if i > 0))
-    prompt_top = (None, *(
-        _top_list(v, source, f"{where}.prompt_top[{i}]") for i, v in enumerate(top_in) if i > 0))
+    prompt_logprobs = (None, *_logprobs(logprobs_in, source, f"{where}.prompt_logprobs", start=1))
+    prompt_top = (None, *_top_lists(top_in, source, f"{where}.prompt_top", start=1))
     return PromptProbe(
         prompt=prompt,
         prompt_token_ids=token_ids,

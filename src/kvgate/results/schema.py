@@ -11,6 +11,13 @@ Each `$id` is `urn:kvgate:results-folder:<contract version>:<file>`: a name that
 belongs to, not an address (kvgate serves no web site; docs/schemas/ holds the same files). The readers validate
 a file's parsed JSON here before their own typed reading, so a file that breaks the contract gets one line
 naming the file, the place and what is wrong (`validate` raises kvgate.InputError).
+
+A probe.json holds about 20,000 per-token values (token ids, logprobs, top-k pairs); jsonschema checks them one by
+one at about 0.3 s a file, over a minute for a 256-cell run. The probe reader (kvgate.results.probe_file) checks
+the same values while it builds its records, each list at once, in about 0.005 s, so it validates with
+`validate_structure`: the published schema less the rules listed in READER_CHECKED (another 0.003 s), each of which
+the reader enforces in the same words (tests/test_results_schema.py holds hostile files for each). The published
+schema stays whole for other tools.
 """
 
 from __future__ import annotations
@@ -48,17 +55,45 @@ def schema_text(kind_name: str) -> str:
     return resources.files("kvgate.results").joinpath(SCHEMA_FOLDER, file_name(kind_name)).read_text(encoding="utf-8")
 
 
+# The rules of a published schema that `validate_structure` leaves to the file's typed reader: JSON Pointers to an
+# "items" keyword, i.e. the rule every entry of a per-token list meets; the list's own rules (its type, minItems,
+# the prefixItems of its first entry) stay in the structural pass.
+READER_CHECKED: dict[str, tuple[str, ...]] = {
+    "probe": (
+        "/$defs/token_ids/items",  # each token id a whole number >= 0 (prompt, generated and fresh ids)
+        "/$defs/logprobs/items",  # each generated logprob a number or "nan", "inf", "-inf"
+        "/$defs/tops/items",  # each generated position's top-k list of [token id, logprob] pairs
+        "/$defs/prompt/properties/prompt_logprobs/items",  # each prompt logprob after the first (null)
+        "/$defs/prompt/properties/prompt_top/items",  # each prompt position's top-k list after the first (null)
+    ),
+}
+
+
 @functools.cache
-def validator(kind_name: str) -> Draft202012Validator:
+def validator(kind_name: str, structure_only: bool = False) -> Draft202012Validator:
+    """The file kind's validator, built once: of the whole schema, or without the rules of READER_CHECKED."""
     schema = json.loads(schema_text(kind_name))
     Draft202012Validator.check_schema(schema)
+    if structure_only:
+        for pointer in READER_CHECKED.get(kind_name, ()):
+            *parents, keyword = pointer.lstrip("/").split("/")
+            functools.reduce(dict.__getitem__, parents, schema).pop(keyword)  # KeyError: a stale pointer
     return Draft202012Validator(schema)
 
 
 def validate(data: Any, kind_name: str, source: str) -> None:
     """Raise InputError naming `source`, the JSON path and the reason when `data` breaks the file kind's schema."""
+    _raise_first(validator(kind_name), data, source)
+
+
+def validate_structure(data: Any, kind_name: str, source: str) -> None:
+    """`validate` without the rules of READER_CHECKED[kind_name], for the typed reader that checks those itself."""
+    _raise_first(validator(kind_name, structure_only=True), data, source)
+
+
+def _raise_first(checker: Draft202012Validator, data: Any, source: str) -> None:
     try:
-        error = best_match(validator(kind_name).iter_errors(data))
+        error = best_match(checker.iter_errors(data))
     except RecursionError:
         raise InputError(source, "JSON nested too deeply", "the file") from None
     if error is not None:

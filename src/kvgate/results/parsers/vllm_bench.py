@@ -7,6 +7,7 @@ requests_per_second, tokens_per_second (+ model_id). Output tokens/s is only pri
 
 from __future__ import annotations
 
+import math
 import re
 
 from kvgate import InputError
@@ -52,9 +53,10 @@ def parse_log(text: str, source: str) -> tuple[float, float, float | None] | Non
     last = matches[-1]
     figures = [float(g) if g is not None else None for g in last.groups()]
     for value, name in zip(figures, ("requests/s", "total tokens/s", "output tokens/s"), strict=True):
-        if value is not None and value <= 0:
+        if value is not None and (value <= 0 or math.isinf(value)):  # 1e999 reads as infinity
             line = text.count("\n", 0, last.start()) + 1
-            raise InputError(source, f"{name} must be > 0, got {value:g}", f"line {line}")
+            bound = "> 0" if value <= 0 else "finite"
+            raise InputError(source, f"{name} must be {bound}, got {value:g}", f"line {line}")
     return figures[0], figures[1], figures[2]
 
 
