@@ -45,15 +45,19 @@ def lm_eval_gsm8k_yaml() -> Path:
     return path
 
 
-def task_yaml(include: Path, train: Path, test: Path) -> str:
-    """The task YAML text: lm-eval's gsm8k with the data swapped for local JSON files."""
+def task_yaml(include: Path, train: Path, test: Path, *, task: str = TASK_NAME,
+              over: str = "kvgate's generated grade-school problems", written_by: str = __name__,
+              task_class: str | None = None) -> str:
+    """The task YAML text: lm-eval's gsm8k with the data swapped for local JSON files (and, given `task_class`, its
+    task class for one of kvgate's, e.g. the pool's few-shot sampling)."""
     return (
-        "# Written by kvgate.workloads.gsm8k_local: lm-eval's own gsm8k task (prompt, few-shot format, metric and\n"
-        "# filters come from the included file) over kvgate's generated grade-school problems.\n"
+        f"# Written by {written_by}: lm-eval's own gsm8k task (prompt, few-shot format, metric and\n"
+        f"# filters come from the included file) over {over}.\n"
         f"include: {json.dumps(str(include))}\n"
-        f"task: {TASK_NAME}\n"
+        f"task: {task}\n"
         "tag: []\n"
-        "dataset_path: json\n"
+        + (f"class: !function {task_class}\n" if task_class else "")
+        + "dataset_path: json\n"
         "dataset_name: null\n"
         "dataset_kwargs:\n"
         "  data_files:\n"

@@ -85,20 +85,11 @@ def data_file(folder: Path, split: str) -> Path:
 
 def task_yaml(include: Path, train: Path, test: Path) -> str:
     """The task YAML text: lm-eval's gsm8k over the pool, its few-shot examples drawn by PoolTask."""
-    return (
-        "# Written by kvgate.workloads.gsm8k_pool: lm-eval's own gsm8k task (prompt, few-shot format, metric and\n"
-        "# filters come from the included file) over gsm8k's test split followed by its train split.\n"
-        f"include: {json.dumps(str(include))}\n"
-        f"task: {TASK_NAME}\n"
-        "tag: []\n"
-        f"class: !function {__name__}.PoolTask\n"
-        "dataset_path: json\n"
-        "dataset_name: null\n"
-        "dataset_kwargs:\n"
-        "  data_files:\n"
-        f"    train: {json.dumps(str(train))}\n"
-        f"    test: {json.dumps(str(test))}\n"
-    )
+    from kvgate.workloads import gsm8k_local
+
+    return gsm8k_local.task_yaml(include, train, test, task=TASK_NAME, written_by=__name__,
+                                 over="gsm8k's test split followed by its train split",
+                                 task_class=f"{__name__}.PoolTask")
 
 
 def write_task(folder: Path, *, source: str | None = None) -> str:
