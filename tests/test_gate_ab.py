@@ -201,6 +201,17 @@ def test_a_throughput_check_states_the_power_its_own_repeats_leave(tmp_path):
     assert check["figures"]["repeat_sd_log"] > 0.1 and check["figures"]["power_at_10_percent"] < 0.5
 
 
+def test_a_pass_after_an_infrastructure_retry_says_so(tmp_path):
+    run = ab_throughput(tmp_path, 1.0)
+    status = json.loads((run / AUTO / "status.json").read_text())
+    status["throughput"]["infra_retries"] = [{"run": "repeat 3/7", "reason": "Error in memory profiling"}]
+    (run / AUTO / "status.json").write_text(json.dumps(status))
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    check = checks(run, "throughput")[(AUTO, "requests_per_second")]
+    assert check["status"] == "pass"
+    assert "started again after an infrastructure failure (repeat 3/7: Error in memory profiling)" in check["notes"]
+
+
 def test_interleaved_ab_throughput_catches_a_ten_percent_slowdown_under_drift(tmp_path):
     run = ab_throughput(tmp_path / "slow", 0.90)
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1

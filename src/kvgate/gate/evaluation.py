@@ -129,6 +129,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
                       for results in (baseline, run) if results is not None for c in results.cells}
         checks = [apply_waiver(c, identities.get((c.cell, c.model)), waiver_for, today) for c in checks]
     checks = with_stage_seconds(checks, run)
+    checks = with_infra_retries(checks, run)
     checks = name_models_where_ids_repeat(checks)
     checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
     return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
@@ -246,6 +247,20 @@ def with_stage_seconds(checks: list[Check], run: RunResults) -> list[Check]:
                if result.status is not None and result.status.elapsed_s is not None}
     return [replace(c, seconds=seconds[key]) if (key := (c.cell, c.model, KIND_STAGE.get(c.kind))) in seconds else c
             for c in checks]
+
+
+def with_infra_retries(checks: list[Check], run: RunResults) -> list[Check]:
+    """A note on each check of a stage whose engine failed to start on the machine and was started again (either
+    side): what it met, so a pass after a retry says so."""
+    retried: dict[tuple[str, str, str], list[str]] = {}
+    for cell in run.cells:
+        for stage, result in cell.stages.items():
+            if result.status is not None and result.status.infra_retries:
+                side = f"{cell.side} side: " if cell.side != HEAD else ""
+                retried.setdefault((cell.identity.id, cell.identity.model, stage), []).extend(
+                    f"{side}{retry}" for retry in result.status.infra_retries)
+    return [replace(c, notes=(*c.notes, f"started again after an infrastructure failure ({'; '.join(found)})"))
+            if (found := retried.get((c.cell, c.model, KIND_STAGE.get(c.kind)))) else c for c in checks]
 
 
 def name_models_where_ids_repeat(checks: list[Check]) -> list[Check]:

@@ -95,6 +95,8 @@ class StageStatus:
     kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
     questions: QuestionsRecord | None = None  # accuracy: the design it ran under; None when not recorded
     elapsed_s: float | None = None  # how long the stage ran (seconds); None when not recorded or not a duration
+    # engine starts that failed on the machine and were made again (status.json infra_retries): "run: reason"
+    infra_retries: tuple[str, ...] = ()
 
 
 def contract_version_tuple(value: Any) -> tuple[int, int] | None:
