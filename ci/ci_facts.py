@@ -1,9 +1,9 @@
 """Which CI runs a job, GitHub Actions or Buildkite, and the facts the job's run.json takes from its variables.
 
 ci/cell_job.py and ci/gate_job.py import it (a script's own folder is first on Python's path). Stdlib only: the
-workflows and the Buildkite steps run these scripts with a bare python3, before kvgate is installed. The branch rule
-is also kvgate.runners.run_record.ci_branch's, which the runners' own run.json uses; tests/test_buildkite.py checks
-that the two agree.
+workflows and the Buildkite steps run these scripts with a bare python3, before kvgate is installed, so the branch
+rule comes from the checkout's kvgate.runners.environment.ci (stdlib only, as ci/plan.py reads kvgate.matrix), the
+module the runners' own run.json uses.
 
     source   "buildkite" where BUILDKITE=true (Buildkite sets it in every job), else "github-actions"
     branch   the branch a push or scheduled build ran on, which the gate's history of main reads (run.json `branch`,
@@ -16,7 +16,12 @@ that the two agree.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from kvgate.runners.environment.ci import ci_branch
 
 GITHUB_ACTIONS, BUILDKITE = "github-actions", "buildkite"
 # run.json key -> the variable each CI sets it from
@@ -35,11 +40,7 @@ def source(environ: Mapping[str, str]) -> str:
 
 def branch(environ: Mapping[str, str]) -> str | None:
     """The branch a push or scheduled build ran on; None for a pull request's build and outside CI."""
-    if source(environ) == BUILDKITE:
-        name = environ.get("BUILDKITE_BRANCH", "")
-        return name if name and environ.get("BUILDKITE_PULL_REQUEST", "false") == "false" else None
-    ref = environ.get("GITHUB_REF", "")
-    return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+    return ci_branch(environ)
 
 
 def run_facts(environ: Mapping[str, str]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from ci_scripts import load_ci_script
 from kvgate.cli import main as kvgate_main
 from kvgate.matrix import buildkite
 from kvgate.matrix import cells as kvmatrix
-from kvgate.runners.run_record import ci_branch
+from kvgate.runners.environment.ci import ci_branch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "ci" / "buildkite" / "schema" / "schema.json"

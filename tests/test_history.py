@@ -259,7 +259,7 @@ def test_the_postgresql_store_keeps_the_same_rows_on_a_real_server(tmp_path, mon
 
 
 def test_run_json_names_the_branch_of_a_ci_push_and_none_for_a_pull_request():
-    from kvgate.runners.run_record import ci_branch
+    from kvgate.runners.environment.ci import ci_branch
 
     assert ci_branch({"GITHUB_REF": "refs/heads/main"}) == "main"
     assert ci_branch({"GITHUB_REF": "refs/pull/7/merge"}) is None and ci_branch({}) is None

