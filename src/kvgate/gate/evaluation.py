@@ -128,8 +128,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         identities = {(c.identity.id, c.identity.model): c.identity
                       for results in (baseline, run) if results is not None for c in results.cells}
         checks = [apply_waiver(c, identities.get((c.cell, c.model)), waiver_for, today) for c in checks]
-    checks = with_stage_seconds(checks, run)
-    checks = with_infra_retries(checks, run)
+    checks = with_stage_facts(checks, run)
     checks = name_models_where_ids_repeat(checks)
     checks.sort(key=lambda c: (c.cell, KIND_ORDER.index(c.kind), c.subject or ""))
     return Verdict(checks=tuple(checks), run=run.folder, baseline=baseline.folder if baseline else None,
@@ -240,27 +239,31 @@ KIND_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "fp8_kv_cache": "acc
               "fp8_throughput": "throughput", "probe": "probe", "probe_ab": "probe"}  # the stage each kind judges
 
 
-def with_stage_seconds(checks: list[Check], run: RunResults) -> list[Check]:
-    """Each check of a cell's stage with the seconds that stage ran (status.json `elapsed_s` of the head cell)."""
-    seconds = {(cell.identity.id, cell.identity.model, stage): result.status.elapsed_s
-               for cell in run.cells if cell.side == HEAD for stage, result in cell.stages.items()
-               if result.status is not None and result.status.elapsed_s is not None}
-    return [replace(c, seconds=seconds[key]) if (key := (c.cell, c.model, KIND_STAGE.get(c.kind))) in seconds else c
-            for c in checks]
-
-
-def with_infra_retries(checks: list[Check], run: RunResults) -> list[Check]:
-    """A note on each check of a stage whose engine failed to start on the machine and was started again (either
-    side): what it met, so a pass after a retry says so."""
+def with_stage_facts(checks: list[Check], run: RunResults) -> list[Check]:
+    """Each check of a cell's stage with what status.json says of that stage beyond its outcome: the seconds it ran
+    (`elapsed_s` of the head cell, for junit.xml) and, on either side, the engine starts it made again after an
+    infrastructure failure (`infra_retries`, a note: a pass after a retry says so)."""
+    seconds: dict[tuple[str, str, str], float] = {}
     retried: dict[tuple[str, str, str], list[str]] = {}
     for cell in run.cells:
         for stage, result in cell.stages.items():
-            if result.status is not None and result.status.infra_retries:
-                side = f"{cell.side} side: " if cell.side != HEAD else ""
-                retried.setdefault((cell.identity.id, cell.identity.model, stage), []).extend(
-                    f"{side}{retry}" for retry in result.status.infra_retries)
-    return [replace(c, notes=(*c.notes, f"started again after an infrastructure failure ({'; '.join(found)})"))
-            if (found := retried.get((c.cell, c.model, KIND_STAGE.get(c.kind)))) else c for c in checks]
+            if result.status is None:
+                continue
+            key = (cell.identity.id, cell.identity.model, stage)
+            if cell.side == HEAD and result.status.elapsed_s is not None:
+                seconds[key] = result.status.elapsed_s
+            side = "" if cell.side == HEAD else f"{cell.side} side: "
+            retried.setdefault(key, []).extend(f"{side}{retry}" for retry in result.status.infra_retries)
+    out = []
+    for check in checks:
+        key = (check.cell, check.model, KIND_STAGE.get(check.kind))
+        if key in seconds:
+            check = replace(check, seconds=seconds[key])
+        if retried.get(key):
+            check = replace(check, notes=(*check.notes, f"started again after an infrastructure failure "
+                                                        f"({'; '.join(retried[key])})"))
+        out.append(check)
+    return out
 
 
 def name_models_where_ids_repeat(checks: list[Check]) -> list[Check]:
