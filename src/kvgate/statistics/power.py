@@ -200,7 +200,7 @@ def rounds_needed(*, repeat_sd: float, tolerance: float, slowdown: float, alpha:
     return None
 
 
-def stored_power(repeats: int | None, *, repeat_sd: float, run_to_run_sd: float, tolerance: float, slowdown: float,
+def stored_power(repeats: float | None, *, repeat_sd: float, run_to_run_sd: float, tolerance: float, slowdown: float,
                  alpha: float) -> float:
     """P(fail) against a stored baseline (normal approximation; repeats None = infinitely many on each side)."""
     within = 0.0 if repeats is None else 2 * repeat_sd**2 / repeats

@@ -84,7 +84,7 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
     notes = [f"interleaved A/B: paired by round ({test.n_current} rounds)" if interleaved else
              f"runs not interleaved: the policy's run-to-run SD ({100 * tput.run_to_run_sd:g} %) is part of the test "
              f"({tput.run_to_run_sd_source})"]
-    repeat_sd, caught = repeat_noise_power(test, old_values, values, tput, interleaved=interleaved)
+    repeat_sd, caught = repeat_noise_power(test, tput, interleaved=interleaved)
     figures.update({"repeat_sd_log": repeat_sd, "power_at_10_percent": caught})
     notes.append(f"this run's repeats vary {100 * repeat_sd:.3g} % (SD of log {measure}); at that noise the test "
                  f"catches a 10 % slowdown {100 * caught:.3g} % of the time"
@@ -112,24 +112,19 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
 POWER_SLOWDOWN = 0.10  # the slowdown each throughput check states its power for
 
 
-def repeat_noise_power(test: margins.RatioTest, old_values: list[float], values: list[float], tput: Any, *,
-                       interleaved: bool) -> tuple[float, float]:
-    """The per-repeat SD of log throughput the run's own repeats show, and the power the check had at it to catch a
-    POWER_SLOWDOWN slowdown (kvgate.statistics.power: the paired test over its rounds, or a stored baseline with
-    the policy's run-to-run SD)."""
+def repeat_noise_power(test: margins.RatioTest, tput: Any, *, interleaved: bool) -> tuple[float, float]:
+    """The per-repeat SD of log throughput the test's own standard error implies, and the power the check had at it
+    to catch a POWER_SLOWDOWN slowdown (kvgate.statistics.power: the paired test over its rounds, or a stored
+    baseline with the policy's run-to-run SD)."""
     if interleaved:  # SE of the mean paired difference = sqrt(2) x repeat SD / sqrt(rounds)
         repeat_sd = test.se_log * math.sqrt(test.n_current) / math.sqrt(2)
-        caught = power.paired_rounds_power(test.n_current, repeat_sd=repeat_sd, tolerance=tput.tolerance,
-                                           slowdown=POWER_SLOWDOWN, alpha=test.alpha)
-    else:
-        logs = [[math.log(v) for v in side] for side in (old_values, values)]
-        df = sum(len(side) - 1 for side in logs)
-        squares = sum((x - sum(side) / len(side)) ** 2 for side in logs for x in side)
-        repeat_sd = math.sqrt(squares / df) if df > 0 else 0.0
-        caught = power.stored_power(min(len(values), len(old_values)), repeat_sd=repeat_sd,
-                                    run_to_run_sd=tput.run_to_run_sd, tolerance=tput.tolerance,
-                                    slowdown=POWER_SLOWDOWN, alpha=test.alpha)
-    return repeat_sd, caught
+        return repeat_sd, power.paired_rounds_power(test.n_current, repeat_sd=repeat_sd, tolerance=tput.tolerance,
+                                                    slowdown=POWER_SLOWDOWN, alpha=test.alpha)
+    # SE^2 = repeat SD^2 (1/R_b + 1/R_c) + 2 run-to-run SD^2 (margins.unpaired_ratio_test); R = their harmonic mean
+    repeats = 2 / (1 / test.n_baseline + 1 / test.n_current)
+    repeat_sd = math.sqrt(max(0.0, test.se_log**2 - 2 * tput.run_to_run_sd**2) * repeats / 2)
+    return repeat_sd, power.stored_power(repeats, repeat_sd=repeat_sd, run_to_run_sd=tput.run_to_run_sd,
+                                         tolerance=tput.tolerance, slowdown=POWER_SLOWDOWN, alpha=test.alpha)
 
 
 ROUND_FILE = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
