@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def test_cpu_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from engine_hosts import fp8_cpu_engine_problem
 
     fp8_here = fp8_cpu_engine_problem() is None
-    print("host:", "runs the CPU FP8 cell" if fp8_here else fp8_cpu_engine_problem())
+    print("host:", "runs the CPU FP8 cell" if fp8_here else fp8_cpu_engine_problem(), file=sys.stderr)
     assert main(["kernels", "--run-dir", str(tmp_path), "--arch-default", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "cpu_mla-auto-cpu: ok (4 passed, 0 failed, 0 skipped" in out
