@@ -48,6 +48,7 @@ from synthetic_run import (  # noqa: E402
     flexible_from_strict,
     write_accuracy,
     write_cell,
+    write_engines_ab_run,
     write_throughput,
 )
 
@@ -362,6 +363,53 @@ def throughput_table(args: argparse.Namespace, gate: Gate, rng: np.random.Genera
     return lines
 
 
+def engine_table(args: argparse.Namespace, gate: Gate, rng: np.random.Generator) -> list[str]:
+    """The design every workload runs today (matrix/workloads.toml: one engine a side, a warm-up, then `repeats`
+    repeats), at each [[throughput.measured_noise]] figure of the policy that has an engine SD: an engine's level
+    drawn once per side (the true engine SD: the policy's, then 2x and 4x it, what a lucky measurement would hide),
+    repeats around it at the measured repeat SD. The test is the gate's (margins.engine_ratio_test with the policy's
+    engine SD); a subset goes through `kvgate gate --require-baseline` on A/B folders as the runners write them."""
+    runs = args.throughput_runs
+    workloads = matrix_module.load().workloads
+    lines = ["", f"THROUGHPUT, the engine design (one engine a side): P(fail) in % at the true slowdown; tolerance "
+             f"{100 * TPUT.tolerance:g} %, alpha {TPUT.alpha:g}; {runs} simulated A/B runs per figure",
+             "cell (workload)                             true engine SD    slow 0   slow tol   power 10 %   CLI agrees"]
+    level = 5.11
+    for noise in TPUT.measured_noise:
+        if noise.engine_sd is None or noise.workload not in workloads:
+            continue
+        repeats = int(workloads[noise.workload].throughput["repeats"])
+        model = workloads[noise.workload].model
+        backend, dtype = noise.cell.rsplit("-", 2)[0].upper(), noise.cell.rsplit("-", 2)[1]
+        for factor in (1, 2, 4):
+            true_sd = noise.engine_sd * factor
+            rates, agree, total = [], 0, 0
+            for slowdown in (0.0, TPUT.tolerance, 0.10):
+                levels = rng.normal(0, true_sd, (runs, 2))
+                failed = 0
+                for i in range(runs):
+                    sides = [level * (1 - s) * np.exp(levels[i, k] + rng.normal(0, noise.repeat_sd, repeats))
+                             for k, s in enumerate((0.0, slowdown))]
+                    test = margins.engine_ratio_test([sides[0]], [sides[1]], min_ratio=1 - TPUT.tolerance,
+                                                     alpha=TPUT.alpha, engine_sd=(noise.engine_sd, noise.engine_sd))
+                    decision = margins.throughput_regressed(test, alpha=TPUT.alpha)
+                    failed += decision
+                    if factor == 1 and i < args.cli_runs and slowdown in (TPUT.tolerance, 0.10):
+                        run = write_engines_ab_run(gate.folder(), [list(map(float, sides[0]))],
+                                                   [list(map(float, sides[1]))], backend=backend,
+                                                   kv_cache_dtype=dtype, arch=noise.arch, model=model)
+                        status = check_of(gate.judge(run, "--require-baseline"), "throughput", cell=noise.cell,
+                                          subject=None)["status"]
+                        agree += status == ("fail" if decision else "pass")
+                        total += 1
+                rates.append(failed / runs)
+            label = f"{noise.cell} ({noise.workload})"
+            agreed = f"{agree}/{total}" if total else "-"
+            lines.append(f"{label:<43} {100 * true_sd:5.2f} % (x{factor})  " + "  ".join(pct(r, runs) for r in rates)
+                         + f"  {agreed}")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 def main() -> None:
@@ -375,6 +423,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="a few hundred runs per figure (a smoke test)")
     parser.add_argument("--seed", type=int, default=20261130)
+    parser.add_argument("--only", nargs="+", default=None, metavar="SECTION",
+                        help="run these sections only (accuracy, run, sequential, throughput, engines)")
     args = parser.parse_args()
     if args.quick:
         args.runs = args.sequential_runs = args.throughput_runs = 400
@@ -387,9 +437,11 @@ def main() -> None:
           f"seed {args.seed}")
     sections: list[tuple[str, Callable[..., list[str]]]] = [
         ("accuracy per cell", accuracy_cell_table), ("run level", run_level_table),
-        ("sequential", sequential_table), ("throughput", throughput_table)]
+        ("sequential", sequential_table), ("throughput", throughput_table), ("engines", engine_table)]
     try:
         for name, section in sections:
+            if args.only and name.split()[0] not in args.only:
+                continue
             t0 = time.perf_counter()
             for line in section(args, gate, rng):
                 print(line, flush=True)

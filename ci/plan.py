@@ -28,8 +28,8 @@ otherwise) on self-hosted runners, so main's baseline never runs where a pull re
 
 GPU-minutes: every GPU cell's minutes are estimated before anything runs, as an upper bound (its planned stages'
 timeouts from matrix/workloads.toml, times the sides of an A/B run, or the cells job's timeout-minutes where that is
-less; kvgate records no measured minutes for the matrix's workloads on their archs yet, so every figure is a bound
-and says so). The GPU cells run only when asked for (KVGATE_GPU=true: the workflows set it on main's own runs and
+less); a stage whose minutes were measured for the cell's workload on its arch (workloads.toml measured_minutes)
+counts those instead, and the figure says which it is. The GPU cells run only when asked for (KVGATE_GPU=true: the workflows set it on main's own runs and
 for a pull request that carries the label `kvgate-gpu`), and only as many as the cap allows
 (KVGATE_GPU_MINUTES_CAP, the repository variable; empty: no cap). A planned cell held back either way is never
 dropped: it stays in `planned` with its reason (`held_back`), the plan and the step summary name it, and the gate,
@@ -132,15 +132,24 @@ def is_gpu_cell(entry: Mapping[str, object]) -> bool:
     return entry.get("arch") != "cpu"
 
 
-def gpu_minutes(entry: Mapping[str, object], timeouts: Mapping[str, int], budget: GpuBudget) -> tuple[float, str]:
-    """(the cell's GPU-minutes, upper bound; what bounds it, in words): its planned stages' timeouts times its sides,
-    or the cells job's timeout-minutes where that is less."""
-    stages = entry.get("stages") or PLANNED_STAGES
-    seconds = sum(timeouts.get(str(stage), DEFAULT_STAGE_TIMEOUT_S) for stage in stages if stage in PLANNED_STAGES)
+def gpu_minutes(entry: Mapping[str, object], timeouts: Mapping[str, int], budget: GpuBudget,
+                measured: Mapping[str, float] | None = None) -> tuple[float, str]:
+    """(the cell's GPU-minutes; what they rest on, in words): each planned stage's measured minutes a side where the
+    matrix records them for the cell's workload and arch (workloads.toml measured_minutes), else its timeout (an upper
+    bound), times the sides; or the cells job's timeout-minutes where that is less."""
+    stages = [str(s) for s in (entry.get("stages") or PLANNED_STAGES) if s in PLANNED_STAGES]
+    measured = measured or {}
+    seconds = sum(60 * measured[s] if s in measured else timeouts.get(s, DEFAULT_STAGE_TIMEOUT_S) for s in stages)
     by_stages = budget.sides * seconds / 60
     if by_stages <= budget.job_minutes:
         sides = f" x {budget.sides} sides" if budget.sides > 1 else ""
-        return by_stages, f"upper bound: its stage timeouts{sides}"
+        timed = [s for s in stages if s in measured]
+        if not timed:
+            return by_stages, f"upper bound: its stage timeouts{sides}"
+        bounded = [s for s in stages if s not in measured]
+        text = f"measured: {', '.join(f'{s} {measured[s]:g} min' for s in timed)}"
+        return by_stages, text + (f"; upper bound: the {', '.join(bounded)} timeout{'s' if len(bounded) > 1 else ''}"
+                                  if bounded else "") + sides
     return float(budget.job_minutes), f"upper bound: the cells job's timeout-minutes ({budget.job_minutes})"
 
 
@@ -158,7 +167,7 @@ class Budgeted:
 
 
 def apply_gpu_budget(matrix: dict[str, list[dict[str, object]]], timeouts_of: Mapping[str, Mapping[str, int]],
-                     budget: GpuBudget) -> Budgeted:
+                     budget: GpuBudget, measured_of: Mapping[str, Mapping[str, float]] | None = None) -> Budgeted:
     """Hold back the GPU cells when they were not asked for, and, in plan order, each GPU cell that would take the
     running total past the cap; every held cell keeps its entry with `held_back` (its reason)."""
     out = Budgeted(run=[], held=[], minutes={})
@@ -168,7 +177,8 @@ def apply_gpu_budget(matrix: dict[str, list[dict[str, object]]], timeouts_of: Ma
             out.run.append(entry)
             continue
         cell = str(entry["cell"])
-        minutes, _ = out.minutes[cell] = gpu_minutes(entry, timeouts_of.get(cell, {}), budget)
+        minutes, _ = out.minutes[cell] = gpu_minutes(entry, timeouts_of.get(cell, {}), budget,
+                                                     (measured_of or {}).get(cell))
         if not budget.triggered:
             reason = (f"not run: the GPU cells run on a pull request only when it carries the label `{GPU_LABEL}` "
                       "(add it to run them)")
@@ -209,14 +219,23 @@ def read_budget(environ: Mapping[str, str], event: str) -> GpuBudget:
 
 def workload_timeouts(matrix: dict[str, list[dict[str, object]]]) -> dict[str, dict[str, int]]:
     """Each planned cell's stage timeouts, from the trusted matrix (kvgate.matrix is stdlib only, as in noxfile.py)."""
+    return {cell: dict(declared.workload.timeouts) for cell, declared in _declared(matrix).items()}
+
+
+def workload_measured_minutes(matrix: dict[str, list[dict[str, object]]]) -> dict[str, dict[str, float]]:
+    """Each planned cell's measured stage minutes a side on its arch (workloads.toml measured_minutes), where any."""
+    return {cell: dict(declared.workload.measured_minutes.get(declared.arch, {}))
+            for cell, declared in _declared(matrix).items() if declared.workload.measured_minutes.get(declared.arch)}
+
+
+def _declared(matrix: dict[str, list[dict[str, object]]]) -> dict[str, object]:
     if not matrix["include"]:
         return {}
     sys.path.insert(0, str(ROOT / "src"))
     from kvgate.matrix import cells as kvmatrix
 
     declared = {cell.id: cell for cell in kvmatrix.load(ROOT / "matrix").cells}
-    return {str(e["cell"]): dict(declared[str(e["cell"])].workload.timeouts) for e in matrix["include"]
-            if str(e["cell"]) in declared}
+    return {str(e["cell"]): declared[str(e["cell"])] for e in matrix["include"] if str(e["cell"]) in declared}
 
 
 def _matches(path: str, patterns: Sequence[str]) -> bool:
@@ -360,7 +379,10 @@ def _minutes_cell(minutes: Mapping[str, tuple[float, str]], entry: Mapping[str, 
 def budget_line(budgeted: Budgeted) -> str:
     """The plan's GPU-minutes in one line: the upper bound of the cells that run, and what was held back."""
     gpu = sum(1 for e in budgeted.run if str(e["cell"]) in budgeted.minutes)
-    line = f"GPU-minutes: at most {budgeted.run_minutes:g} for {gpu} GPU cells (upper bounds, not measurements)"
+    timed = sum(1 for e in budgeted.run if budgeted.minutes.get(str(e["cell"]), (0, ""))[1].startswith("measured"))
+    kind = "upper bounds, not measurements" if not timed else f"{timed} of them with measured stage minutes, the rest " \
+                                                              "upper bounds"
+    line = f"GPU-minutes: at most {budgeted.run_minutes:g} for {gpu} GPU cells ({kind})"
     if budgeted.held:
         line += f"; held back: {', '.join(str(e['cell']) for e in budgeted.held)}"
     return line + "."
@@ -552,7 +574,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         matrix, reason, explanation = plan(args.event, changed, args.nox.split(), ROOT, args.change_of, all_cells,
                                            args.vllm_git)
         matrix = with_runner_pool(matrix, args.pool_label)
-        budgeted = apply_gpu_budget(matrix, workload_timeouts(matrix), read_budget(os.environ, args.event))
+        budgeted = apply_gpu_budget(matrix, workload_timeouts(matrix), read_budget(os.environ, args.event),
+                                    workload_measured_minutes(matrix))
         _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix, budgeted),
                                                                "merge-base": args.merge_base}))
     except PlanError as error:

@@ -353,3 +353,25 @@ def write_ab_run(run_dir: Path, axes: Sequence[tuple[str, str, str]], *, n: int 
             write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence},
                                 "throughput": {"status": "ok", "interleaved": {"rounds": 3}}})
     return run_dir
+
+
+def write_engines_ab_run(run_dir: Path, base: Sequence[Sequence[float]], head: Sequence[Sequence[float]], *,
+                         backend: str = "FLASHMLA", kv_cache_dtype: str = "fp8", arch: str = "sm90",
+                         model: str = SEED_MODEL) -> Path:
+    """An A/B run of one cell's throughput as kvgate's runners write it from contract 1.9: each side's repeats in
+    engines (a list of each engine's req/s), status.json `engines` and `interleaved` by engine."""
+    run_dir = Path(run_dir)
+    identity = cell_id(backend, kv_cache_dtype, arch)
+    for side, engines in (("base", base), ("head", head)):
+        cell = write_cell(run_dir, backend=backend, kv_cache_dtype=kv_cache_dtype, arch=arch, model=model,
+                          folder=identity if side == "head" else f"{identity}--base",
+                          extra={"contract_version": "1.9", "side": side, "task": "kvgate_gsm8k_test_train"})
+        write_throughput(cell, [v for engine in engines for v in engine])
+        grouping, first = [], 1
+        for number, engine in enumerate(engines, 1):
+            grouping.append({"engine": number, "repeats": list(range(first, first + len(engine)))})
+            first += len(engine)
+        write_status(cell, {"throughput": {"status": "ok", "engines": grouping, "interleaved": {
+            "order": ["base", "head"], "rounds": min(len(base), len(head)), "by": "engine"}}})
+    (run_dir / "run.json").write_text(json.dumps({"contract_version": "1.9", "sides": ["base", "head"]}) + "\n")
+    return run_dir

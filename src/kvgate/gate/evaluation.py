@@ -43,6 +43,8 @@ from kvgate.gate.verdict import Check, Verdict
 from kvgate.results.records import BASE, HEAD, RunResults, contract_version_tuple
 from kvgate.statistics import margins
 
+# A cell whose outputs are wrong (one of these failed or errored): its speed is not evidence of anything
+OUTPUT_KINDS = ("accuracy", "fp8_accuracy", "baseline_accuracy", "accuracy_floor", "fp8_kv_cache", "probe", "probe_ab")
 KIND_ORDER = ("baseline", "contract", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor",
               "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput", "probe", "probe_ab")
 
@@ -124,6 +126,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
             adjusted_by_id.update({id(p): a for p, a in zip(members, adjusted, strict=True)})
     for item in pending:
         checks.append(decide(item, adjusted_by_id.get(id(item))))
+    checks = speed_of_broken_cells(checks)
     if waiver_for is not None:
         identities = {(c.identity.id, c.identity.model): c.identity
                       for results in (baseline, run) if results is not None for c in results.cells}
@@ -306,3 +309,22 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
             "design_flips_by_model": {model: dict(flips)
                                       for model, flips in policy.accuracy.design_flips_by_model.items()},
             "fp8_kv_cache_min_token_ratio": policy.kv_cache.fp8_min_token_ratio}
+
+
+def speed_of_broken_cells(checks: list[Check]) -> list[Check]:
+    """Throughput counts only for a cell whose outputs are right: a throughput check that passed for a cell whose
+    accuracy, KV cache or probe check failed or errored is that broken cell's speed, and fails with that said."""
+    broken: dict[tuple[str, str | None], Check] = {}
+    for check in checks:
+        if check.kind in OUTPUT_KINDS and check.status in ("fail", "error"):
+            broken.setdefault((check.cell, check.model), check)
+    out = []
+    for check in checks:
+        cause = broken.get((check.cell, check.model))
+        if cause is not None and check.kind in ("throughput", "fp8_throughput") and check.status in ("pass", "info"):
+            why = f"the speed of a broken cell: its {cause.kind} check {'failed' if cause.status == 'fail' else 'errored'}"
+            check = replace(check, status="fail" if check.status == "pass" else check.status,
+                            detail=f"{why}; {check.detail}", headline=why,
+                            notes=(*check.notes, "throughput counts only for a cell whose outputs are right"))
+        out.append(check)
+    return out

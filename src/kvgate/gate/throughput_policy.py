@@ -29,8 +29,11 @@ class Fp8OverAutoExpectation:
     where: str  # e.g. "throughput.fp8_over_auto[0]"
     cell: str | None = None  # an FP8 cell id, or
     match: Match | None = None  # a selector over FP8 cells
+    model: str | None = None  # only for cells running this model (the expectation's `workload`'s); None: any
 
     def covers(self, cell: CellLike) -> bool:
+        if self.model is not None and getattr(cell, "model", None) != self.model:
+            return False
         if self.cell is not None:
             return cell.id == self.cell
         return self.match is not None and self.match.matches(cell)
@@ -38,14 +41,28 @@ class Fp8OverAutoExpectation:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MeasuredNoise:
-    """A measured per-repeat SD of log throughput (each repeat its own fresh engine), with where it comes from."""
+    """Throughput noise measured for one cell running one workload: the SD of log throughput between the repeats of
+    one engine (repeat_sd) and between engine starts beyond that (engine_sd), with where it comes from."""
 
-    arch: str
+    workload: str  # a workload of matrix/workloads.toml (or of a benchmark's matrix folder)
     cell: str
-    repeat_sd: float
+    repeat_sd: float  # within one engine; with engine_sd absent: each repeat was its own engine (the total)
+    engine_sd: float | None  # between engine starts, beyond the repeats' spread; None: not separable
+    engines: int  # the engine starts it rests on
     repeats: int  # the measured repeats it rests on
     date: str
     source: str
+    model: str | None = None  # the workload's model in this matrix; None: the matrix has no such workload
+    shape: str = ""  # the workload it was measured at, for people
+
+    @property
+    def arch(self) -> str:
+        return self.cell.rsplit("-", 1)[-1]
+
+    @property
+    def per_engine_sd(self) -> float:
+        """The SD of one engine's level (its engine part and one repeat's), what a design of one repeat an engine sees."""
+        return math.hypot(self.engine_sd or 0.0, self.repeat_sd) if self.engine_sd is not None else self.repeat_sd
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,7 +76,21 @@ class ThroughputPolicy:
     run_to_run_sd_source: str  # where that figure comes from
     rounds: int  # interleaved A/B rounds the policy's power needs
     fp8_over_auto: tuple[Fp8OverAutoExpectation, ...] = ()
-    measured_noise: tuple[MeasuredNoise, ...] = ()  # what the stated throughput power rests on, per arch
+    measured_noise: tuple[MeasuredNoise, ...] = ()  # what the tests and their stated power rest on, per cell
+
+    def noise_for(self, cell_id: str, model: str) -> MeasuredNoise | None:
+        """The measured noise of this cell running this model (its workload's), or None."""
+        return next((n for n in self.measured_noise if n.cell == cell_id and n.model == model), None)
+
+    def engine_sd_for(self, cell_id: str, model: str) -> tuple[float, str]:
+        """The engine-to-engine SD a test of this cell uses, and where it comes from: its measurement, else the
+        policy's run_to_run_sd standing in for it."""
+        noise = self.noise_for(cell_id, model)
+        if noise is not None and noise.engine_sd is not None:
+            return noise.engine_sd, (f"{100 * noise.engine_sd:.3g} % between engines, measured for {noise.workload} "
+                                     f"({noise.date}, {noise.engines} engines)")
+        return self.run_to_run_sd, (f"no engine-to-engine SD measured for this cell and model: the policy's "
+                                    f"run-to-run {100 * self.run_to_run_sd:g} % stands in")
 
     def fp8_over_auto_expectation(self, cell: CellLike) -> Fp8OverAutoExpectation | None:
         """The first expectation declared for this FP8 cell, or None (then the ratio is only reported)."""
@@ -83,7 +114,7 @@ def parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> T
         entries = []
     for index, entry in enumerate(entries):
         sub = f"{where}.fp8_over_auto[{index}]"
-        if not reader.keys(entry, sub, ["min_ratio", "reason"], ["cell", "match"]):
+        if not reader.keys(entry, sub, ["min_ratio", "reason"], ["cell", "match", "workload"]):
             continue
         if ("cell" in entry) == ("match" in entry):
             reader.error("give exactly one of 'cell' or 'match'", sub)
@@ -100,9 +131,18 @@ def parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> T
                                  matrix.backends)
             if match is not None and not any(match.matches(c) for c in matrix.cells if c.is_fp8):
                 reader.error("matches no FP8 cell", f"{sub}.match", "Fix its names or delete it")
+        model = None
+        if "workload" in entry:
+            name = reader.string(entry, "workload", sub)
+            if matrix is not None:
+                if name in matrix.workloads:
+                    model = matrix.workloads[name].model
+                else:
+                    reader.error(f"unknown workload '{name}'", f"{sub}.workload",
+                                 unknown_name_hint(name, list(matrix.workloads)))
         expectations.append(Fp8OverAutoExpectation(
             min_ratio=_number(reader, entry, "min_ratio", sub, low=0, high=100, low_open=True),
-            reason=reader.string(entry, "reason", sub), where=sub, cell=cell_id, match=match))
+            reason=reader.string(entry, "reason", sub), where=sub, cell=cell_id, match=match, model=model))
     return ThroughputPolicy(
         tolerance=_number(reader, table, "tolerance", where, low=0, high=1, high_open=True),
         alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
@@ -117,6 +157,9 @@ def parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> T
     )
 
 
+NOISE_KEYS = ("workload", "cell", "repeat_sd", "repeats", "engines", "date", "source")
+
+
 def _parse_measured_noise(reader: TomlReader, entries: Any, where: str, matrix: Matrix | None) -> tuple[MeasuredNoise, ...]:
     if not isinstance(entries, list):
         reader.error("expected [[throughput.measured_noise]] tables", where)
@@ -124,18 +167,28 @@ def _parse_measured_noise(reader: TomlReader, entries: Any, where: str, matrix: 
     found = []
     for index, entry in enumerate(entries):
         sub = f"{where}[{index}]"
-        if not reader.keys(entry, sub, ["arch", "cell", "repeat_sd", "repeats", "date", "source"]):
+        if not reader.keys(entry, sub, NOISE_KEYS, ["engine_sd", "shape"]):
             continue
         cell_id = reader.string(entry, "cell", sub)
-        arch = reader.string(entry, "arch", sub)
+        workload = reader.string(entry, "workload", sub)
+        model = None
         if matrix is not None:
-            if arch and arch not in matrix.archs:
-                reader.error(f"unknown arch '{arch}'", f"{sub}.arch", unknown_name_hint(arch, list(matrix.archs)))
             ids = [c.id for c in matrix.cells]
             if cell_id and cell_id not in ids:
                 reader.error(f"unknown cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, ids))
+            if workload in matrix.workloads:  # another matrix folder's workload (a benchmark's): listed, not used
+                model = matrix.workloads[workload].model
+        engines = _count(reader, entry, "engines", sub, low=1, high=math.inf)
+        engine_sd = None
+        if "engine_sd" in entry:
+            engine_sd = _number(reader, entry, "engine_sd", sub, low=0, high=1)
+            if engines < 2:
+                reader.error("an engine-to-engine SD needs at least 2 engines", f"{sub}.engines",
+                             "Measure in several engine starts, or leave engine_sd out")
         found.append(MeasuredNoise(
-            arch=arch, cell=cell_id, repeat_sd=_number(reader, entry, "repeat_sd", sub, low=0, high=1, low_open=True),
+            workload=workload, cell=cell_id, model=model, engine_sd=engine_sd, engines=engines,
+            repeat_sd=_number(reader, entry, "repeat_sd", sub, low=0, high=1, low_open=True),
             repeats=_count(reader, entry, "repeats", sub, low=2, high=math.inf), date=reader.string(entry, "date", sub),
-            source=reader.string(entry, "source", sub)))
+            source=reader.string(entry, "source", sub),
+            shape=reader.string(entry, "shape", sub) if "shape" in entry else ""))
     return tuple(found)

@@ -285,7 +285,14 @@ GSM8K_KEYS = ("task", "num_fewshot", "limit", "batch_size")
 GSM8K_OPTIONAL_KEYS = ("add_bos_token", "max_gen_toks")
 # add_bos_token: lm-eval's vllm model argument (absent: the tokenizer's own default); max_gen_toks: lm-eval's
 # generation cap per answer (absent: the task's, 256 for gsm8k), passed as --gen_kwargs
-THROUGHPUT_KEYS = ("dataset_name", "random_input_len", "random_output_len", "num_prompts", "repeats", "warmups")
+THROUGHPUT_KEYS = ("dataset_name", "random_input_len", "random_output_len", "num_prompts", "repeats")
+THROUGHPUT_OPTIONAL_KEYS = ("engines", "warmup_output_len", "weights", "engine_args",
+                            "warmups")  # warmups: refused with its replacement named
+# weights: "real" (the model's own) or "dummy" (its architecture from the config kvgate ships, load_format "dummy";
+# kvgate.workloads.dummy_weights); engine_args: engine arguments of the throughput stage only, over model_args
+THROUGHPUT_WEIGHTS = ("real", "dummy")
+ENGINE_ARGS_SET_BY_KVGATE = ("pretrained", "kv_cache_dtype", "attention_backend", "calculate_kv_scales",
+                             "load_format", "model")
 TIMEOUT_KEYS = ("accuracy", "throughput")  # seconds per stage of one cell; the kernels stage is not the model's
 
 
@@ -298,13 +305,14 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
         return workloads
     gsm8k_defaults = _settings(reader, defaults["gsm8k"], "defaults.gsm8k", GSM8K_KEYS, required=True,
                                optional=GSM8K_OPTIONAL_KEYS)
-    throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True)
+    throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True,
+                                    optional=THROUGHPUT_OPTIONAL_KEYS)
     timeout_defaults = _settings(reader, defaults.get("timeouts", {}), "defaults.timeouts", TIMEOUT_KEYS)
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
                            ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy",
-                            "architectures", "fp8_kv_scales"]):
+                            "architectures", "fp8_kv_scales", "measured_minutes"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -323,7 +331,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             gsm8k={**gsm8k_defaults, **_settings(reader, spec.get("gsm8k", {}), f"{where}.gsm8k",
                                                  (*GSM8K_KEYS, *GSM8K_OPTIONAL_KEYS))},
             throughput={**throughput_defaults,
-                        **_settings(reader, spec.get("throughput", {}), f"{where}.throughput", THROUGHPUT_KEYS)},
+                        **_settings(reader, spec.get("throughput", {}), f"{where}.throughput",
+                                          (*THROUGHPUT_KEYS, *THROUGHPUT_OPTIONAL_KEYS))},
             timeouts={**timeout_defaults,
                       **_settings(reader, spec.get("timeouts", {}), f"{where}.timeouts", TIMEOUT_KEYS)},
             calculate_kv_scales=reader.boolean(spec, "calculate_kv_scales", where)
@@ -332,8 +341,31 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             if "expected_accuracy" in spec else None,
             architectures=_architectures(reader, spec.get("architectures", []), f"{where}.architectures"),
             fp8_kv_scales=_fp8_kv_scales(reader, spec, where),
+            measured_minutes=_measured_minutes(reader, spec.get("measured_minutes", {}), f"{where}.measured_minutes",
+                                               spec.get("archs", [])),
         )
     return workloads
+
+
+def _measured_minutes(reader: TomlReader, table: Any, where: str, archs: Any) -> dict[str, dict[str, float]]:
+    """{ <arch> = { <stage> = minutes a side, ... } }: what a stage took where it was measured."""
+    if not isinstance(table, dict):
+        reader.error(f"expected a table of archs, got {describe_value(table)}", where)
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for arch, stages in table.items():
+        if not isinstance(archs, list) or arch not in archs:
+            reader.error(f"'{arch}' is not one of this workload's archs", f"{where}.{arch}",
+                         unknown_name_hint(str(arch), [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []))
+            continue
+        if not reader.keys(stages, f"{where}.{arch}", [], TIMEOUT_KEYS):
+            continue
+        for stage, minutes in stages.items():
+            if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes < 10_000:
+                reader.error(f"expected minutes > 0, got {describe_value(minutes)}", f"{where}.{arch}.{stage}")
+                continue
+            out.setdefault(arch, {})[stage] = float(minutes)
+    return out
 
 
 def _fp8_kv_scales(reader: TomlReader, spec: Mapping[str, Any], where: str) -> str:
@@ -399,12 +431,31 @@ def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], r
             if not isinstance(value, str) or not value:
                 reader.error(f"expected a name, got {describe_value(value)}", f"{where}.{key}")
                 continue
+        elif key == "weights":
+            if value not in THROUGHPUT_WEIGHTS:
+                reader.error(f"expected one of {', '.join(map(repr, THROUGHPUT_WEIGHTS))}, got {describe_value(value)}",
+                             f"{where}.{key}", "\"dummy\" times the model's architecture with random weights "
+                             "(kvgate ships its config); \"real\" loads the model")
+                continue
+        elif key == "engine_args":
+            if not isinstance(value, dict):
+                reader.error(f"expected a table of engine arguments, got {describe_value(value)}", f"{where}.{key}")
+                continue
+            reserved = [name for name in value if name in ENGINE_ARGS_SET_BY_KVGATE]
+            if reserved:
+                reader.error(f"'{reserved[0]}' is set by kvgate", f"{where}.{key}.{reserved[0]}",
+                             "Delete it (load_format comes from throughput.weights)")
+                continue
+        elif key == "warmups":
+            reader.error("'warmups' is gone: each engine now opens with a warm-up of the workload's prompts",
+                         f"{where}.{key}", "Write warmup_output_len = <tokens a warm-up prompt generates> (0: none)")
+            continue
         elif key == "batch_size":
             if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0)):
                 reader.error(f"expected \"auto\" or a positive integer, got {describe_value(value)}", f"{where}.{key}")
                 continue
         else:
-            minimum = 0 if key in ("limit", "num_fewshot", "warmups") else 1
+            minimum = 0 if key in ("limit", "num_fewshot", "warmup_output_len") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 reader.error(f"expected an integer >= {minimum}, got {describe_value(value)}", f"{where}.{key}")
                 continue

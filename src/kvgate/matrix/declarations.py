@@ -80,6 +80,8 @@ class Workload:
     fp8_kv_scales: str = "none"
     expected_accuracy: ExpectedAccuracy | None = None
     architectures: tuple[str, ...] = ()  # the model's architectures (config.json), for the import-graph selection
+    # GPU-minutes one side of a stage took where it was measured: arch -> stage -> minutes (the plan's estimate)
+    measured_minutes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def is_local_model(self) -> bool:

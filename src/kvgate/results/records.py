@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.8"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.9"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -97,6 +97,9 @@ class StageStatus:
     elapsed_s: float | None = None  # how long the stage ran (seconds); None when not recorded or not a duration
     # engine starts that failed on the machine and were made again (status.json infra_retries): "run: reason"
     infra_retries: tuple[str, ...] = ()
+    # throughput (1.9): the repeat numbers each engine measured (status.json engines[].repeats), in engine order;
+    # None when not recorded (written before 1.9: every repeat its own engine)
+    engines: tuple[tuple[int, ...], ...] | None = None
 
 
 def contract_version_tuple(value: Any) -> tuple[int, int] | None:

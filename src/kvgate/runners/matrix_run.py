@@ -62,6 +62,7 @@ class RunOptions:
     questions_note: str | None = None  # why no cell has the policy's questions (the caller chose them: --limit)
     base_from: tuple[Path, str] | None = None  # an earlier run's folder and side reused as the base (check_base_from)
     stop_early: bool = True  # False: a reference run (--powered), every cell answers its design's questions in full
+    allow_shared_gpu: bool = False  # `--allow-shared-gpu`: time throughput on a GPU that other processes hold
     environ: dict[str, str] | None = None  # default os.environ
 
 
@@ -324,6 +325,7 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
     dataset not in the cache an offline engine reads, an engine option the cell's vLLM does not have)."""
     needs_engine = any(stage in ("accuracy", "throughput") for stage in options.stages)
     model_path, include_path, setup_error = cell.model, None, None
+    throughput_model_path = None
     try:
         if needs_engine and cell.workload.is_local_model:
             from kvgate.workloads.tiny_models import resolve_model
@@ -334,13 +336,21 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
                         f"{' with the k/v scales of its FP8 checkpoint' if cell.loads_checkpoint_kv_scales else ''} "
                         f"is {model_path} "
                         f"({time.monotonic() - began:.1f} s to find or build)")
+        if "throughput" in options.stages and cell.workload.throughput.get("weights") == "dummy":
+            from kvgate.workloads.dummy_weights import ensure_model
+
+            began = time.monotonic()
+            throughput_model_path = str(ensure_model(cell.model))
+            options.say(f"kvgate: {cell.id}: throughput runs {cell.model}'s architecture with dummy weights from "
+                        f"{throughput_model_path} ({time.monotonic() - began:.1f} s to find or build)")
         if "accuracy" in options.stages and cell.workload.gsm8k["task"] == LOCAL_GSM8K_TASK:
             include_path = _local_task_folder(run_dir, max((d.questions for d in options.designs.values()),
                                                             default=0))
     except Exception as error:  # reported as the cell's stage error; the other cells still run
         setup_error = f"setup failed: {type(error).__name__}: {error}"
     if needs_engine and setup_error is None:  # a model or dataset the offline engine cannot find: say so now
-        setup_error = missing_from_cache(cell, options.stages, env)
+        setup_error = missing_from_cache(cell, [s for s in options.stages if s != "throughput"]
+                                         if throughput_model_path else options.stages, env)
     if setup_error is None and "accuracy" in options.stages and cell.workload.gsm8k["task"] == HUB_POOL_GSM8K_TASK:
         include_path, setup_error = _pool_task_folder(run_dir, env)
     if needs_engine and setup_error is None and cell.host_requirements:  # a head size the cell's kernels refuse
@@ -350,6 +360,7 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
     kv_scales, kv_scales_error = kv_scales_argument(cell, has_calculate_kv_scales(package_dir), package_dir)
     setup_error = setup_error or kv_scales_error
     ctx = CellContext(cell=cell, cell_dir=cell_dir, run_dir=run_dir, model_path=str(model_path),
+                      throughput_model_path=throughput_model_path, allow_shared_gpu=options.allow_shared_gpu,
                       python=sys.executable, env=env, timeout=options.timeout,
                       passthrough=tuple(options.passthrough), include_path=include_path,
                       matrix_dir=options.matrix_dir, echo=options.echo,

@@ -42,6 +42,8 @@ MARGIN_METHOD = "paired margin test (restricted-MLE saddlepoint tail of b - c)"
 FLOOR_METHOD = "exact binomial test against the floor"
 PAIRED_RATIO_METHOD = "paired t over interleaved rounds, log throughput, against the tolerance"
 UNPAIRED_RATIO_METHOD = "t on mean log throughput with the policy's run-to-run SD, against the tolerance"
+ENGINE_RATIO_METHOD = ("t on the mean of each side's engines (log throughput): the repeats' spread within an engine "
+                       "from this run, the engine-to-engine SD from the policy's measurement, against the tolerance")
 TINY_P = distributions.TINY_P  # 2.2e-308: a p-value below this is reported as this, never as 0
 _LOG_TINY_P = math.log(TINY_P)
 
@@ -459,6 +461,44 @@ def unpaired_ratio_test(baseline: Sequence[float], current: Sequence[float], *, 
     df = math.inf if within == 0 else se2**2 / (within**2 / df_within)
     return _ratio_result(base, cur, float(log_c.mean() - log_b.mean()), math.sqrt(se2), df, min_ratio, alpha,
                          UNPAIRED_RATIO_METHOD)
+
+
+def engine_ratio_test(baseline: Sequence[Sequence[float]], current: Sequence[Sequence[float]], *, min_ratio: float,
+                      alpha: float, engine_sd: tuple[float, float]) -> RatioTest:
+    """Each side's throughput measured in engines (one engine start, several repeats in it). An engine's level varies
+    between starts by an SD no number of repeats in it averages away; kvgate takes that SD from the policy's
+    measurement (engine_sd: the baseline's, the current side's) and the repeats' spread within an engine from the
+    run. Each side's level is the mean of its engines' mean log throughput, with variance
+        engine_sd^2 / E + s_within^2 x mean(1 / R_j) / E,
+    s_within^2 pooled over every engine of both sides (n - E degrees of freedom); the difference of the two levels is
+    tested with Satterthwaite's degrees of freedom (the engine part is known, so it adds none). With one repeat per
+    engine the within spread cannot be told from the engines' and a ValueError says so."""
+    _check_ratio_inputs(min_ratio, alpha)
+    for value in engine_sd:
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"engine_sd must be >= 0, got {value}")
+    sides = []
+    for engines, name in ((baseline, "baseline"), (current, "current")):
+        if not engines:
+            raise ValueError(f"{name}: need at least one engine")
+        sides.append([np.log(_throughputs(values, name)) for values in engines])
+    df_within = sum(e.size - 1 for side in sides for e in side)
+    if df_within < 1:
+        raise ValueError("one repeat in every engine: the spread within an engine cannot be estimated (needs 2 "
+                         "repeats in one engine at least)")
+    within_sd2 = sum(float(((e - e.mean()) ** 2).sum()) for side in sides for e in side) / df_within
+    levels, engine_parts, within_parts = [], [], []
+    for side, sd in zip(sides, engine_sd, strict=True):
+        count = len(side)
+        levels.append(float(np.mean([e.mean() for e in side])))
+        engine_parts.append(sd**2 / count)
+        within_parts.append(within_sd2 * float(np.mean([1 / e.size for e in side])) / count)
+    within = sum(within_parts)
+    se2 = within + sum(engine_parts)
+    df = math.inf if within == 0 else se2**2 / (within**2 / df_within)
+    base = np.exp(np.concatenate(sides[0]))
+    cur = np.exp(np.concatenate(sides[1]))
+    return _ratio_result(base, cur, levels[1] - levels[0], math.sqrt(se2), df, min_ratio, alpha, ENGINE_RATIO_METHOD)
 
 
 def _ratio_result(base: np.ndarray, cur: np.ndarray, diff: float, se: float, df: float, min_ratio: float,

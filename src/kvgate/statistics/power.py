@@ -209,3 +209,30 @@ def stored_power(repeats: float | None, *, repeat_sd: float, run_to_run_sd: floa
         return float(slowdown > tolerance)
     shift = (math.log(1 - tolerance) - math.log(1 - slowdown)) / se
     return distributions.normal_sf(distributions.normal_quantile(1 - alpha) - shift)
+
+
+def engine_ab_power(engines: int, repeats: int, *, repeat_sd: float, engine_sd: float, tolerance: float,
+                    slowdown: float, alpha: float) -> float:
+    """P(fail) of an A/B whose sides each ran `engines` engines of `repeats` repeats (margins.engine_ratio_test):
+    repeats vary repeat_sd within an engine and engines engine_sd between starts, on both sides. With two engines
+    a side or more the sides take turns and the gate pairs them by engine (the paired test over the engines' means);
+    with one, the engine-level test with the policy's engine_sd."""
+    if engines >= 2:
+        return paired_rounds_power(engines, repeat_sd=math.sqrt(engine_sd**2 + repeat_sd**2 / repeats),
+                                   tolerance=tolerance, slowdown=slowdown, alpha=alpha)
+    within = 2 * repeat_sd**2 / (engines * repeats)
+    se = math.sqrt(within + 2 * engine_sd**2 / engines)
+    df_within = 2 * engines * (repeats - 1)
+    df = math.inf if within == 0 or df_within == 0 else se**4 / (within**2 / df_within)
+    return ratio_test_power(se, df, tolerance=tolerance, slowdown=slowdown, alpha=alpha)
+
+
+def ratio_test_power(se_log: float, df: float, *, tolerance: float, slowdown: float, alpha: float) -> float:
+    """P(fail) of a throughput margin test with this standard error of the log ratio and degrees of freedom, when the
+    true slowdown is `slowdown` (the noncentral t; a normal for infinite df)."""
+    if se_log == 0:
+        return float(slowdown > tolerance)
+    ncp = (math.log(1 - slowdown) - math.log(1 - tolerance)) / se_log
+    if not math.isfinite(df):
+        return distributions.normal_sf(distributions.normal_quantile(1 - alpha) + ncp)
+    return float(special.nctdtr(df, ncp, -distributions.t_quantile(1 - alpha, df)))

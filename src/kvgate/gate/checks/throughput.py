@@ -14,12 +14,12 @@ from kvgate.gate.checks.health import health_check
 from kvgate.gate.checks.pending import Pending
 from kvgate.gate.policy import Policy
 from kvgate.gate.verdict import Check
-from kvgate.results.records import CellResults, RunResults, ThroughputResult
+from kvgate.results.records import CellResults, RunResults, StageStatus, ThroughputResult
 from kvgate.statistics import margins, power
 
 
 def interleaved(cell: CellResults, base: RunResults | None) -> bool:
-    """Both sides' throughput repeats ran by turns (status.json says `interleaved`), so rounds pair."""
+    """Both sides' throughput ran by turns (status.json says `interleaved`), so their rounds pair."""
     partner = base.find(cell.identity) if base is not None else None
     statuses = [c.stage("throughput").status for c in (cell, partner) if c is not None]
     return len(statuses) == 2 and all(s is not None and s.interleaved for s in statuses)
@@ -30,9 +30,11 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
                       unplanned: Mapping[str, str] | None = None) -> tuple[Check, Pending | None]:
     """The throughput stage's health and, with a baseline, the margin test "current/baseline >= 1 - tolerance".
 
-    interleaved: the baseline is the base side of an A/B run whose repeats ran by turns (base repeat N, head
-    repeat N, ...): the test pairs repeats by round N. Otherwise (a stored baseline, or sides not interleaved)
-    the two runs' means also differ by the policy's run-to-run SD, which the test adds."""
+    Each side's repeats are grouped by the engine that measured them (status.json `engines`; before contract 1.9 each
+    repeat had an engine of its own). interleaved (an A/B whose sides took turns) with two engines a side or more:
+    the test pairs the engines by round. Otherwise the engine-level test: the repeats' spread within an engine from
+    the run, the engine-to-engine SD from the policy's measurement for this cell and model (its run-to-run SD where
+    none was measured, and at least that against a stored baseline, which ran at another time)."""
     unhealthy = health_check(cell, "throughput", "throughput", require, unplanned)
     if unhealthy:
         return unhealthy, None
@@ -66,32 +68,29 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
         return Check(**base, status="pass", figures=figures,
                      detail=f"{summary}; the baseline has no {measure} figure for this cell"), None
     tput = policy.throughput
-    tolerance, alpha = tput.tolerance, tput.alpha if interleaved else tput.alpha_unpaired
+    tolerance, alpha = tput.tolerance, tput.alpha if ab else tput.alpha_unpaired
     reference = "base side" if ab else "baseline"
+    engine_sd, engine_sd_source = tput.engine_sd_for(cell.identity.id, cell.identity.model)
+    if not ab and engine_sd < tput.run_to_run_sd:
+        engine_sd, engine_sd_source = tput.run_to_run_sd, (f"a stored baseline ran at another time: the policy's "
+                                                           f"run-to-run {100 * tput.run_to_run_sd:g} %")
     try:
-        if interleaved:
-            test = margins.paired_ratio_test(rounds(old_stage.data, measure), rounds(current, measure),
-                                           min_ratio=1 - tolerance, alpha=alpha)
-        else:
-            test = margins.unpaired_ratio_test(old_values, values, min_ratio=1 - tolerance, alpha=alpha,
-                                             run_to_run_sd=tput.run_to_run_sd)
+        old_engines = engine_groups(old_stage.data, old_stage.status, measure)
+        cur_engines = engine_groups(current, cell.stage("throughput").status, measure)
+        test, notes = _ratio_test(old_engines, cur_engines, interleaved=interleaved, min_ratio=1 - tolerance,
+                                  alpha=alpha, engine_sd=engine_sd, engine_sd_source=engine_sd_source,
+                                  run_to_run_sd=tput.run_to_run_sd, tput=tput)
     except ValueError as error:
         return Check(**base, status="error", figures=figures, reference=reference,
                      detail=f"cannot test: {error}", headline=f"cannot test: {error}"), None
     figures.update({"baseline_median": median(old_values), "median": median(values), "ratio": test.ratio,
                     "estimate": test.estimate, "n_baseline": test.n_baseline, "n_current": test.n_current,
+                    "engines_baseline": len(old_engines), "engines_current": len(cur_engines),
                     "df": test.df if math.isfinite(test.df) else None, "se_log": test.se_log})
-    notes = [f"interleaved A/B: paired by round ({test.n_current} rounds)" if interleaved else
-             f"runs not interleaved: the policy's run-to-run SD ({100 * tput.run_to_run_sd:g} %) is part of the test "
-             f"({tput.run_to_run_sd_source})"]
-    repeat_sd, caught = repeat_noise_power(test, tput, interleaved=interleaved)
-    figures.update({"repeat_sd_log": repeat_sd, "power_at_10_percent": caught})
-    notes.append(f"this run's repeats vary {100 * repeat_sd:.3g} % (SD of log {measure}); at that noise the test "
-                 f"catches a 10 % slowdown {100 * caught:.3g} % of the time"
+    caught = power.ratio_test_power(test.se_log, test.df, tolerance=tolerance, slowdown=POWER_SLOWDOWN, alpha=alpha)
+    figures["power_at_10_percent"] = caught
+    notes.append(f"at this run's noise the test catches a 10 % slowdown {100 * caught:.3g} % of the time"
                  + ("" if caught >= 0.8 else ": a pass is weak evidence (matrix/policy.toml throughput.measured_noise)"))
-    if interleaved and test.n_current < tput.rounds:
-        notes.append(f"{test.n_current} interleaved rounds, fewer than the policy's {tput.rounds}: a 10 % slowdown "
-                     "may pass")
     check = Check(**base, status="pending", figures=figures, reference=reference,
                   threshold={"min_ratio": 1 - tolerance, "alpha": alpha},
                   threshold_text=f"ratio ≥ {1 - tolerance:.2f}", p_value=test.p_value,
@@ -112,35 +111,69 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
 POWER_SLOWDOWN = 0.10  # the slowdown each throughput check states its power for
 
 
-def repeat_noise_power(test: margins.RatioTest, tput: Any, *, interleaved: bool) -> tuple[float, float]:
-    """The per-repeat SD of log throughput the test's own standard error implies, and the power the check had at it
-    to catch a POWER_SLOWDOWN slowdown (kvgate.statistics.power: the paired test over its rounds, or a stored
-    baseline with the policy's run-to-run SD)."""
-    if interleaved:  # SE of the mean paired difference = sqrt(2) x repeat SD / sqrt(rounds)
-        repeat_sd = test.se_log * math.sqrt(test.n_current) / math.sqrt(2)
-        return repeat_sd, power.paired_rounds_power(test.n_current, repeat_sd=repeat_sd, tolerance=tput.tolerance,
-                                                    slowdown=POWER_SLOWDOWN, alpha=test.alpha)
-    # SE^2 = repeat SD^2 (1/R_b + 1/R_c) + 2 run-to-run SD^2 (margins.unpaired_ratio_test); R = their harmonic mean
-    repeats = 2 / (1 / test.n_baseline + 1 / test.n_current)
-    repeat_sd = math.sqrt(max(0.0, test.se_log**2 - 2 * tput.run_to_run_sd**2) * repeats / 2)
-    return repeat_sd, power.stored_power(repeats, repeat_sd=repeat_sd, run_to_run_sd=tput.run_to_run_sd,
-                                         tolerance=tput.tolerance, slowdown=POWER_SLOWDOWN, alpha=test.alpha)
+def _ratio_test(old: list[list[float]], cur: list[list[float]], *, interleaved: bool, min_ratio: float, alpha: float,
+                engine_sd: float | tuple[float, float], engine_sd_source: str, run_to_run_sd: float,
+                tput: Any) -> tuple[margins.RatioTest, list[str]]:
+    """The test a comparison of two sides' engines calls for, and the notes that say which and why."""
+    pair_sd = engine_sd if isinstance(engine_sd, tuple) else (engine_sd, engine_sd)
+    if interleaved and min(len(old), len(cur)) >= 2:
+        rounds = min(len(old), len(cur))
+        test = margins.paired_ratio_test({k: _mean_level(v) for k, v in enumerate(old[:rounds], 1)},
+                                         {k: _mean_level(v) for k, v in enumerate(cur[:rounds], 1)},
+                                         min_ratio=min_ratio, alpha=alpha)
+        notes = [f"interleaved: paired by round ({rounds} rounds of one engine a side)"]
+        if rounds < tput.rounds and all(len(e) == 1 for e in (*old, *cur)):
+            notes.append(f"{rounds} interleaved rounds, fewer than the policy's {tput.rounds}: a 10 % slowdown may "
+                         "pass")
+        return test, notes
+    if any(len(e) >= 2 for e in (*old, *cur)):
+        test = margins.engine_ratio_test(old, cur, min_ratio=min_ratio, alpha=alpha, engine_sd=pair_sd)
+        return test, [f"{len(old)} and {len(cur)} engine(s) of {max(map(len, old))}-{max(map(len, cur))} repeats; "
+                      f"the engine-to-engine SD: {engine_sd_source}"]
+    # one repeat per engine, not paired (results before contract 1.9, a stored baseline): the repeats' spread is the
+    # engines' own, and the run-to-run SD is added as before
+    test = margins.unpaired_ratio_test([v for e in old for v in e], [v for e in cur for v in e], min_ratio=min_ratio,
+                                       alpha=alpha, run_to_run_sd=run_to_run_sd)
+    return test, [f"one repeat an engine, not paired: the policy's run-to-run SD ({100 * run_to_run_sd:g} %) is part "
+                  f"of the test ({tput.run_to_run_sd_source})"]
+
+
+def _mean_level(values: list[float]) -> float:
+    """An engine's level: the geometric mean of its repeats (the test works on log throughput)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 ROUND_FILE = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
 
 
-def rounds(result: ThroughputResult, measure: str) -> dict[int, float]:
-    """Repeats by round N (throughput/repeat-N.json), for interleaved A/B pairing."""
-    rounds: dict[int, float] = {}
+def engine_groups(result: ThroughputResult, status: StageStatus | None, measure: str) -> list[list[float]]:
+    """A side's figures grouped by the engine that measured them, in engine order (status.json `engines`, contract
+    1.9); without that record each repeat is an engine of its own, in repeat order. A repeat file that no engine
+    lists, or an engine whose repeats are missing, is a ValueError (the folder does not hold what it says)."""
+    numbered: dict[int, float] = {}
     for repeat in result.repeats:
         found = ROUND_FILE.search(repeat.source)
-        if not found:
-            raise ValueError(f"cannot pair by round: {repeat.source} is not named repeat-N.json")
         value = getattr(repeat, measure)
+        if not found:
+            if status is not None and status.engines is not None:
+                raise ValueError(f"cannot group by engine: {repeat.source} is not named repeat-N.json")
+            numbered[len(numbered) + 1 + 10**9] = value  # an unnamed repeat of an old folder: order only
+            continue
         if value is not None:
-            rounds[int(found[1])] = value
-    return rounds
+            numbered[int(found[1])] = value
+    if status is None or status.engines is None:
+        return [[numbered[n]] for n in sorted(numbered)]
+    listed = {n for engine in status.engines for n in engine}
+    stray = sorted(set(numbered) - listed)
+    if stray:
+        raise ValueError(f"repeat-{stray[0]}.json is in no engine of status.json throughput.engines")
+    groups = []
+    for index, engine in enumerate(status.engines, 1):
+        missing = [n for n in engine if n not in numbered]
+        if missing:
+            raise ValueError(f"engine {index} lists repeat {missing[0]}, whose repeat-{missing[0]}.json is missing")
+        groups.append([numbered[n] for n in engine])
+    return groups
 
 
 def throughput_figures(result: ThroughputResult) -> dict[str, Any]:
@@ -155,12 +188,13 @@ def throughput_figures(result: ThroughputResult) -> dict[str, Any]:
 
 
 def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy: Policy) -> Any:
-    """FP8/auto throughput ratio: reported; judged where the policy declares an expectation (min_ratio), with
-    the margin test H0 "ratio >= min_ratio" (two cells of one run are not interleaved: run-to-run SD added)."""
+    """FP8/auto throughput ratio: reported; judged where the policy declares an expectation (min_ratio), with the
+    margin test H0 "ratio >= min_ratio" over the two cells' engines (each cell's engine-to-engine SD its measured one,
+    else the policy's run-to-run SD)."""
     tput = policy.throughput
     expectation = tput.fp8_over_auto_expectation(cell.identity)
     expected = expectation.min_ratio if expectation is not None else None
-    measure, alpha = tput.metric, tput.alpha_unpaired
+    measure, alpha = tput.metric, tput.alpha
     base = dict(cell=cell.identity.id, kind="fp8_throughput", subject=measure, model=cell.identity.model,
                 reference="auto cell")
     own = cell.stage("throughput")
@@ -170,12 +204,18 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
         why = "no auto cell in this run" if partner is None else \
             f"the auto cell's throughput stage is {partner.stage('throughput').health.replace('_', ' ')}"
         return Check(**base, status="missing" if expected is not None else "info", detail=f"cannot compare: {why}")
-    auto_values = partner.stage("throughput").data.values(measure)
+    auto_stage = partner.stage("throughput")
+    auto_values = auto_stage.data.values(measure)
     fp8_values = own.data.values(measure)
     unit = UNITS.get(measure, measure)
+    sd_auto, source_auto = tput.engine_sd_for(partner.identity.id, partner.identity.model)
+    sd_fp8, source_fp8 = tput.engine_sd_for(cell.identity.id, cell.identity.model)
     try:
-        test = margins.unpaired_ratio_test(auto_values, fp8_values, min_ratio=expected or 1.0, alpha=alpha,
-                                         run_to_run_sd=tput.run_to_run_sd)
+        test, notes = _ratio_test(engine_groups(auto_stage.data, auto_stage.status, measure),
+                                  engine_groups(own.data, own.status, measure), interleaved=False,
+                                  min_ratio=expected or 1.0, alpha=alpha, engine_sd=(sd_auto, sd_fp8),
+                                  engine_sd_source=f"auto {source_auto}; {cell.identity.kv_cache_dtype} {source_fp8}",
+                                  run_to_run_sd=tput.run_to_run_sd, tput=tput)
     except ValueError as error:
         if expected is None and auto_values and fp8_values:  # reported anyway, without bounds
             ratio = median(fp8_values) / median(auto_values)
@@ -192,7 +232,7 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
         return check
     check = replace(check, status="pending", threshold={"min_ratio": expected, "alpha": alpha},
                     threshold_text=f"ratio ≥ {expected:.2f}",
-                    notes=(f"expectation {expectation.where}: {expectation.reason}",))
+                    notes=(f"expectation {expectation.where}: {expectation.reason}", *notes))
     return Pending(check=check, test=test, passed_text=text, family="throughput",
                     failed_text=f"{text}: upper bound {test.upper:.3f} < {expected:.2f}",
                     failed_headline=f"fp8/auto ratio {test.estimate:.3f}, upper bound {test.upper:.3f} < "

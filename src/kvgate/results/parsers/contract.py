@@ -93,11 +93,29 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         questions = parse_questions(entry["question_plan"], f"{stage}.question_plan") if stage == "accuracy" and \
             "question_plan" in entry else None
         retries = tuple(f"{r['run']}: {r['reason']}" for r in entry.get("infra_retries", ()))  # the schema checked them
+        engines = parse_engines(entry["engines"], source, f"{stage}.engines") if stage == "throughput" and \
+            "engines" in entry else None
         out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
                                  kv_cache=kv_cache, questions=questions, elapsed_s=stage_duration(
                                      entry.get("elapsed_s", entry.get("seconds") if stage == "kernels" else None)),
-                                 infra_retries=retries)
+                                 infra_retries=retries, engines=engines)
     return out
+
+
+def parse_engines(value: Any, source: str, where: str) -> tuple[tuple[int, ...], ...]:
+    """throughput.engines (1.9): each engine's repeat numbers; a repeat belongs to one engine only (the schema has
+    checked the shapes)."""
+    seen: set[int] = set()
+    engines = []
+    for index, engine in enumerate(value):
+        numbers = tuple(engine["repeats"])
+        again = sorted(seen.intersection(numbers))
+        if again or len(set(numbers)) != len(numbers):
+            raise InputError(source, f"repeat {again[0] if again else numbers[0]} is listed twice",
+                             f"{where}[{index}].repeats", "Each repeat-N.json belongs to one engine")
+        seen.update(numbers)
+        engines.append(numbers)
+    return tuple(engines)
 
 
 def stage_duration(value: Any) -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,38 @@ def lm_eval_arguments(cell: Cell, model_path: str, output_path: Path, *, include
     return argv + list(passthrough)
 
 
-def bench_throughput_argv(python: str, cell: Cell, model_path: str, output_json: Path | None,
-                          passthrough: Sequence[str] = (), *, calculate_kv_scales: bool | None = None) -> list[str]:
-    """`vllm bench throughput` for one repeat of a cell (output_json None: a warm-up run)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ThroughputDesign:
+    """How a cell side's throughput is measured (matrix/workloads.toml `throughput`): `engines` engine starts, each a
+    warm-up of `warmup_output_len` tokens a prompt, then `repeats` measured repeats of the workload."""
+
+    engines: int
+    repeats: int
+    warmup_output_len: int
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any]) -> ThroughputDesign:
+        return cls(engines=int(settings.get("engines", 1)), repeats=int(settings["repeats"]),
+                   warmup_output_len=int(settings.get("warmup_output_len", DEFAULT_WARMUP_OUTPUT_LEN)))
+
+    def as_record(self) -> dict[str, int]:
+        return {"engines": self.engines, "repeats_per_engine": self.repeats,
+                "warmup_output_len": self.warmup_output_len}
+
+
+DEFAULT_WARMUP_OUTPUT_LEN = 32
+
+
+def bench_throughput_arguments(cell: Cell, model_path: str, passthrough: Sequence[str] = (), *,
+                               calculate_kv_scales: bool | None = None) -> list[str]:
+    """The arguments of `vllm bench throughput` for a cell's workload (its throughput stage's engine arguments: the
+    workload's, then its throughput table's `engine_args`, then `load_format = "dummy"` for dummy weights)."""
     settings = cell.workload.throughput
     engine = engine_model_args(cell, model_path, calculate_kv_scales=calculate_kv_scales)
-    argv = [python, *VLLM_CLI, "bench", "throughput",
-            "--model", engine.pop("pretrained"),
-            "--dataset-name", str(settings["dataset_name"])]
+    engine.update(settings.get("engine_args", {}))
+    if settings.get("weights") == "dummy":
+        engine["load_format"] = "dummy"
+    argv = ["--model", engine.pop("pretrained"), "--dataset-name", str(settings["dataset_name"])]
     if settings["dataset_name"] == "random":
         argv += ["--random-input-len", str(settings["random_input_len"]),
                  "--random-output-len", str(settings["random_output_len"])]
@@ -88,10 +113,30 @@ def bench_throughput_argv(python: str, cell: Cell, model_path: str, output_json:
         argv += ["--input-len", str(settings["random_input_len"]),
                  "--output-len", str(settings["random_output_len"])]
     argv += ["--num-prompts", str(settings["num_prompts"])]
-    argv += engine_flags(engine)
-    if output_json is not None:
-        argv += ["--output-json", str(output_json)]
-    return argv + list(passthrough)
+    return argv + engine_flags(engine) + list(passthrough)
+
+
+def bench_throughput_argv(python: str, cell: Cell, model_path: str, output_json: Path | None,
+                          passthrough: Sequence[str] = (), *, calculate_kv_scales: bool | None = None) -> list[str]:
+    """`vllm bench throughput` for one run of a cell's workload in a fresh engine (output_json None: no JSON file):
+    what one repeat of the stage amounts to, for people to run by hand."""
+    argv = [python, *VLLM_CLI, "bench", "throughput",
+            *bench_throughput_arguments(cell, model_path, passthrough, calculate_kv_scales=calculate_kv_scales)]
+    return argv + (["--output-json", str(output_json)] if output_json is not None else [])
+
+
+def throughput_repeats_argv(python: str, cell: Cell, model_path: str, *, out: Path, summary: Path,
+                            first_repeat: int, design: ThroughputDesign, passthrough: Sequence[str] = (),
+                            calculate_kv_scales: bool | None = None, allow_shared_gpu: bool = False) -> list[str]:
+    """One engine of a cell side's throughput stage (kvgate.runners.engine.throughput_repeats): its warm-up and
+    `design.repeats` measured repeats numbered from first_repeat, into `out`."""
+    argv = [python, "-m", "kvgate.runners.engine.throughput_repeats", "--out", str(out), "--summary", str(summary),
+            "--first-repeat", str(first_repeat), "--repeats", str(design.repeats),
+            "--warmup-output-len", str(design.warmup_output_len)]
+    if allow_shared_gpu:
+        argv.append("--allow-shared-gpu")
+    return argv + ["--", *bench_throughput_arguments(cell, model_path, passthrough,
+                                                     calculate_kv_scales=calculate_kv_scales)]
 
 
 def engine_flags(args: Mapping[str, Any]) -> list[str]:
