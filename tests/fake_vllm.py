@@ -1,6 +1,9 @@
 """A stand-in `vllm` package for runner tests that need no GPU: `python -m vllm.entrypoints.cli.main bench
 throughput ...` behaves like the real command where kvgate looks (the backend line at INFO, the figures, the
---output-json file) and records what it was given, so a test can see the argv and environment an engine gets.
+--output-json file), and the pieces kvgate's throughput engine (kvgate.runners.engine.throughput_repeats) takes from
+vLLM (`vllm bench throughput`'s argument parser and request builder, LLM, SamplingParams) stand in for theirs: an
+engine that logs its backend and answers at once. Each engine start records what it was given (the process's
+argv and environment), so a test can see the argv and environment an engine gets.
 
     folder = write_fake_vllm(tmp_path, calculate_kv_scales=True)   # put `folder` first on PYTHONPATH
     calls = read_calls(folder)                                       # one dict per engine run: argv, env
@@ -42,6 +45,103 @@ if __name__ == "__main__":
     main()
 '''
 
+ENGINE_START = r'''
+import json, logging, os, sys, time
+
+ENV_KEYS = ("VLLM_LOGGING_LEVEL", "VLLM_CONFIGURE_LOGGING", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN",
+            "HUGGING_FACE_HUB_TOKEN", "FLASHINFER_WORKSPACE_BASE")
+
+
+def record_start(backend):
+    """One engine start: what it was given, then (FAKE_VLLM_SLEEP) a hang, then the backend line at INFO."""
+    record = {"argv": sys.argv[1:], "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ}}
+    with open(os.path.join(os.path.dirname(__file__), "..", "calls.jsonl"), "a") as log:
+        log.write(json.dumps(record) + "\n")
+    time.sleep(float(os.environ.get("FAKE_VLLM_SLEEP", "0")))
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(levelname)s %(message)s")
+    logging.getLogger("vllm.platforms.cuda").info("Using AttentionBackendEnum.%s backend.", backend)
+'''
+
+THROUGHPUT = r'''
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass
+class SampleRequest:
+    prompt: str
+    prompt_len: int
+    expected_output_len: int
+
+
+def add_cli_args(parser):
+    for flag in ("--model", "--tokenizer", "--dataset-name", "--attention-backend", "--kv-cache-dtype"):
+        parser.add_argument(flag)
+    for flag in ("--random-input-len", "--random-output-len", "--num-prompts", "--seed", "--n"):
+        parser.add_argument(flag, type=int, default=1 if flag == "--n" else None)
+    parser.set_defaults(backend="vllm", tokenizer_mode="auto", trust_remote_code=False, disable_detokenize=False,
+                        output_len=None)
+
+
+def validate_args(args):
+    args.tokenizer = args.tokenizer or args.model
+
+
+def get_requests(args, tokenizer):
+    return [SampleRequest("t " * args.random_input_len, args.random_input_len, args.random_output_len)
+            for _ in range(args.num_prompts)]
+'''
+
+ARGPARSE_UTILS = r'''
+import argparse
+
+
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    """Takes every engine flag it is given (the real one knows them all): the unknown ones are kept, not refused."""
+
+    def parse_args(self, args=None, namespace=None):
+        known, rest = self.parse_known_args(args, namespace)
+        known.engine_flags = rest
+        return known
+'''
+
+LLM = r'''
+from vllm._fake_engine import record_start
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.max_tokens = kwargs.get("max_tokens", 16)
+
+
+class _Completion:
+    def __init__(self, n):
+        self.token_ids = [0] * n
+
+
+class _Output:
+    def __init__(self, prompt_len, output_len):
+        self.prompt_token_ids = [0] * prompt_len
+        self.outputs = [_Completion(output_len)]
+
+
+class LLM:
+    def __init__(self, args):
+        self.args = args
+        record_start(args.attention_backend)
+
+    @classmethod
+    def from_engine_args(cls, args):
+        return cls(args)
+
+    def reset_prefix_cache(self):
+        return True
+
+    def generate(self, prompts, params, use_tqdm=False):
+        return [_Output(self.args.random_input_len, p.max_tokens) for p in params]
+'''
+
 CACHE_WITH = '''class CacheConfig:
     calculate_kv_scales: bool = False
     """Deprecated: ... (vLLM 0.26.0)"""
@@ -58,7 +158,21 @@ def write_fake_vllm(root: Path, *, calculate_kv_scales: bool = True) -> Path:
     for sub in ("", "entrypoints", "entrypoints/cli", "config"):
         (package / sub).mkdir(parents=True, exist_ok=True)
         (package / sub / "__init__.py").write_text("")
-    (package / "__init__.py").write_text('__version__ = "0.26.0"\n')
+    for sub in ("benchmarks", "utils", "tokenizers", "engine"):
+        (package / sub).mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text('__version__ = "0.26.0"\nfrom vllm._fake_llm import LLM, SamplingParams\n')
+    (package / "_fake_engine.py").write_text(ENGINE_START)
+    (package / "_fake_llm.py").write_text(LLM)
+    (package / "benchmarks" / "__init__.py").write_text("")
+    (package / "benchmarks" / "throughput.py").write_text(THROUGHPUT)
+    (package / "utils" / "__init__.py").write_text("")
+    (package / "utils" / "argparse_utils.py").write_text(ARGPARSE_UTILS)
+    (package / "tokenizers" / "__init__.py").write_text("def get_tokenizer(name, **kwargs):\n    return name\n")
+    (package / "engine" / "__init__.py").write_text("")
+    (package / "engine" / "arg_utils.py").write_text(
+        "class EngineArgs:\n    @staticmethod\n    def from_cli_args(args):\n        return args\n")
+    (package / "inputs.py").write_text("def TextPrompt(prompt):\n    return {'prompt': prompt}\n\n\n"
+                                       "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n")
     (package / "entrypoints" / "cli" / "main.py").write_text(MAIN)
     (package / "config" / "cache.py").write_text(CACHE_WITH if calculate_kv_scales else CACHE_WITHOUT)
     return folder

@@ -314,7 +314,7 @@ def test_fp8_throughput_is_judged_where_the_policy_declares_an_expectation(tmp_p
     print(check)
     assert check.status == status
     assert check.threshold["min_ratio"] == min_ratio
-    assert check.notes[0] == "expectation throughput.fp8_over_auto[0]: the seed PR measured +10 % on B200"
+    assert check.notes[0] == "expectation throughput.fp8_over_auto[1]: the seed PR measured +10 % on B200"
 
 
 def _ab_throughput(tmp_path: Path, base: list[float], head: list[float]):

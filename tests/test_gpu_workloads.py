@@ -120,9 +120,9 @@ def matrix_copy(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("old", "new", "error"), [
-    ('timeouts = { accuracy = 8300, throughput = 9000 }', 'timeouts = { accuracy = 0, throughput = 9000 }',
+    ('timeouts = { accuracy = 8300, throughput = 3600 }', 'timeouts = { accuracy = 0, throughput = 3600 }',
      "expected an integer >= 1, got the number 0 in workloads.deepseek-v2-lite.timeouts.accuracy"),
-    ('timeouts = { accuracy = 8300, throughput = 9000 }', 'timeouts = { kernels = 60 }',
+    ('timeouts = { accuracy = 8300, throughput = 3600 }', 'timeouts = { kernels = 60 }',
      "unknown key 'kernels' in workloads.deepseek-v2-lite.timeouts. Known: accuracy, throughput"),
     ('gsm8k = { add_bos_token = true }\ntimeouts', 'gsm8k = { add_bos_token = "yes" }\ntimeouts',
      "expected true or false, got the string 'yes' in workloads.deepseek-v2-lite.gsm8k.add_bos_token"),
@@ -142,7 +142,7 @@ def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monke
     """The runners use the workload's timeout: a hanging engine of a cell whose workload allows 2 s is killed."""
     folder = matrix_copy(tmp_path)
     path = folder / "workloads.toml"
-    path.write_text(path.read_text().replace("timeouts = { accuracy = 8300, throughput = 9000 }",
+    path.write_text(path.read_text().replace("timeouts = { accuracy = 8300, throughput = 3600 }",
                                              "timeouts = { accuracy = 8300, throughput = 2 }", 1))
     fake = write_fake_vllm(tmp_path)
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
@@ -156,5 +156,5 @@ def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monke
 
     assert status == 1
     assert [(o.status, o.reason) for o in outcomes] == [
-        ("timeout", "warm-up 1/1 killed at the stage timeout of 2 s")]
+        ("timeout", "engine 1/1 killed at the stage timeout of 2 s")]
     assert len(read_calls(fake)) == 1

@@ -161,8 +161,8 @@ def _rename(table: str, old: str, new: str):
 
 BAD_POLICIES = {
     "a contract newer than this kvgate reads": (
-        _set("results", "oldest_contract", value="1.9"),
-        ['matrix/policy.toml: expected a contract version from "1.0" to "1.8" (a string), got the string \'1.9\' in '
+        _set("results", "oldest_contract", value="1.10"),
+        ['matrix/policy.toml: expected a contract version from "1.0" to "1.9" (a string), got the string \'1.10\' in '
          'results.oldest_contract']),
     "probe_ab growth below 1": (
         _set("probe_ab", "growth_max", value=0.5),
@@ -172,10 +172,17 @@ BAD_POLICIES = {
         ["matrix/policy.toml: unknown key 'fp8' in accuracy.design_flips_by_model.kvgate:tiny-llama. Known: "
          "baseline_accuracy, fp8_accuracy, source"]),
     "measured noise of a cell the matrix does not have": (
-        _set("throughput", "measured_noise", value=[{"arch": "sm90", "cell": "flash_attn-fp8-sm91", "repeat_sd": 0.2,
-                                                    "repeats": 5, "date": "2026-12-02", "source": "x"}]),
+        _set("throughput", "measured_noise", value=[{"workload": "llama-3_1-8b", "cell": "flash_attn-fp8-sm91",
+                                                    "repeat_sd": 0.2, "engines": 5, "repeats": 5, "date": "2026-12-02",
+                                                    "source": "x"}]),
         ["matrix/policy.toml: unknown cell 'flash_attn-fp8-sm91' in throughput.measured_noise[0].cell. Did you mean "
          "flash_attn-fp8-sm90?"]),
+    "an engine SD from one engine": (
+        _set("throughput", "measured_noise", value=[{"workload": "llama-3_1-8b", "cell": "flash_attn-fp8-sm90",
+                                                    "repeat_sd": 0.002, "engine_sd": 0.01, "engines": 1, "repeats": 3,
+                                                    "date": "2026-12-02", "source": "x"}]),
+        ["matrix/policy.toml: an engine-to-engine SD needs at least 2 engines in throughput.measured_noise[0].engines. "
+         "Measure in several engine starts, or leave engine_sd out"]),
     "misspelt key": (
         _rename("accuracy", "fp8_tax_points", "fp8_tax_point"),
         ["matrix/policy.toml: unknown key 'fp8_tax_point' in accuracy. Did you mean fp8_tax_points?",

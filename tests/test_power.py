@@ -108,9 +108,12 @@ def test_power_command_prints_the_questions_each_check_needs(capsys) -> None:
         "alpha spending, futility at the drop to catch with beta t^2, non-binding")
     assert "  7 % per-repeat SD" not in out and "  3 % per-repeat SD: 7 rounds" in out
     # the GPU noise the policy records (matrix/policy.toml [[throughput.measured_noise]]) and the power it leaves
-    assert ("  measured on sm90, flash_attn-fp8-sm90: 15.5 % per-repeat SD (5 repeats, 2026-12-02): A/B (7 rounds) "
-            "catches a 5/10/15 % slowdown 5.0 % / 14.4 % / 32.5 %, a stored baseline 1.0 % / 4.0 % / 12.9 %; an "
-            "unchanged cell fails 1.4 % (A/B)") in lines
+    assert ("| flash_attn-fp8-sm90 | tiny-llama-any (not in this matrix) | 15.5 % | - | 7 engines x 1 repeat, paired "
+            "| 5.0 % / 14.4 % / 32.5 % | 1.4 % | 5.0 % | 4.0 % | 2026-12-02, 5 engines, 5 repeats, kvgate:tiny-llama, "
+            "1000 prompts 512/128, eager, each repeat its own engine |") in lines
+    # the seed's shape on the H200: one engine a side catches a 10 % slowdown >= 90 % of the time
+    row = next(line for line in lines if line.startswith("| flashmla-fp8-sm90 | deepseek-v2-lite |"))
+    assert "| 1 engine x 3 repeats | 5.0 % / 100.0 % / 100.0 % | 0 % | 5.0 % |" in row
 
 
 def test_measured_noise_power_agrees_with_a_simulation_of_the_paired_test() -> None:

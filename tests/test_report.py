@@ -39,10 +39,11 @@ def failing(tmp_path_factory) -> Verdict:
 def test_verdict_json_is_versioned_and_complete(failing):
     data = json.loads(render_all(failing)["verdict.json"])
     assert data["verdict_version"] == VERDICT_VERSION
-    # judged: 4 stage checks + the auto cell's accuracy floor + the FP8 cell's strict-match comparison = 8 (one
-    # decision per cell: flexible-extract is info, beside the fp8/auto throughput ratio)
-    assert data["summary"] == {"checks": 8, "failed": 2, "fail": 2, "error": 0, "missing": 0, "waived": 0,
-                               "pass": 6, "not_run": 4, "info": 3}  # not_run: 2 stages + no baseline + the FP8
+    # judged: 4 stage checks + the auto cell's accuracy floor + the FP8 cell's strict-match comparison = 8, less the
+    # FP8 cell's throughput, which its failed comparison makes the speed of a broken cell (info) = 7 (one decision
+    # per cell: flexible-extract is info, beside the fp8/auto throughput ratio)
+    assert data["summary"] == {"checks": 7, "failed": 2, "fail": 2, "error": 0, "missing": 0, "waived": 0,
+                               "pass": 5, "not_run": 4, "info": 4}  # not_run: 2 stages + no baseline + the FP8
     # cell's fp8_kv_cache (synthetic results of contract 1, written before the KV cache evidence); info: the other
     # filter, the throughput ratio, and the contract note (results older than 1.6)
     assert data["exit_status"] == 1 and data["passed"] is False
@@ -67,7 +68,7 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
     # and the comparison are
     assert lines[0] == ("❌ kvgate: 2 of 4 checks failed — flashinfer_mla-fp8-sm100 fp8_accuracy [strict-match] "
                         "drop 7.1 pts, lower bound 5.0 > margin 3.0 (p<0.001) (+1 more)")
-    assert "▶️ RAN 4" in lines[4]
+    assert "▶️ RAN 3" in lines[4] and "ℹ️ INFO 4" in lines[4]  # the broken FP8 cell's speed is reported, not RAN
     attention = text.split("### Needs attention (2)\n\n")[1].split("\n\n")[0].splitlines()
     assert attention == ["- ❌ FAIL `flashinfer_mla-auto-sm100` kernels: 0 kernel tests ran (3 skipped of 3); the "
                          "policy needs at least 1",
@@ -157,7 +158,7 @@ def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_p
     cases = [case for suite in xml for case in suite]
     assert len(cases) == len(failing.checks)
     # skipped: 4 not run (the baseline check and the FP8 cell's fp8_kv_cache among them) + 3 info (one the contract)
-    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (15, 2, 0, 7)
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (15, 2, 0, 8)  # + the broken FP8 cell's speed
     kernels = next(c for c in cases if c.classname == "kvgate.kernels" and c.name == "flashinfer_mla-auto-sm100")
     assert kernels.result[0].message == ("FAIL: 0 kernel tests ran (3 skipped of 3); the policy needs at least 1 | "
                                          "threshold 0 failed, 0 errors")

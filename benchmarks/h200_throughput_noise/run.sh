@@ -26,7 +26,7 @@ setup)
   cp benchmarks/h200_engine/workloads.toml "$M/workloads.toml"
   sed -i '/^"deepseek-ai\/DeepSeek-V2-Lite-Chat" = /d' "$M/policy.toml"
   sed -i -e "s/^num_prompts = 200$/num_prompts = ${NOISE_PROMPTS:-1000}/" \
-         -e "s/^repeats = 1$/repeats = ${NOISE_REPEATS:-5}/" -e 's/^warmups = 0$/warmups = 1/' \
+         -e "s/^repeats = 1 /repeats = ${NOISE_REPEATS:-5} /" -e 's/^warmup_output_len = 0 /warmup_output_len = 16 /' \
          -e 's/^throughput = 1200$/throughput = 3000/' "$M/workloads.toml"
   sed -n '/^\[defaults.throughput\]/,/^throughput = /p' "$M/workloads.toml"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm --format=csv

@@ -209,9 +209,11 @@ def _measured_table(tput: policy_module.ThroughputPolicy, policy_path: Path | No
             return power.engine_ab_power(engines, repeats, repeat_sd=repeat_sd, engine_sd=engine_sd,
                                          tolerance=tput.tolerance, slowdown=slowdown, alpha=tput.alpha)
 
-        stored = power.stored_power(engines * repeats, repeat_sd=repeat_sd,
-                                    run_to_run_sd=max(tput.run_to_run_sd, engine_sd), tolerance=tput.tolerance,
-                                    slowdown=0.10, alpha=tput.alpha_unpaired)
+        # a stored baseline ran at another time: each side's E engines average their own levels, and the two runs'
+        # levels differ by the policy's run-to-run SD besides
+        stored = power.stored_power(engines, repeat_sd=math.sqrt(engine_sd**2 + repeat_sd**2 / repeats),
+                                    run_to_run_sd=tput.run_to_run_sd, tolerance=tput.tolerance, slowdown=0.10,
+                                    alpha=tput.alpha_unpaired)
         where = noise.workload + ("" if workload is not None else " (not in this matrix)")
         engine_text = "-" if noise.engine_sd is None else f"{100 * noise.engine_sd:.3g} %"
         rows.append(f"| {noise.cell} | {where} | {100 * noise.repeat_sd:.3g} % | {engine_text} | {design} | "

@@ -428,8 +428,8 @@ def paired_ratio_test(baseline: Mapping[int, float], current: Mapping[int, float
     if set(baseline) != set(current):
         only_base = sorted(set(baseline) - set(current))
         only_cur = sorted(set(current) - set(baseline))
-        raise ValueError(f"the interleaved rounds differ: {_rounds_text(only_base)} only on the baseline side, "
-                         f"{_rounds_text(only_cur)} only on the current side")
+        raise ValueError(f"the interleaved rounds differ: {rounds_text(only_base)} only on the baseline side, "
+                         f"{rounds_text(only_cur)} only on the current side")
     rounds = sorted(baseline)
     base = _throughputs([baseline[r] for r in rounds], "baseline")
     cur = _throughputs([current[r] for r in rounds], "current")
@@ -522,7 +522,8 @@ def _check_ratio_inputs(min_ratio: float, alpha: float) -> None:
     _check_alpha(alpha)
 
 
-def _rounds_text(rounds: list[int]) -> str:
+def rounds_text(rounds: list[int]) -> str:
+    """'none', 'round 3' or 'rounds 3, 4'."""
     return "none" if not rounds else "round " + ", ".join(map(str, rounds)) if len(rounds) == 1 else \
         "rounds " + ", ".join(map(str, rounds))
 

@@ -68,7 +68,7 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
         return Check(**base, status="pass", figures=figures,
                      detail=f"{summary}; the baseline has no {measure} figure for this cell"), None
     tput = policy.throughput
-    tolerance, alpha = tput.tolerance, tput.alpha if ab else tput.alpha_unpaired
+    tolerance = tput.tolerance
     reference = "base side" if ab else "baseline"
     engine_sd, engine_sd_source = tput.engine_sd_for(cell.identity.id, cell.identity.model)
     if not ab and engine_sd < tput.run_to_run_sd:
@@ -78,8 +78,7 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
         old_engines = engine_groups(old_stage.data, old_stage.status, measure)
         cur_engines = engine_groups(current, cell.stage("throughput").status, measure)
         test, notes = _ratio_test(old_engines, cur_engines, interleaved=interleaved, min_ratio=1 - tolerance,
-                                  alpha=alpha, engine_sd=engine_sd, engine_sd_source=engine_sd_source,
-                                  run_to_run_sd=tput.run_to_run_sd, tput=tput)
+                                  one_run=ab, engine_sd=engine_sd, engine_sd_source=engine_sd_source, tput=tput)
     except ValueError as error:
         return Check(**base, status="error", figures=figures, reference=reference,
                      detail=f"cannot test: {error}", headline=f"cannot test: {error}"), None
@@ -87,9 +86,12 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
                     "estimate": test.estimate, "n_baseline": test.n_baseline, "n_current": test.n_current,
                     "engines_baseline": len(old_engines), "engines_current": len(cur_engines),
                     "df": test.df if math.isfinite(test.df) else None, "se_log": test.se_log})
+    alpha = test.alpha
     caught = power.ratio_test_power(test.se_log, test.df, tolerance=tolerance, slowdown=POWER_SLOWDOWN, alpha=alpha)
-    figures["power_at_10_percent"] = caught
-    notes.append(f"at this run's noise the test catches a 10 % slowdown {100 * caught:.3g} % of the time"
+    repeat_sd = _repeat_sd(old_engines, cur_engines, test, tput)
+    figures.update({"repeat_sd_log": repeat_sd, "power_at_10_percent": caught})
+    notes.append(f"this run's repeats vary {100 * repeat_sd:.3g} % (SD of log {measure}); at that noise the test "
+                 f"catches a 10 % slowdown {100 * caught:.3g} % of the time"
                  + ("" if caught >= 0.8 else ": a pass is weak evidence (matrix/policy.toml throughput.measured_noise)"))
     check = Check(**base, status="pending", figures=figures, reference=reference,
                   threshold={"min_ratio": 1 - tolerance, "alpha": alpha},
@@ -111,31 +113,52 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
 POWER_SLOWDOWN = 0.10  # the slowdown each throughput check states its power for
 
 
-def _ratio_test(old: list[list[float]], cur: list[list[float]], *, interleaved: bool, min_ratio: float, alpha: float,
-                engine_sd: float | tuple[float, float], engine_sd_source: str, run_to_run_sd: float,
+def _ratio_test(old: list[list[float]], cur: list[list[float]], *, interleaved: bool, min_ratio: float,
+                one_run: bool, engine_sd: float | tuple[float, float], engine_sd_source: str,
                 tput: Any) -> tuple[margins.RatioTest, list[str]]:
-    """The test a comparison of two sides' engines calls for, and the notes that say which and why."""
+    """The test a comparison of two sides' engines calls for, and the notes that say which and why. one_run: both
+    sides ran in one run on one machine (an A/B run, FP8 vs auto): the policy's alpha; else its alpha_unpaired."""
     pair_sd = engine_sd if isinstance(engine_sd, tuple) else (engine_sd, engine_sd)
     if interleaved and min(len(old), len(cur)) >= 2:
-        rounds = min(len(old), len(cur))
+        if len(old) != len(cur):  # round K is engine K of each side (before 1.9: repeat K)
+            only_base = list(range(len(cur) + 1, len(old) + 1))
+            only_cur = list(range(len(old) + 1, len(cur) + 1))
+            raise ValueError(f"the interleaved rounds differ: {margins.rounds_text(only_base)} only on the baseline "
+                             f"side, {margins.rounds_text(only_cur)} only on the current side")
+        rounds = len(old)
         test = margins.paired_ratio_test({k: _mean_level(v) for k, v in enumerate(old[:rounds], 1)},
                                          {k: _mean_level(v) for k, v in enumerate(cur[:rounds], 1)},
-                                         min_ratio=min_ratio, alpha=alpha)
-        notes = [f"interleaved: paired by round ({rounds} rounds of one engine a side)"]
+                                         min_ratio=min_ratio, alpha=tput.alpha)
+        notes = [f"interleaved A/B: paired by round ({rounds} rounds)"]
         if rounds < tput.rounds and all(len(e) == 1 for e in (*old, *cur)):
             notes.append(f"{rounds} interleaved rounds, fewer than the policy's {tput.rounds}: a 10 % slowdown may "
                          "pass")
         return test, notes
     if any(len(e) >= 2 for e in (*old, *cur)):
-        test = margins.engine_ratio_test(old, cur, min_ratio=min_ratio, alpha=alpha, engine_sd=pair_sd)
+        test = margins.engine_ratio_test(old, cur, min_ratio=min_ratio,
+                                         alpha=tput.alpha if one_run else tput.alpha_unpaired, engine_sd=pair_sd)
         return test, [f"{len(old)} and {len(cur)} engine(s) of {max(map(len, old))}-{max(map(len, cur))} repeats; "
                       f"the engine-to-engine SD: {engine_sd_source}"]
-    # one repeat per engine, not paired (results before contract 1.9, a stored baseline): the repeats' spread is the
-    # engines' own, and the run-to-run SD is added as before
+    # one repeat an engine and not paired (results before contract 1.9, a stored baseline): the repeats' spread is
+    # the engines' own, and the run-to-run SD is added as before
     test = margins.unpaired_ratio_test([v for e in old for v in e], [v for e in cur for v in e], min_ratio=min_ratio,
-                                       alpha=alpha, run_to_run_sd=run_to_run_sd)
-    return test, [f"one repeat an engine, not paired: the policy's run-to-run SD ({100 * run_to_run_sd:g} %) is part "
-                  f"of the test ({tput.run_to_run_sd_source})"]
+                                       alpha=tput.alpha_unpaired, run_to_run_sd=tput.run_to_run_sd)
+    return test, [f"one repeat an engine, not paired: the policy's run-to-run SD ({100 * tput.run_to_run_sd:g} %) is "
+                  f"part of the test ({tput.run_to_run_sd_source})"]
+
+
+def _repeat_sd(old: list[list[float]], cur: list[list[float]], test: margins.RatioTest, tput: Any) -> float:
+    """The SD of log throughput between repeats this run shows: within the engines where they hold several repeats;
+    else what the test's standard error implies (paired rounds: SE = sqrt(2) SD / sqrt(rounds); one repeat an engine
+    not paired: SE^2 = SD^2 (1/R_b + 1/R_c) + 2 run-to-run SD^2)."""
+    groups = [[math.log(v) for v in e] for e in (*old, *cur) if len(e) >= 2]
+    if groups:
+        df = sum(len(g) - 1 for g in groups)
+        return math.sqrt(sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups) / df)
+    if test.method == margins.PAIRED_RATIO_METHOD:
+        return test.se_log * math.sqrt(test.n_current) / math.sqrt(2)
+    repeats = 2 / (1 / test.n_baseline + 1 / test.n_current)
+    return math.sqrt(max(0.0, test.se_log**2 - 2 * tput.run_to_run_sd**2) * repeats / 2)
 
 
 def _mean_level(values: list[float]) -> float:
@@ -194,7 +217,7 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
     tput = policy.throughput
     expectation = tput.fp8_over_auto_expectation(cell.identity)
     expected = expectation.min_ratio if expectation is not None else None
-    measure, alpha = tput.metric, tput.alpha
+    measure = tput.metric
     base = dict(cell=cell.identity.id, kind="fp8_throughput", subject=measure, model=cell.identity.model,
                 reference="auto cell")
     own = cell.stage("throughput")
@@ -213,9 +236,10 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
     try:
         test, notes = _ratio_test(engine_groups(auto_stage.data, auto_stage.status, measure),
                                   engine_groups(own.data, own.status, measure), interleaved=False,
-                                  min_ratio=expected or 1.0, alpha=alpha, engine_sd=(sd_auto, sd_fp8),
+                                  min_ratio=expected or 1.0, one_run=True, engine_sd=(sd_auto, sd_fp8),
                                   engine_sd_source=f"auto {source_auto}; {cell.identity.kv_cache_dtype} {source_fp8}",
-                                  run_to_run_sd=tput.run_to_run_sd, tput=tput)
+                                  tput=tput)
+        alpha = test.alpha
     except ValueError as error:
         if expected is None and auto_values and fp8_values:  # reported anyway, without bounds
             ratio = median(fp8_values) / median(auto_values)
