@@ -199,8 +199,8 @@ def test_the_cpu_environment_installs_its_lock_with_hashes_through_uv_then_the_r
     assert calls[1][-1] == engine_venv.lock_block(CPU_LOCK.read_text(), "uv") and calls[1][-1].startswith("uv==")
     assert calls[2][:-1] == [*install, "--require-hashes", "--no-deps", "-r", calls[2][-2]]
     assert calls[2][-1].startswith("pip==") and "\nsetuptools==" in calls[2][-1]
-    assert calls[3][:-1] == [*install, "--require-hashes", "--no-build-isolation", "--find-links", "/opt/wheels", "-r",
-                             lock]
+    assert calls[3][:-1] == [*install, "--require-hashes", "--no-build-isolation", "--compile-bytecode", "--find-links",
+                             "/opt/wheels", "-r", lock]
     assert calls[4] == [*install, "--no-deps", "--no-build-isolation", "-e", str(checkout)]
     assert calls[5] == [uv, "pip", "uninstall", "-q", "--python", python, "torchvision", "torchaudio", "torchcodec"]
     assert calls[6][:8] == [*install, "--no-deps", "--reinstall"]  # the metadata-only `vllm`
