@@ -263,6 +263,9 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
               max_model_len=1024, seed=0)
     try:
         first = probe.collect(llm)
+        # the second probe starts from the cache state the first found: a prefix served from the cache is computed
+        # along another path, which on an AVX2-only CPU differs in the last bits (decode logprobs up to 0.05 apart)
+        assert llm.reset_prefix_cache()
         second = probe.collect(llm)
     finally:  # stop the engine processes now, not at interpreter exit (after pytest closed its streams)
         llm.llm_engine.engine_core.shutdown()
@@ -277,8 +280,9 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
     cached = probe.cached_context_prompts()
     assert [p.prompt for p in read.cached_context] == cached and len(cached) == 6
     # The first cached-context prompt computed the shared prefix; the others took it from the prefix cache (the
-    # CPU's blocks are 128 tokens: every whole block of the prefix), and in the second probe all of them did.
+    # CPU's blocks are 128 tokens: every whole block of the prefix), in both probes.
     assert read.cached_context[0].cached_tokens == 0 and all(p.cached_tokens >= 256 for p in read.cached_context[1:])
+    assert [p["cached_tokens"] for p in second["cached_context"]] == [p.cached_tokens for p in read.cached_context]
     assert agreement.as_record() == {
         "prompts": 16, "prompt_positions": sum(len(p.prompt_token_ids) - 1 for p in read.prompts),
         "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0, "top1_agreement": 1.0,
@@ -286,7 +290,7 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
         "decode_positions": 22 * 64, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
         "identical": True, "cached_context_prompts": 6, "cached_tokens": agreement.cached_tokens,
     }
-    assert agreement.cached_tokens >= 6 * 256
+    assert agreement.cached_tokens >= 5 * 256
     # The tops are sorted, and greedy picked a most likely token (bf16 logits can tie).
     for p in read.prompts:
         for logprob, top in zip(p.generated_logprobs, p.generated_top, strict=True):
