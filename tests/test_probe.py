@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
 
+import archives
 from kvgate import InputError
 from kvgate.gate import probe_agreement
 from kvgate.results import probe_file
@@ -223,8 +223,7 @@ H200_RUN = Path(__file__).parent / "fixtures" / "h200_run" / "run.tar.xz"
 def test_the_fast_reading_of_a_real_probe_file_is_the_entry_by_entry_one(tmp_path, monkeypatch, cell) -> None:
     """msgspec's parse and the reader's all-at-once checks give what json and the entry-by-entry checks give, on a
     real H200 probe file; cached-context prompts and a non-finite logprob included."""
-    with tarfile.open(H200_RUN) as archive:
-        archive.extractall(tmp_path, members=[archive.getmember(f"run/{cell}/probe/probe.json")], filter="data")
+    archives.extract(H200_RUN, tmp_path, members=[f"run/{cell}/probe/probe.json"])
     data = json.loads((tmp_path / "run" / cell / "probe" / "probe.json").read_text())
     data["cached_context"] = [{**data["prompts"][1], "cached_tokens": 3, "fresh_generated_token_ids": [5, 6],
                                "fresh_generated_logprobs": [-0.25, 0], "fresh_cached_tokens": 0}]
@@ -264,6 +263,9 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
               max_model_len=1024, seed=0)
     try:
         first = probe.collect(llm)
+        # the second probe starts from the cache state the first found: a prefix served from the cache is computed
+        # along another path, which on an AVX2-only CPU differs in the last bits (decode logprobs up to 0.05 apart)
+        assert llm.reset_prefix_cache()
         second = probe.collect(llm)
     finally:  # stop the engine processes now, not at interpreter exit (after pytest closed its streams)
         llm.llm_engine.engine_core.shutdown()
@@ -278,8 +280,9 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
     cached = probe.cached_context_prompts()
     assert [p.prompt for p in read.cached_context] == cached and len(cached) == 6
     # The first cached-context prompt computed the shared prefix; the others took it from the prefix cache (the
-    # CPU's blocks are 128 tokens: every whole block of the prefix), and in the second probe all of them did.
+    # CPU's blocks are 128 tokens: every whole block of the prefix), in both probes.
     assert read.cached_context[0].cached_tokens == 0 and all(p.cached_tokens >= 256 for p in read.cached_context[1:])
+    assert [p["cached_tokens"] for p in second["cached_context"]] == [p.cached_tokens for p in read.cached_context]
     assert agreement.as_record() == {
         "prompts": 16, "prompt_positions": sum(len(p.prompt_token_ids) - 1 for p in read.prompts),
         "mean_abs_logprob_diff": 0.0, "max_abs_logprob_diff": 0.0, "top1_agreement": 1.0,
@@ -287,7 +290,7 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
         "decode_positions": 22 * 64, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
         "identical": True, "cached_context_prompts": 6, "cached_tokens": agreement.cached_tokens,
     }
-    assert agreement.cached_tokens >= 6 * 256
+    assert agreement.cached_tokens >= 5 * 256
     # The tops are sorted, and greedy picked a most likely token (bf16 logits can tie).
     for p in read.prompts:
         for logprob, top in zip(p.generated_logprobs, p.generated_top, strict=True):

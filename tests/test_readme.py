@@ -21,8 +21,11 @@ def test_the_quick_start_holds_the_main_job_and_the_tests_each_in_a_venv():
     assert quick_start_commands() == [MAIN_JOB, TESTS]
 
 
-def test_ci_runs_exactly_the_readme_test_command():
+PRINTS_THE_PYTHON = "python3 -c 'import sys; print(f\".ci/run: python3 is {sys.executable}, Python {sys.version}\", flush=True)'"
+
+
+def test_ci_runs_exactly_the_readme_test_command_after_printing_its_python():
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     commands = [line for line in script.splitlines()
                 if line.strip() and not line.startswith(("#", "set ", "cd ", "trap 'echo "))]
-    assert commands == [TESTS]
+    assert commands == [PRINTS_THE_PYTHON, TESTS]

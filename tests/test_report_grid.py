@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
 
+import archives
 from ci_scripts import load_ci_script
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
@@ -127,8 +127,7 @@ def h200_report(tmp_path_factory) -> str:
     from test_fp8_kv_cache_check import H200_ARCHIVE, gate_cli
 
     folder = tmp_path_factory.mktemp("h200")
-    with tarfile.open(H200_ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+    archives.extract(H200_ARCHIVE, folder)
     matrix = folder / "matrix"
     matrix.mkdir()
     root = Path(__file__).resolve().parents[1]

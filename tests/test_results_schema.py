@@ -7,12 +7,12 @@ from __future__ import annotations
 import functools
 import json
 import operator
-import tarfile
 from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
 
+import archives
 import synthetic_run
 from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate import InputError
@@ -74,8 +74,7 @@ def real_runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("real_runs")
     out = {}
     for name, archive in ARCHIVES.items():
-        with tarfile.open(archive) as opened:
-            opened.extractall(root / name, filter="data")
+        archives.extract(archive, root / name)
         out[name] = root / name
     return out
 

@@ -172,8 +172,10 @@ def test_pyprojects_cpu_extra_pins_are_the_locks():
     assert {requirement for requirement in extra if "==" not in requirement} <= set(entries)
 
 
-def _cpu_build(checkout: Path, monkeypatch, version: str, system: tuple[str, str]) -> list[list[str]]:
-    monkeypatch.setattr(engine_venv, "_torch_cpu_is_local", lambda python: True)
+def _cpu_build(checkout: Path, monkeypatch, version: str, system: tuple[str, str],
+               torch_folder: Path | None = Path("/opt/wheels")) -> list[list[str]]:
+    monkeypatch.setattr(engine_venv, "_local_torch_cpu_folder", lambda python: torch_folder)
+    monkeypatch.setattr(engine_venv.Path, "home", classmethod(lambda cls: Path("/home/u")))
     monkeypatch.setattr(engine_venv, "_installed_version", lambda python, name: "0.32.0")
     monkeypatch.setattr(engine_venv.sys, "platform", system[0])
     monkeypatch.setattr(engine_venv.platform, "machine", lambda: system[1])
@@ -184,19 +186,40 @@ def _cpu_build(checkout: Path, monkeypatch, version: str, system: tuple[str, str
     return [*calls, ["log", *lines]]
 
 
-def test_the_cpu_environment_installs_its_lock_with_hashes_then_the_repairs(checkout, monkeypatch):
+def test_the_cpu_environment_installs_its_lock_with_hashes_through_uv_then_the_repairs(checkout, monkeypatch):
     calls = _cpu_build(checkout, monkeypatch, "3.11.2", ("linux", "x86_64"))
     python = str(engine_venv.venv_python(engine_venv.venv_dir(checkout, "cpu")))
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    uv = str(Path(python).parent / "uv")
+    install = [uv, "pip", "install", "-q", "--python", python]
+    lock = str(checkout / engine_venv.CPU_LOCK)
     assert calls[0][1:] == ["-m", "venv", str(engine_venv.venv_dir(checkout, "cpu"))]
-    assert calls[1][:-1] == [*pip, "--require-hashes", "--no-deps", "-r", calls[1][-2]]
-    assert calls[1][-1].startswith("pip==") and "\nsetuptools==" in calls[1][-1]
-    assert calls[2][:-1] == [*pip, "--require-hashes", "--no-build-isolation", "-r", str(checkout / engine_venv.CPU_LOCK)]
-    assert calls[3] == [*pip, "--no-deps", "--no-build-isolation", "-e", str(checkout)]
-    assert calls[4] == [python, "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"]
-    assert calls[5][:6] == [python, "-m", "pip", "install", "-q", "--no-deps"]  # the metadata-only `vllm`
+    # pip installs the lock's uv (hash-checked), uv the rest
+    assert calls[1][:-1] == [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--require-hashes",
+                             "--no-deps", "-r", calls[1][-2]]
+    assert calls[1][-1] == engine_venv.lock_block(CPU_LOCK.read_text(), "uv") and calls[1][-1].startswith("uv==")
+    assert calls[2][:-1] == [*install, "--require-hashes", "--no-deps", "-r", calls[2][-2]]
+    assert calls[2][-1].startswith("pip==") and "\nsetuptools==" in calls[2][-1]
+    assert calls[3][:-1] == [*install, "--require-hashes", "--no-build-isolation", "--compile-bytecode", "--find-links",
+                             "/opt/wheels", "-r", lock]
+    assert calls[4] == [*install, "--no-deps", "--no-build-isolation", "-e", str(checkout)]
+    assert calls[5] == [uv, "pip", "uninstall", "-q", "--python", python, "torchvision", "torchaudio", "torchcodec"]
+    assert calls[6][:8] == [*install, "--no-deps", "--reinstall"]  # the metadata-only `vllm`
     assert not any("--upgrade" in call for call in calls)  # nothing unhashed from an index
-    assert "kvgate: installing ci/locks/cpu-py311-x86_64.txt (every file checked against its hash)" in calls[-1]
+    assert "kvgate: installing ci/locks/cpu-py311-x86_64.txt with uv (every file checked against its hash)" in calls[-1]
+
+
+def test_torch_cpu_not_found_locally_is_fetched_once_hash_checked_into_kvgates_wheel_cache(checkout, monkeypatch):
+    calls = _cpu_build(checkout, monkeypatch, "3.11.2", ("linux", "x86_64"), torch_folder=None)
+    python = str(engine_venv.venv_python(engine_venv.venv_dir(checkout, "cpu")))
+    [fetch] = [call for call in calls if "download" in call]
+    assert fetch[:-1] == [python, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                          "--require-hashes", "--only-binary", ":all:", "--extra-index-url",
+                          "https://download.pytorch.org/whl/cpu", "-d", "/home/u/.cache/kvgate/wheels", "-r",
+                          fetch[-2]]
+    assert fetch[-1] == engine_venv.lock_block(CPU_LOCK.read_text(), "torch") and "+cpu" in fetch[-1]
+    [install] = [call for call in calls if "--find-links" in call]
+    assert install[install.index("--find-links") + 1] == "/home/u/.cache/kvgate/wheels"
+    assert calls.index(fetch) < calls.index(install)
 
 
 @pytest.mark.parametrize(("version", "system"), [("3.12.3", ("linux", "x86_64")), ("3.11.2", ("linux", "aarch64"))])

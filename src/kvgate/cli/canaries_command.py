@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
             raise InputError("--only", f"unknown canary '{name}'", hint=unknown_name_hint(name, known))
     selected = [c for c in canaries if (not args.only or c.name in args.only) and (c.ci or not args.ci)]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     root = (args.run_root or REPO_ROOT / "reports" / "canaries" / stamp).resolve()
     cannot = cannot_run_here(selected)
     for name, reason in cannot.items():

@@ -73,7 +73,7 @@ def parse_require(value: str) -> tuple[str, ...]:
 
 def parse_today(value: str | None) -> dt.date:
     if value is None:
-        return dt.datetime.now(dt.timezone.utc).date()
+        return dt.datetime.now(dt.UTC).date()
     try:
         return dt.date.fromisoformat(value)
     except ValueError:
@@ -161,7 +161,7 @@ def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.Timin
 def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[CellResults]) -> HistoryPlots:
     """A run of main leaves its figures in the history (kvgate history); one that cannot is bad input (exit 2).
     Returns the trends of the run's cells for report.html, those that need attention first."""
-    run = history_record.history_run(verdict, recorded_at=dt.datetime.now(dt.timezone.utc).isoformat(
+    run = history_record.history_run(verdict, recorded_at=dt.datetime.now(dt.UTC).isoformat(
         timespec="seconds").replace("+00:00", "Z"), kernel_timings=kernel_timings(cells))
     with history_store.open_store(history_store.location(where)) as history:
         history.record(run)

