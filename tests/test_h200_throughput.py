@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
+import archives
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_throughput"
 
@@ -19,8 +19,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "h200_throughput"
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict[tuple[str, str], dict]]]:
     root = tmp_path_factory.mktemp("h200_throughput")
-    with tarfile.open(FIXTURE / "runs.tar.xz") as archive:
-        archive.extractall(root, filter="data")
+    archives.extract(FIXTURE / "runs.tar.xz", root)
     out = {}
     for run in sorted((root / "runs").iterdir()):
         gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run), "--require-baseline"],
@@ -55,8 +54,7 @@ def test_the_aa_run_passes_head_vs_base(judged):
 
 
 def test_every_engine_recorded_its_repeats_and_the_machine_under_them(judged, tmp_path):
-    with tarfile.open(FIXTURE / "runs.tar.xz") as archive:
-        archive.extractall(tmp_path, filter="data")
+    archives.extract(FIXTURE / "runs.tar.xz", tmp_path)
     for status in tmp_path.glob("runs/*/*/status.json"):
         entry = json.loads(status.read_text())["throughput"]
         assert entry["design"] == {"engines": 1, "repeats_per_engine": 3, "warmup_output_len": 32}
