@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import archives
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_throughput"

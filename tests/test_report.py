@@ -68,7 +68,7 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
     # and the comparison are
     assert lines[0] == ("❌ kvgate: 2 of 4 checks failed — flashinfer_mla-fp8-sm100 fp8_accuracy [strict-match] "
                         "drop 7.1 pts, lower bound 5.0 > margin 3.0 (p<0.001) (+1 more)")
-    assert "▶️ RAN 3" in lines[4] and "ℹ️ INFO 4" in lines[4]  # the broken FP8 cell's speed is reported, not RAN
+    assert "▶️ RAN 3" in lines[4] and "INFO 4" in lines[4]  # the broken FP8 cell's speed is reported, not RAN
     attention = text.split("### Needs attention (2)\n\n")[1].split("\n\n")[0].splitlines()
     assert attention == ["- ❌ FAIL `flashinfer_mla-auto-sm100` kernels: 0 kernel tests ran (3 skipped of 3); the "
                          "policy needs at least 1",

@@ -136,7 +136,7 @@ def test_without_a_measurement_the_run_to_run_sd_stands_in_and_says_so(tmp_path,
     base = [5.397, 5.394, 5.387]
     run = write_engines_ab_run(tmp_path / "slow", [base], [[v * 0.90 for v in base]], backend="FLASH_ATTN",
                                model="meta-llama/Llama-3.1-8B-Instruct")
-    code = kvgate(["gate", str(run)])
+    kvgate(["gate", str(run)])
     capsys.readouterr()
     check = next(c for c in json.loads((run / "gate" / "verdict.json").read_text())["checks"]
                  if c["kind"] == "throughput")

@@ -184,7 +184,7 @@ def _measured_table(tput: policy_module.ThroughputPolicy, policy_path: Path | No
         (policy_path.parent / name).is_file() for name in matrix_module.MATRIX_FILES) else None
     try:
         workloads = matrix_module.load(folder).workloads
-    except Exception:  # noqa: BLE001 - the policy was read; without a matrix every entry keeps its own design
+    except Exception:
         workloads = {}
     slowdowns = (0.05, 0.10, 0.15)
     rows = ["measured throughput noise, and what an A/B run of each cell's design catches (power at a 5 / 10 / 15 % "

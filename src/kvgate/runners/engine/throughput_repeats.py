@@ -29,6 +29,7 @@ says why); anything else: the engine failed (its traceback above).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -266,7 +267,7 @@ class GpuMonitor:
             import pynvml
 
             pynvml.nvmlInit()
-        except Exception:  # noqa: BLE001 - no GPU, no driver, no nvidia-ml-py: nothing to watch
+        except Exception:
             return None
         handles, names = [], []
         for index in range(torch.cuda.device_count()):
@@ -274,7 +275,7 @@ class GpuMonitor:
             try:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(("GPU-" + uuid) if uuid and not uuid.startswith("GPU-")
                                                           else uuid)
-            except Exception:  # noqa: BLE001 - an older torch without uuid: NVML's index order
+            except Exception:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             handles.append(handle)
             names.append(_text(pynvml.nvmlDeviceGetName(handle)))
@@ -289,7 +290,7 @@ class GpuMonitor:
         for handle in self.handles:
             try:
                 running = self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except Exception:  # noqa: BLE001 - not supported here: nothing can be said
+            except Exception:
                 continue
             for proc in running:
                 if proc.pid in self.engine_pids or proc.pid == os.getpid():
@@ -329,15 +330,13 @@ class GpuMonitor:
                                ("temperature", lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))):
                 try:
                     value = read(handle)
-                except Exception:  # noqa: BLE001 - a figure this driver does not give
+                except Exception:
                     continue
                 {"clock": clocks, "power": powers, "temperature": temps}[name].append(float(value))
             reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
                 getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-            try:
+            with contextlib.suppress(Exception):  # a driver without clock-event reasons: none seen
                 sample["reasons"] |= int(reasons(handle)) if reasons else 0
-            except Exception:  # noqa: BLE001
-                pass
         sample.update(clock=min(clocks, default=None), power=sum(powers) if powers else None,
                       temperature=max(temps, default=None))
         sample["others"] = self.processes()
@@ -371,10 +370,8 @@ class GpuMonitor:
         return record
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _text(value) -> str:

@@ -122,7 +122,7 @@ def bench_throughput_argv(python: str, cell: Cell, model_path: str, output_json:
     what one repeat of the stage amounts to, for people to run by hand."""
     argv = [python, *VLLM_CLI, "bench", "throughput",
             *bench_throughput_arguments(cell, model_path, passthrough, calculate_kv_scales=calculate_kv_scales)]
-    return argv + (["--output-json", str(output_json)] if output_json is not None else [])
+    return [*argv, *(["--output-json", str(output_json)] if output_json is not None else [])]
 
 
 def throughput_repeats_argv(python: str, cell: Cell, model_path: str, *, out: Path, summary: Path,
@@ -135,7 +135,7 @@ def throughput_repeats_argv(python: str, cell: Cell, model_path: str, *, out: Pa
             "--warmup-output-len", str(design.warmup_output_len)]
     if allow_shared_gpu:
         argv.append("--allow-shared-gpu")
-    return argv + ["--", *bench_throughput_arguments(cell, model_path, passthrough,
+    return [*argv, "--", *bench_throughput_arguments(cell, model_path, passthrough,
                                                      calculate_kv_scales=calculate_kv_scales)]
 
 
