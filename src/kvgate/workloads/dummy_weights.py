@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from kvgate import InputError
@@ -73,25 +71,10 @@ def model_dir(model_id: str, cache_dir: Path | None = None) -> Path:
 
 def ensure_model(model_id: str, cache_dir: Path | None = None) -> Path:
     """The folder vLLM loads `model_id`'s architecture from with load_format "dummy", written first if needed."""
-    target = model_dir(model_id, cache_dir)
-    if (target / MARKER).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        write_model_folder(shipped_config(model_id), staging)
-        for path in [staging, *staging.iterdir()]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first, or a stale incomplete folder is in the way
-            if not (target / MARKER).is_file():
-                shutil.rmtree(target, ignore_errors=True)
-                staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    from kvgate.workloads.tiny_models import build_once
+
+    config = shipped_config(model_id)
+    return build_once(model_dir(model_id, cache_dir), MARKER, lambda staging: write_model_folder(config, staging))
 
 
 def word(token_id: int) -> str:

@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,20 +146,27 @@ def ensure_model(name: str, cache_dir: Path | None = None, *, kv_scales: bool = 
     if (target / MARKER).is_file():
         return target
     source = ensure_model(name, cache_dir) if kv_scales else None
+    if source is not None:
+        return build_once(target, MARKER, lambda staging: _build_kv_scales_variant(model, source, staging))
+    return build_once(target, MARKER, lambda staging: build(model, staging))
+
+
+def build_once(target: Path, marker: str, build_into: Callable[[Path], None]) -> Path:
+    """`target`, built by build_into(a staging folder beside it) and renamed into place unless it is there already
+    (its `marker` file, written last, says it is whole); processes building the same folder at once each finish."""
+    if (target / marker).is_file():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        if source is not None:
-            _build_kv_scales_variant(model, source, staging)
-        else:
-            build(model, staging)
+        build_into(staging)
         for path in [staging, *staging.iterdir()]:  # mkdtemp and safetensors create owner-only modes
             path.chmod(0o755 if path.is_dir() else 0o644)
         try:
             staging.rename(target)
         except OSError:
             # Another process finished the same build first (or a stale, incomplete folder is in the way).
-            if not (target / MARKER).is_file():
+            if not (target / marker).is_file():
                 shutil.rmtree(target, ignore_errors=True)
                 staging.rename(target)
     finally:
