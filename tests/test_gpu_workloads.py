@@ -139,14 +139,14 @@ def test_bad_workload_settings_are_one_line_each(tmp_path, old, new, error):
 
 
 def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monkeypatch):
-    """The runners use the workload's timeout: a hanging engine of a cell whose workload allows 2 s is killed."""
+    """The runners use the workload's timeout: a hanging engine of a cell whose workload allows 25 s is killed (time for the engine process to start and hang)."""
     folder = matrix_copy(tmp_path)
     path = folder / "workloads.toml"
     path.write_text(path.read_text().replace("timeouts = { accuracy = 8300, throughput = 3600 }",
-                                             "timeouts = { accuracy = 8300, throughput = 2 }", 1))
+                                             "timeouts = { accuracy = 8300, throughput = 25 }", 1))
     fake = write_fake_vllm(tmp_path)
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
-    monkeypatch.setenv("FAKE_VLLM_SLEEP", "30")
+    monkeypatch.setenv("FAKE_VLLM_SLEEP", "120")
     monkeypatch.setenv("HF_HOME", str(write_fake_hf_cache(tmp_path / "hf", models=("deepseek-ai/DeepSeek-V2-Lite-Chat",))))
     cell = kvmatrix.load(folder).cell("triton_mla-fp8-sm90")
     options = RunOptions(run_dir=tmp_path / "run", stages=["throughput"], local_arch="sm90", echo=False,
@@ -156,5 +156,5 @@ def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monke
 
     assert status == 1
     assert [(o.status, o.reason) for o in outcomes] == [
-        ("timeout", "engine 1/1 killed at the stage timeout of 2 s")]
+        ("timeout", "engine 1/1 killed at the stage timeout of 25 s")]
     assert len(read_calls(fake)) == 1

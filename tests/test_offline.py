@@ -87,15 +87,34 @@ def test_a_runner_without_the_model_starts_no_engine(real_matrix, tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    options = RunOptions(run_dir=tmp_path / "run", stages=["throughput"], local_arch="sm90", echo=False,
+    options = RunOptions(run_dir=tmp_path / "run", stages=["accuracy"], local_arch="sm90", echo=False,
                          say=lambda line: None)
 
     status, outcomes = run_cells([real_matrix.cell("flash_attn-fp8-sm90")], options)
 
     assert status == 1
-    assert [o.status for o in outcomes] == ["error"]
+    assert [o.status for o in outcomes] == ["error", "error"]  # accuracy and its probe
     assert outcomes[0].reason.startswith(f"model {LLAMA} is not in the Hugging Face cache {tmp_path}/empty-hf/hub")
     assert read_calls(fake) == []
+
+
+def test_throughput_with_dummy_weights_needs_no_model_in_the_cache(real_matrix, tmp_path, monkeypatch):
+    """The hub workloads time their architecture with dummy weights (kvgate ships its config.json): the throughput
+    stage runs on a runner whose Hugging Face cache is empty, with load_format dummy."""
+    fake = write_fake_vllm(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
+    monkeypatch.setenv("KVGATE_MODEL_DIR", str(tmp_path / "models"))
+    options = RunOptions(run_dir=tmp_path / "run", stages=["throughput"], local_arch="sm90", echo=False,
+                         say=lambda line: None)
+
+    status, outcomes = run_cells([real_matrix.cell("flash_attn-fp8-sm90")], options)
+
+    assert (status, [o.status for o in outcomes]) == (0, ["ok"]), outcomes
+    (call,) = read_calls(fake)
+    argv = call["argv"]
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert "dummy-weights-meta-llama--Llama-3.1-8B-Instruct" in argv[argv.index("--model") + 1]
 
 
 # --------------------------------------------------------------------------------------------- prefetch
