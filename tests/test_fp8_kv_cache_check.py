@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from archives import unpack
 from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate import InputErrors
 from kvgate.cli import main
@@ -67,7 +68,7 @@ def h200_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def h200_unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("h200-run")
     with tarfile.open(H200_ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+        unpack(archive, folder)
     return folder / "run"
 
 

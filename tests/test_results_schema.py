@@ -14,6 +14,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 import synthetic_run
+from archives import unpack
 from cpu_run_fixture import extract, matrix_of_the_run
 from kvgate import InputError
 from kvgate.cli import main
@@ -75,7 +76,7 @@ def real_runs(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, archive in ARCHIVES.items():
         with tarfile.open(archive) as opened:
-            opened.extractall(root / name, filter="data")
+            unpack(opened, root / name)
         out[name] = root / name
     return out
 
