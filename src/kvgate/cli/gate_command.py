@@ -203,8 +203,12 @@ def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.Timin
 def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[CellResults]) -> HistoryPlots:
     """A run of main leaves its figures in the history (kvgate history); one that cannot is bad input (exit 2).
     Returns the trends of the run's cells for report.html, those that need attention first."""
-    run = history_record.history_run(verdict, recorded_at=dt.datetime.now(dt.timezone.utc).isoformat(
-        timespec="seconds").replace("+00:00", "Z"), kernel_timings=kernel_timings(cells))
+    recorded_at = history_record.run_time(verdict.run_info)  # the run's own time orders the history, not the gate's
+    if recorded_at is None:
+        recorded_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        print(f"kvgate gate: run.json says neither when the run finished nor when it started: recorded at the gate's "
+              f"time, {recorded_at}", file=sys.stderr)
+    run = history_record.history_run(verdict, recorded_at=recorded_at, kernel_timings=kernel_timings(cells))
     with history_store.open_store(history_store.location(where)) as history:
         history.record(run)
         print(f"kvgate gate: recorded {len(run.figures)} figures of this {run.branch} run in {history.shown}",
