@@ -30,9 +30,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "pipeline for `buildkite-agent pipeline upload` (the cells, a wait, the gate); "
                              "buildkite-vllm a vLLM .buildkite/test_areas/ file whose step uploads that pipeline")
     parser.add_argument("--kvgate-repository", metavar="URL", default="",
-                        help="with --format buildkite*: the kvgate git repository the steps clone")
+                        help="required with --format buildkite and buildkite-vllm: the kvgate git repository the "
+                             "steps clone")
     parser.add_argument("--kvgate-ref", metavar="SHA", default="",
-                        help="with --format buildkite*: the kvgate commit the steps run (a full SHA)")
+                        help="required with --format buildkite and buildkite-vllm: the kvgate commit the steps run "
+                             "(a full SHA)")
     add_filter_arguments(parser)
     parser.add_argument("--changed-files", metavar="FILE", type=Path,
                         help="a file listing changed vLLM paths (one per line, or NUL-separated): keep the cells they "
@@ -44,8 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a vLLM git checkout: read both sides of the change from it (--vllm-base, --vllm-head); the "
                              "changed paths are its diff unless --changed-files lists them")
     parser.add_argument("--vllm-base", metavar="REV",
-                        help="with --vllm-git: the commit the change starts from; with --format buildkite: the merge "
-                             "base the cells' base side runs (a full SHA)")
+                        help="with --vllm-git: the commit the change starts from; required with --format buildkite: "
+                             "the merge base the cells' base side runs (a full SHA)")
     parser.add_argument("--vllm-head", metavar="REV", help="with --vllm-git: the commit of the change")
     parser.add_argument("--vllm-tree", metavar="DIR", type=Path,
                         help="with --changed-files: the vLLM source whose import graph decides (a checkout, or a folder "
