@@ -182,3 +182,19 @@ def test_in_ci_a_log_links_its_artifact(h200_unpacked, h200_matrix, tmp_path, ca
     assert capsys.readouterr().err == (f"ERROR {links}: expected a JSON object of cell id -> template (strings) in the "
                                        'top level. Write {"<cell id>": "<template>", "*": "<template>"}\n')
 
+
+
+def test_a_log_that_links_out_of_its_cell_is_never_read(h200_unpacked, h200_matrix, tmp_path):  # noqa: F811
+    """The results folder is data from the machines that measured: a log that is a link (here to a file holding a
+    secret-looking error line) is not quoted in the report."""
+    import shutil
+
+    run = Path(shutil.copytree(h200_unpacked, tmp_path / "run"))
+    secret = tmp_path / "secret.txt"
+    secret.write_text("RuntimeError: CUDA error: token=hunter2\n", encoding="utf-8")
+    log = run / "flashmla-fp8-sm90" / "logs" / "throughput.log"
+    log.unlink()
+    log.symlink_to(secret)
+    assert gate_cli(run, h200_matrix, tmp_path / "out") == 1
+    assert "hunter2" not in (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "hunter2" not in (tmp_path / "out" / "verdict.json").read_text(encoding="utf-8")

@@ -225,7 +225,9 @@ def first_error(folder: Path, stage: str, status: StageStatus | None) -> LogPoin
     """The first real error of a broken or failed stage: from its log (logs/<stage>.log; the probe runs in the
     accuracy stage's engine), else from status.json's log_tail; None when neither names one."""
     name = f"logs/{LOG_OF_STAGE[stage]}.log"
-    found = tool_log.read_first_error(folder / name) if (folder / name).is_file() else None
+    log = folder / name  # a regular file of the cell's own: never a link out of the folder (the report quotes it)
+    found = tool_log.read_first_error(log) if log.is_file() and not log.is_symlink() and not (
+        folder / "logs").is_symlink() else None
     if found is not None:
         return LogPointer(path=f"{folder.name}/{name}", line=found.line, error=found.text, found_by=found.found_by,
                           frame=found.frame)
