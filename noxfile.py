@@ -207,6 +207,20 @@ def history(session: nox.Session) -> None:
     session.run("kvgate", "history", *session.posargs)
 
 
+SAMPLE_RUNS = ROOT / "tests" / "fixtures" / "canaries" / "ci-canaries.tar.xz"  # two real A/B runs (its README)
+
+
+@nox.session
+def try_gate(session: nox.Session) -> None:
+    """Try the gate in a minute on two real runs it ships: a harmless vLLM patch passes, an FP8 scale mismatch fails."""
+    _install_kvgate(session)
+    samples = ROOT / "reports" / "samples"
+    samples.mkdir(parents=True, exist_ok=True)
+    session.run("tar", "-xJf", str(SAMPLE_RUNS), "-C", str(samples), external=True)
+    for name, verdict in (("harmless-refactor", 0), ("fp8-scale-mismatch", 1)):  # the gate's exit: 0 pass, 1 fail
+        session.run("kvgate", "gate", str(samples / name), "--require-baseline", success_codes=[verdict])
+
+
 @nox.session
 def gate(session: nox.Session) -> None:
     """Judge a results folder: `nox -s gate -- [<run dir>] [--baseline <run dir>]` (default: this run, else latest)."""

@@ -23,8 +23,9 @@ in an A/B run, no usable $BASELINE_DIR) fails. Only a push or manual run with KV
 
 Then `nox -s gate -- $KVGATE_RUN_DIR --expect-cells PLAN --require-baseline [--baseline $BASELINE_DIR]`;
 `gate/report.md` goes to $GITHUB_STEP_SUMMARY; `gate/pull_request.json` tells kvgate-comment.yml which pull
-request it is for. On Buildkite (BUILDKITE=true) `gate/annotation.md` is the report folded to fit an annotation
-(1 MiB), which the gate step annotates the build with. run.json names the CI, its commit and the branch of a push or
+request it is for. A broken stage's first error links its log in the cell's artifact (`--log-url`: a file of it on
+Buildkite, the artifact on GitHub Actions, listed with GH_TOKEN). On Buildkite (BUILDKITE=true) `gate/annotation.md`
+is the report folded to fit an annotation (1 MiB), which the gate step annotates the build with. run.json names the CI, its commit and the branch of a push or
 scheduled build (ci/ci_facts.py). The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
 """
 
@@ -214,7 +215,7 @@ def merged_run_info(assembly: Assembly, environ: Mapping[str, str], sides: Seque
 
 
 def gate_command(nox: Sequence[str], run_dir: Path, baseline: Path | None, *, expect_cells: Path,
-                 require_baseline: bool = True, root: Path = ROOT) -> list[str]:
+                 require_baseline: bool = True, root: Path = ROOT, log_url: str | None = None) -> list[str]:
     # --matrix-dir / --policy: the gate session installs kvgate into its own venv, away from the checkout's matrix/.
     argv = [*nox, "-s", "gate", "--", str(run_dir), "--matrix-dir", str(root / "matrix"),
             "--policy", str(root / "matrix" / "policy.toml"), "--expect-cells", str(expect_cells)]
@@ -222,7 +223,46 @@ def gate_command(nox: Sequence[str], run_dir: Path, baseline: Path | None, *, ex
         argv.append("--require-baseline")
     if baseline is not None:
         argv += ["--baseline", str(baseline)]
+    if log_url is not None:
+        argv += ["--log-url", log_url]
     return argv
+
+
+def log_links(environ: Mapping[str, str], cells: Sequence[str], folder: Path,
+              gh: Sequence[str] = ("gh",)) -> str | None:
+    """Where the reports link a cell's log in CI (`kvgate gate --log-url`): the artifact its cell job uploaded.
+
+    Buildkite links a file of an artifact itself (`artifact://` in an annotation): each log is linked. GitHub Actions
+    serves an artifact as one zip: each cell's log links its job's artifact `kvgate-cell-<id>` (its id asked of the
+    API with the job's token, `actions: read`), or where the API cannot answer, the run's page, which lists them.
+    None outside CI: the reports link the logs by their paths."""
+    if ci_facts.source(environ) == ci_facts.BUILDKITE:
+        return f"artifact://{ARTIFACT_PREFIX}{{cell}}/{{path}}"
+    repository, run_id = environ.get("GITHUB_REPOSITORY", ""), environ.get("GITHUB_RUN_ID", "")
+    if not (re.fullmatch(r"[\w.-]+/[\w.-]+", repository) and run_id.isdigit()):
+        return None
+    run_page = f"https://github.com/{repository}/actions/runs/{run_id}"
+    ids: dict[str, str] = {}
+    try:
+        listed = subprocess.run([*gh, "api", "--paginate", f"repos/{repository}/actions/runs/{run_id}/artifacts",
+                                 "--jq", ".artifacts[] | [.name, (.id | tostring)] | @tsv"], capture_output=True,
+                                text=True, timeout=120, check=False)
+        if listed.returncode == 0:
+            ids = dict(line.split("\t", 1) for line in listed.stdout.splitlines() if line.count("\t") == 1)
+        else:
+            print(f"::warning::the cells' artifacts could not be listed ({(listed.stderr.strip() or 'gh failed')[:200]}"
+                  "): the reports link the logs to the run's page", flush=True)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        print(f"::warning::gh could not list the cells' artifacts ({error}): the reports link the logs to the run's "
+              "page", flush=True)
+    links = {"*": run_page}
+    for cell in cells:
+        artifact = ids.get(f"{ARTIFACT_PREFIX}{cell}", "")
+        if artifact.isdigit():
+            links[cell] = f"{run_page}/artifacts/{artifact}"
+    path = folder / "log-links.json"
+    path.write_text(json.dumps(links, indent=2) + "\n", encoding="utf-8")
+    return f"@{path}"
 
 
 def usable_baseline(baseline_dir: Path | None) -> Path | None:
@@ -347,13 +387,16 @@ def run(environ: Mapping[str, str]) -> int:
         expected.write_text(json.dumps({"include": [  # the plan's cells and stages: each planned stage is required
             {"cell": e["cell"], **{key: e[key] for key in ("stages", "not_planned") if key in e}} for e in planned]})
             + "\n", encoding="utf-8")
-        argv = gate_command(nox, run_dir, baseline, expect_cells=expected, require_baseline=required)
+        cells = sorted({str(e["cell"]) for e in planned})
+        argv = gate_command(nox, run_dir, baseline, expect_cells=expected, require_baseline=required,
+                            log_url=log_links(environ, cells, Path(tmp)))
         print(f"kvgate gate job: {len(planned)} planned cells, {len(assembly.cells)} cell folders; "
               f"baseline: {baseline or 'none'}{'' if required else ' (bootstrap: none required)'}", flush=True)
         print(f"kvgate gate job: {' '.join(argv)}", flush=True)
         try:
             # The gate appends report.md to $GITHUB_STEP_SUMMARY itself; this job does it once, clipped, with notes.
-            gate_env = {key: value for key, value in environ.items() if key != "GITHUB_STEP_SUMMARY"}
+            # ... and the token that listed the artifacts stays with this job: the gate reads artifacts as data only
+            gate_env = {key: value for key, value in environ.items() if key not in ("GITHUB_STEP_SUMMARY", "GH_TOKEN")}
             result = subprocess.run(argv, cwd=ROOT, env=gate_env, check=False, capture_output=True, text=True)
         except OSError as error:
             raise GateJobError(f"{argv[0]}: {error.strerror}. Install nox (`pip install nox`)") from None

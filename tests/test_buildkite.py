@@ -162,8 +162,8 @@ def test_an_arch_without_a_queue_is_one_error_naming_the_fix(capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (("--kvgate-ref", KVGATE_REF, "--vllm-base", MERGE_BASE),
-     "ERROR --kvgate-repository: '' is not a git URL. Name the kvgate repository the steps clone, e.g. "
-     "https://github.com/OWNER/kvgate.git"),
+     "ERROR --kvgate-repository: missing: --format buildkite needs it. Name the kvgate repository the steps clone, "
+     "e.g. https://github.com/OWNER/kvgate.git"),
     (("--kvgate-repository", "https://x/k.git; rm -rf /", "--kvgate-ref", KVGATE_REF, "--vllm-base", MERGE_BASE),
      "ERROR --kvgate-repository: 'https://x/k.git; rm -rf /' is not a git URL. Name the kvgate repository the steps "
      "clone, e.g. https://github.com/OWNER/kvgate.git"),
@@ -171,12 +171,34 @@ def test_an_arch_without_a_queue_is_one_error_naming_the_fix(capsys):
      "ERROR --kvgate-ref: 'main' is not a full 40-character commit SHA. Pin kvgate to a commit (a branch or tag "
      "could move under the gate)"),
     (("--kvgate-repository", REPOSITORY, "--kvgate-ref", KVGATE_REF),
-     "ERROR --vllm-base: '' is not a full 40-character commit SHA. Pass the vLLM merge base as a SHA: "
+     "ERROR --vllm-base: missing: --format buildkite needs it. Pass the vLLM merge base as a SHA: "
      "`git merge-base origin/main HEAD`"),
 ])
 def test_what_the_steps_run_is_pinned_or_refused(capsys, argv, message):
     code, out, err = run_cli(capsys, "matrix", "--format", "buildkite", "--arch", "sm90", *argv)
     assert (code, out, err) == (2, "", message + "\n")
+
+
+def test_every_missing_flag_is_named_at_once_and_help_marks_them_required(capsys):
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite", "--arch", "sm90")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "ERROR --kvgate-repository: missing: --format buildkite needs it. Name the kvgate repository the steps clone, "
+        "e.g. https://github.com/OWNER/kvgate.git",
+        "ERROR --kvgate-ref: missing: --format buildkite needs it. Pin kvgate to a commit (a branch or tag could move "
+        "under the gate)",
+        "ERROR --vllm-base: missing: --format buildkite needs it. Pass the vLLM merge base as a SHA: `git merge-base "
+        "origin/main HEAD`"]
+    code, _, err = run_cli(capsys, "matrix", "--format", "buildkite-vllm")
+    assert code == 2 and [line.split(":")[0] for line in err.splitlines()] == ["ERROR --kvgate-repository",
+                                                                             "ERROR --kvgate-ref"]
+    with pytest.raises(SystemExit):
+        kvgate_main(["matrix", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for flag in ("--kvgate-repository URL required with --format buildkite and buildkite-vllm",
+                 "--kvgate-ref SHA required with --format buildkite and buildkite-vllm",
+                 "required with --format buildkite: the merge base"):
+        assert flag in shown
 
 
 def test_a_changed_file_selects_the_same_cells_as_the_github_plan(capsys, tmp_path):

@@ -107,6 +107,9 @@ def test_the_ci_canaries_recorded_on_a_real_engine_get_their_verdicts_from_the_r
     verdict_json = json.loads((run_dir / "gate" / "verdict.json").read_text())
     assert judge(canary, verdict_json, gate.returncode) == (True, judge(canary, verdict_json, gate.returncode)[1])
     assert gate.returncode == (1 if canary.expect == "fail" else 0)
+    # the README's "try the gate" step (`nox -s try_gate`) shows these runs' first lines as the gate says them
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert f"\n{gate.stdout.splitlines()[0]}\n" in readme.split("**Try the gate in a minute**", 1)[1].split("###", 1)[0]
 
 
 @pytest.mark.engine

@@ -379,3 +379,28 @@ def test_summary_is_clipped_at_a_line_under_the_limit():
     assert len(clipped.encode()) <= 200
     assert clipped.endswith("|\n\n_(cut)_\n")
     assert gate_job.clip("short\n", 200, "_(cut)_") == "short\n"
+
+
+# ---------------------------------------------------------------------------------------- links to the cells' logs
+
+def test_on_buildkite_each_log_links_its_file_in_the_cells_artifact(tmp_path):
+    template = gate_job.log_links({"BUILDKITE": "true"}, ["flashmla-fp8-sm90"], tmp_path)
+    assert template == "artifact://kvgate-cell-{cell}/{path}"  # the cell step uploads "kvgate-cell-<id>/**/*"
+
+
+def test_on_github_each_log_links_its_cells_artifact_listed_by_the_api(tmp_path):
+    """A stand-in `gh` answers as `gh api --paginate .../artifacts --jq ...` does (name, id per line) and records
+    what it was asked; a cell whose artifact is not listed links the run's page, which lists the artifacts."""
+    asked = tmp_path / "asked.txt"
+    gh = tmp_path / "gh"
+    gh.write_text(f"#!{sys.executable}\nimport sys\nopen({str(asked)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+                  "print('kvgate-cell-flashmla-fp8-sm90\\t4711\\nkvgate-gate\\t4712\\nkvgate-cell-x;rm\\tnope')\n")
+    gh.chmod(0o755)
+    environ = {"GITHUB_REPOSITORY": "acme/vllm", "GITHUB_RUN_ID": "99"}
+    argument = gate_job.log_links(environ, ["flashmla-fp8-sm90", "flashmla-auto-sm90"], tmp_path, gh=[str(gh)])
+    assert argument == f"@{tmp_path}/log-links.json"
+    assert json.loads((tmp_path / "log-links.json").read_text()) == {
+        "*": "https://github.com/acme/vllm/actions/runs/99",
+        "flashmla-fp8-sm90": "https://github.com/acme/vllm/actions/runs/99/artifacts/4711"}
+    assert asked.read_text().startswith("api --paginate repos/acme/vllm/actions/runs/99/artifacts --jq ")
+    assert gate_job.log_links({}, ["flashmla-fp8-sm90"], tmp_path) is None  # outside CI: paths, relative

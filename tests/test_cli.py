@@ -67,3 +67,13 @@ def test_outside_a_checkout_the_missing_matrix_is_one_line_with_the_way_out(tmp_
     again = subprocess.run([sys.executable, "-m", "kvgate", "gate", "some-run"], cwd=work, env=env,
                            capture_output=True, text=True, check=False)
     assert (again.returncode, again.stderr) == (2, done.stderr)
+
+
+def test_a_reader_that_goes_away_ends_kvgate_quietly():
+    """`kvgate matrix | head -3`: the pipe's reader closes it before kvgate writes; kvgate stops as a command a closed
+    pipe stops does (141 = 128 + SIGPIPE), with no traceback."""
+    with subprocess.Popen([sys.executable, "-m", "kvgate", "matrix"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as process:
+        process.stdout.close()  # the reader is gone before the table is written
+        stderr = process.stderr.read().decode()
+        assert (process.wait(timeout=120), stderr) == (141, "")

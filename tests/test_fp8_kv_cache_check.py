@@ -166,7 +166,7 @@ def test_the_real_h200_fp8_cells_held_an_fp8_cache(h200_run, h200_matrix, tmp_pa
     for cell in ("flashinfer-fp8_e5m2-sm90", "triton_attn-fp8_e5m2-sm90"):
         assert found[cell]["status"] == "not_run" and "accuracy stage is error" in found[cell]["detail"]
     verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["verdict_version"] == "1.5"
+    assert verdict["verdict_version"] == "1.6"
     assert verdict["policy"]["fp8_kv_cache_min_token_ratio"] == 1.5
     report = (out / "report.md").read_text()
     assert "| `triton_attn-fp8-sm90` | fp8_kv_cache | 1-byte cache elements (uint8), 3,772,384 tokens = 1.99x" in report
@@ -199,8 +199,9 @@ def test_an_fp8_cell_whose_fp8_was_ignored_fails_named(h200_run, h200_matrix, tm
     assert check["detail"] == f"{expected} ({h200_run}/triton_attn-fp8-sm90/status.json accuracy.kv_cache)"
     # the first line of the report names the cell and the check (an ignored FP8 setting is named first)
     first = capsys.readouterr().out.splitlines()[0]
-    # (its reason shortened at a clause to fit the line; the report holds it whole)
-    assert first.startswith("❌ kvgate: ") and f"— triton_attn-fp8-sm90 fp8_kv_cache {expected[:50]}" in first
+    # (its reason shortened at a clause to fit a commit status's 140 characters; the report holds it whole)
+    assert first.startswith("❌ kvgate: ") and f"— triton_attn-fp8-sm90 fp8_kv_cache {expected[:25]}" in first
+    assert len(first) <= 140
     assert expected in (out / "report.md").read_text(encoding="utf-8")
     others = verdict_checks(out)
     assert all(others[cell]["status"] == "pass" for cell in H200_TOKENS if cell != "triton_attn-fp8-sm90")
@@ -407,13 +408,13 @@ def test_a_1_4_cell_with_an_unreadable_minor_version_fails_closed(h200_unpacked,
     loaded = load_run(run, KnownNames.from_matrix(matrix_module.load(h200_matrix)))
     assert loaded.cells == ()
     assert [cell.problems for cell in loaded.unreadable] == [
-        (f"{run}/triton_attn-{dtype}-sm90/cell.json: expected a version number like 1 or \"1.8\", got string '1.x' "
+        (f"{run}/triton_attn-{dtype}-sm90/cell.json: expected a version number like 1 or \"1.9\", got string '1.x' "
          "in contract_version",) for dtype in ("auto", "fp8")]
     (run / "run.json").write_text(json.dumps({"contract_version": "1.x"}))
     with pytest.raises(InputErrors) as raised:
         judge(run, h200_matrix)
     assert [str(e) for e in raised.value.errors] == [
-        f"{run}/run.json: expected a version number like 1 or \"1.8\", got string '1.x' in contract_version"]
+        f"{run}/run.json: expected a version number like 1 or \"1.9\", got string '1.x' in contract_version"]
 
 
 @pytest.mark.parametrize(("version", "shown"), [("1.3", "contract 1.3"), (1, "contract 1"),

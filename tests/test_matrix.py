@@ -350,3 +350,19 @@ def test_cli_has_no_traceback_for_bad_flags():
 
 def test_input_error_format():
     assert str(InputError("f.toml", "bad", "a.b", "Fix it")) == "f.toml: bad in a.b. Fix it"
+
+
+def test_the_waived_column_has_a_legend_with_each_waivers_issue(capsys, real_matrix):
+    code, out, _ = run_cli(capsys, "matrix", "--arch", "sm90")
+    assert code == 0
+    table, _, legend = out.partition("\nwaived: ")
+    assert "waiver[1]" in table and "waiver[2]" in table and "waiver[0]" not in table  # waiver[0]: FLASHINFER sm120
+    shown = [w for w in real_matrix.waivers if w.where in ("waiver[1]", "waiver[2]")]
+    assert legend.splitlines()[0] == ("checks known to fail, read WAIVED (never PASS) until the waiver expires "
+                                      "(matrix/waivers.toml)")
+    for waiver in shown:
+        assert (f"  {waiver.where}: every check, until {waiver.expires.isoformat()}; {waiver.issue}\n"
+                f"    {waiver.reason}\n") in legend
+        assert waiver.issue.startswith("https://")
+    code, out, _ = run_cli(capsys, "matrix", "--backend", "FLASHMLA")
+    assert code == 0 and "waived: " not in out  # no FLASHMLA cell is waived: no legend

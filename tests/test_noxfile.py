@@ -14,7 +14,7 @@ from kvgate.matrix import cells as kvmatrix
 from kvgate.matrix.views import gha_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMED_SESSIONS = {"matrix", "kernels", "accuracy", "throughput", "gate", "tests", "lint"}
+NAMED_SESSIONS = {"matrix", "kernels", "accuracy", "throughput", "gate", "try_gate", "tests", "lint"}
 
 
 def nox(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:

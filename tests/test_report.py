@@ -39,13 +39,16 @@ def failing(tmp_path_factory) -> Verdict:
 def test_verdict_json_is_versioned_and_complete(failing):
     data = json.loads(render_all(failing)["verdict.json"])
     assert data["verdict_version"] == VERDICT_VERSION
-    # judged: 4 stage checks + the auto cell's accuracy floor + the FP8 cell's strict-match comparison = 8, less the
-    # FP8 cell's throughput, which its failed comparison makes the speed of a broken cell (info) = 7 (one decision
-    # per cell: flexible-extract is info, beside the fp8/auto throughput ratio)
-    assert data["summary"] == {"checks": 7, "failed": 2, "fail": 2, "error": 0, "missing": 0, "waived": 0,
-                               "pass": 5, "not_run": 4, "info": 4}  # not_run: 2 stages + no baseline + the FP8
-    # cell's fp8_kv_cache (synthetic results of contract 1, written before the KV cache evidence); info: the other
-    # filter, the throughput ratio, and the contract note (results older than 1.6)
+    # checks (judged against a threshold): the 2 kernels checks, the auto cell's accuracy floor and the FP8 cell's
+    # strict-match comparison = 4 (one decision per cell: flexible-extract is info, beside the fp8/auto throughput
+    # ratio); the 4 accuracy and throughput stages ran with nothing to judge them (RAN: no floor on the FP8 cell, no
+    # baseline), never counted as passes
+    assert data["summary"] == {"checks": 4, "failed": 2, "stages_ran": 4, "not_judged": 7, "entries": 15,
+                               "fail": 2, "error": 0, "missing": 0, "waived": 0, "pass": 2, "ran": 4, "skipped": 0,
+                               "not_run": 4, "info": 3,  # not_run: 2 stages + no baseline + the FP8 cell's
+                               # fp8_kv_cache (synthetic results of contract 1, written before the KV cache evidence);
+                               # info: the other filter, the throughput ratio, the contract note (results before 1.6)
+                               "junit_tests": 18, "junit_failures": 2, "junit_errors": 0, "junit_skipped": 11}
     assert data["exit_status"] == 1 and data["passed"] is False
     assert {c["status"] for c in data["checks"]} <= {"pass", "fail", "waived", "missing", "error", "not_run", "info"}
     for check in data["checks"]:
@@ -67,13 +70,18 @@ def test_markdown_leads_with_the_worst_failure_and_lists_what_needs_attention(fa
     # stages without a baseline) read RAN and are not counted as checks; the 2 kernel checks, the auto cell's floor
     # and the comparison are
     assert lines[0] == ("❌ kvgate: 2 of 4 checks failed — flashinfer_mla-fp8-sm100 fp8_accuracy [strict-match] "
-                        "drop 7.1 pts, lower bound 5.0 > margin 3.0 (p<0.001) (+1 more)")
-    assert "▶️ RAN 3" in lines[4] and "INFO 4" in lines[4]  # the broken FP8 cell's speed is reported, not RAN
+                        "drop 7.1 pts, lower bound 5.0 > margin 3.0 … (+1 more)")  # a commit status's 140 characters
+    assert len(lines[0]) <= 140
+    assert lines[4] == ("❌ FAIL 2 · ✅ PASS 2 · ▶️ RAN 4 · ➖ NOT RUN 4 · ℹ️ INFO 3 — 2 of 4 checks failed; 4 stages ran "  # noqa: RUF001
+                        "with nothing to judge them; 7 not judged (skipped, not run or info)")
     attention = text.split("### Needs attention (2)\n\n")[1].split("\n\n")[0].splitlines()
+    # each failure, then the command that reruns its cell alone (the run names no vLLM: the engine's release)
     assert attention == ["- ❌ FAIL `flashinfer_mla-auto-sm100` kernels: 0 kernel tests ran (3 skipped of 3); the "
                          "policy needs at least 1",
+                         "  - rerun this cell: `nox -s 'cell(flashinfer_mla-auto-sm100)' -- --stages kernels`",
                          "- ❌ FAIL `flashinfer_mla-fp8-sm100` fp8_accuracy [strict-match]: drop 7.1 pts, lower bound "
-                         "5.0 > margin 3.0 (p<0.001)"]
+                         "5.0 > margin 3.0 (p<0.001)",
+                         "  - rerun this cell: `nox -s 'cell(flashinfer_mla-fp8-sm100)' -- --stages accuracy`"]
     # the throughput family had no check (no baseline): the line says nothing of it, never "the run's 0 ... checks"
     size = failing.multiplicity["accuracy"]["family_size"]
     tested = f"{size} accuracy checks each at" if size != 1 else "1 accuracy check at"
@@ -86,9 +94,9 @@ def test_a_waived_run_says_so_in_its_first_line(tmp_path):
     run = write_seed_run(tmp_path / "run", backend="FLASHINFER", arch="sm120")
     # the waiver covers the FP8 cell's 4 judged checks; of the auto cell's 3, its accuracy and throughput stages ran
     # with nothing to judge them (no floor, no baseline): RAN, not passed
-    assert headline(verdict_of(run)) == ("⚪ kvgate: NEUTRAL — 5 checks passed (4 waived); 2 stages ran with nothing to "
-                                         "judge them, but the change was compared with nothing (no base side, no "
-                                         "--baseline)")
+    # (the 2 stages that ran unjudged are left to the totals line: the whole would not fit a commit status)
+    assert headline(verdict_of(run)) == ("⚪ kvgate: NEUTRAL — 5 checks passed (4 waived), but the change was compared "
+                                         "with nothing (no base side, no --baseline)")
 
 
 def test_html_is_self_contained_with_both_plots(failing):
@@ -156,12 +164,18 @@ def test_junit_has_one_case_per_check_with_figures_in_the_message(failing, tmp_p
     (tmp_path / "junit.xml").write_bytes(render_all(failing)["junit.xml"])
     xml = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
     cases = [case for suite in xml for case in suite]
-    assert len(cases) == len(failing.checks)
-    # skipped: 4 not run (the baseline check and the FP8 cell's fp8_kv_cache among them) + 3 info (one the contract)
-    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (15, 2, 0, 8)  # + the broken FP8 cell's speed
+    # one case per check, except the FP8 cell's passing kernels check: its 4 pytest tests, one case each
+    assert len(cases) == len(failing.checks) - 1 + 4 == 18
+    assert [c.name for c in cases if c.classname == "kvgate.kernels.flashinfer_mla-fp8-sm100"] == [
+        "tests.kernels.test_decode::test_decode[0]", "tests.kernels.test_decode::test_decode[1]",
+        "tests.kernels.test_decode::test_decode[2]", "tests.kernels.test_decode::test_decode[3]"]
+    # skipped: 4 RAN (stages with nothing to judge them) + 4 not run (the baseline check and the FP8 cell's
+    # fp8_kv_cache among them) + 3 info (one the contract): the verdict's totals
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (18, 2, 0, 11)
     kernels = next(c for c in cases if c.classname == "kvgate.kernels" and c.name == "flashinfer_mla-auto-sm100")
     assert kernels.result[0].message == ("FAIL: 0 kernel tests ran (3 skipped of 3); the policy needs at least 1 | "
-                                         "threshold 0 failed, 0 errors")
+                                         "threshold 0 failed, 0 errors | rerun: nox -s 'cell(flashinfer_mla-auto-sm100)' "
+                                         "-- --stages kernels")
 
 
 def test_outputs_replace_only_their_own_files(failing, tmp_path):

@@ -1,7 +1,8 @@
 """report.html in a real headless Chromium, at a laptop's width (1280 x 800) and a phone's (390 x 844).
 
 Each page must fit its width (no horizontal overflow), show every plot at a nonzero size, show its first failing
-check on the first screen, and keep its text at 11 px or more. The pages are the gate's own outputs: a real H200
+check on the first screen, show each of the grid's failing cells without a sideways scroll (at 390 px the grid's
+cards, the failing cells first), and keep its text at 11 px or more. The pages are the gate's own outputs: a real H200
 run (tests/fixtures/h200_run), alone and recorded in the history of main (its trends drawn), the seed run passing
 and failing, and a generated A/B run of 48 cells with one regression. Chromium is driven by puppeteer-core (ci/browser/measure.mjs); `bash ci/install_browser.sh` installs
 both, as `nox -s tests` does, and without them this test skips with the reason. The screenshots' paths are printed.
@@ -84,6 +85,7 @@ def test_report_html_fits_a_laptop_and_a_phone_with_every_plot_and_the_failure_o
     problems = []
     for view in measured:
         name = Path(view["page"]).stem
+        print(f"{name} at {view['width']}: failing grid cells {view['failingCells']}")
         print(f"{name} at {view['width']}: {view['screenshot']} (first screen {view['firstScreen']}); width "
               f"{view['scrollWidth']} of {view['innerWidth']}, plots {[(p['label'], p['height']) for p in view['plots']]}, "
               f"first failing check's bottom {view['firstFailing'] and view['firstFailing']['bottom']} of "
@@ -103,6 +105,15 @@ def test_report_html_fits_a_laptop_and_a_phone_with_every_plot_and_the_failure_o
         elif view["firstFailing"]["bottom"] > view["innerHeight"]:
             problems.append(f"{where}: the first failing check ends at y={view['firstFailing']['bottom']:.0f}, below "
                             f"the first screen ({view['innerHeight']} px)")
+        cells = view["failingCells"]  # the grid's failing cells: each in view once scrolled down to, never sideways
+        if "passing" in name:
+            problems += [f"{where}: a passing page's grid shows {c['cell']} as {c['word']}" for c in cells]
+        elif not cells:
+            problems.append(f"{where}: no failing cell shown in the grid")
+        problems += [f"{where}: the failing cell {c['cell']} is not on the screen without a sideways scroll (x "
+                     f"{c['left']:.0f}..{c['right']:.0f} of {view['innerWidth']}, drawn there: {c['drawn']})"
+                     for c in cells if not (c["left"] >= 0 and c["right"] <= view["innerWidth"] and c["drawn"]
+                                            and c["scrollX"] == 0)]
         if view["smallestText"]["size"] < SMALLEST_TEXT_PX:
             problems.append(f"{where}: text of {view['smallestText']['size']:.1f} px ({view['smallestText']['text']!r})")
     assert not problems, "\n".join(problems)

@@ -171,7 +171,7 @@ HOSTILE = {
     "cell.json a string for a boolean": ("cell", {**CELL, "checkpoint_kv_scales": "yes"},
                                          "expected true or false, got string 'yes' in checkpoint_kv_scales"),
     "cell.json contract 0": ("cell", {**CELL, "contract_version": 0},
-                             "expected a version number like 1 or \"1.8\", got number 0 in contract_version"),
+                             "expected a version number like 1 or \"1.9\", got number 0 in contract_version"),
     "cell.json deep nesting": ("cell", {**CELL, "model": _nested(500)}, "expected a string, got a list in model"),
     "cell.json nesting beyond Python's stack": ("cell", {**CELL, "model": _nested(5000)},
                                                 "JSON nested too deeply in the file"),

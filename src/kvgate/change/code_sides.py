@@ -15,12 +15,16 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvgate import InputError
 from kvgate.change.import_graph import module_of
 from kvgate.change.selection import VllmCode, code_from_sources, code_with_changes
 from kvgate.change.vllm_tree import folder_sources, git_files, git_sources, installed_vllm_root
 from kvgate.matrix.cells import Matrix
+
+if TYPE_CHECKING:
+    from kvgate.change.overlay import Release
 
 Sides = tuple[list[str], VllmCode | None, VllmCode | None]
 
@@ -58,11 +62,12 @@ def git_changed_paths(repo: Path, base: str, head: str) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def from_spec(spec_text: str, matrix: Matrix) -> Sides:
+def from_spec(spec_text: str, matrix: Matrix, release: Release | None = None) -> Sides:
+    """`release`: the release the spec changes (default: this Python's installed vLLM)."""
     from kvgate.change.overlay import installed_release, prepare
     from kvgate.change.spec import parse_spec
 
-    release = installed_release()
+    release = release if release is not None else installed_release()
     prepared = prepare(parse_spec(spec_text, "--changed-by-vllm"), release)
     paths = list(prepared.changed_paths)
     base_sources = folder_sources(release.package_dir.parent)

@@ -114,10 +114,12 @@ class Selection:
     cells: list[Cell]
     paths: list[PathVerdict]
     reasons: dict[str, CellReason] = field(default_factory=dict)
+    tree: str = ""  # which vLLM source the import graph was read from, for people (the CLI says)
 
     def explain(self) -> list[str]:
-        """Lines for people: per cell, the path that selected it and through which chain; then every path."""
-        lines = []
+        """Lines for people: the vLLM source read; per cell, the path that selected it and through which chain; then
+        every path."""
+        lines = [f"vLLM source read: {self.tree}"] if self.tree else []
         for cell in self.cells:
             reason = self.reasons.get(cell.id)
             if reason is None:
@@ -132,6 +134,8 @@ class Selection:
         took = f" in {seconds:.1f} s" if seconds is not None else ""
         out = ["### Why these cells", "", f"{len(self.paths)} changed paths select {len(self.cells)} cells{took} "
                "(kvgate.change.selection: vLLM's import graph on both sides of the change).", ""]
+        if self.tree:
+            out += [f"vLLM source read: {self.tree}.", ""]
         if self.cells:
             out += ["| cell | selected by | import chain |", "|---|---|---|"]
             for cell in self.cells:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from kvgate import EXIT_BAD_INPUT, InputError, InputErrors
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a command a closed pipe stops exits with in a shell
 
 # subcommand -> module under kvgate.cli
 SUBCOMMANDS = {
@@ -80,7 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise InputError(f"kvgate {args.command}", f"unrecognized arguments: {' '.join(extra)}",
                              hint=f"See `kvgate {args.command} --help`")
         args.passthrough = extra
-        return args._module.run(args)
+        status = args._module.run(args)
+        sys.stdout.flush()  # a reader that went away is met here, not at exit
+        return status
+    except BrokenPipeError:  # `kvgate matrix | head -3`: the reader has what it wanted; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would fail again
+        return EXIT_BROKEN_PIPE
     except InputErrors as errors:
         for error in errors.errors:
             print(f"ERROR {error}", file=sys.stderr)

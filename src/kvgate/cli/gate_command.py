@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from kvgate.matrix import cells as matrix_module
 from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
-from kvgate.results.records import BASE, HEAD, STAGES, CellResults
+from kvgate.results.records import BASE, HEAD, STAGES, CellResults, LogPointer
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run
 
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
@@ -54,6 +54,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-cells", type=Path, metavar="FILE",
                         help="cells the run must hold: GitHub Actions' matrix JSON ({\"include\": [{\"cell\": "
                              "...}]}) or one cell id per line; absent ones fail (run.json's planned cells always do)")
+    parser.add_argument("--log-url", metavar="TEMPLATE|@FILE",
+                        help="where the reports link a cell's log: a template with {path} (the log's path in the run "
+                             "folder), {folder} (its cell folder) and {cell} (its cell id), e.g. "
+                             "'artifact://kvgate-cell-{cell}/{path}' on Buildkite; or @FILE, a JSON object of cell id -> "
+                             "template (\"*\": any other cell). Default: the log's path relative to the report")
     parser.add_argument("--history", metavar="PATH|URL",
                         help=f"where a run of {history_record.HISTORY_BRANCH} (run.json `branch`) is recorded: a SQLite "
                              f"file or a postgresql:// URL (default ${history_store.URL_ENV}, else "
@@ -142,6 +147,43 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     return [ExpectedCell(cell=cell) for cell in cells]
 
 
+def read_log_url(value: str | None) -> dict[str, str]:
+    """--log-url: cell id -> template ("*" for every cell); {} for none (links relative to the report)."""
+    if value is None:
+        return {}
+    if not value.startswith("@"):
+        return {"*": value}
+    path = Path(value[1:])
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise InputError(str(path), f"cannot read: {error.strerror or error}", hint="Pass --log-url @FILE of a JSON "
+                         "object of cell id -> template") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(str(path), f"not valid JSON ({getattr(error, 'msg', error)})", "the file",
+                         'Write {"<cell id>": "<template>", "*": "<template>"}') from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise InputError(str(path), "expected a JSON object of cell id -> template (strings)", "the top level",
+                         'Write {"<cell id>": "<template>", "*": "<template>"}')
+    return data
+
+
+def log_url(pointer: LogPointer, templates: Mapping[str, str], run_dir: Path, out_dir: Path) -> str:
+    """Where the reports link a log: the cell's template filled in, else its path relative to the gate's folder."""
+    folder = pointer.path.split("/", 1)[0]
+    cell = folder.removesuffix("--base")
+    template = templates.get(cell, templates.get("*"))
+    if template is None:
+        return Path(os.path.relpath(Path(run_dir) / pointer.path, out_dir)).as_posix()
+    return template.replace("{path}", pointer.path).replace("{folder}", folder).replace("{cell}", cell)
+
+
+def with_log_urls(verdict: gate.Verdict, templates: Mapping[str, str], run_dir: Path, out_dir: Path) -> gate.Verdict:
+    checks = tuple(replace(c, log=replace(c.log, url=log_url(c.log, templates, run_dir, out_dir)))
+                   if c.log is not None else c for c in verdict.checks)
+    return replace(verdict, checks=checks)
+
+
 def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.TimingEntry]]:
     """Each cell's kernels/timings.json, for the history (the verdict does not carry them). One that cannot be read
     is left out with a line saying why: the gate has judged it already (a corrupt one is its kernel stage's ERROR)."""
@@ -161,8 +203,12 @@ def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.Timin
 def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[CellResults]) -> HistoryPlots:
     """A run of main leaves its figures in the history (kvgate history); one that cannot is bad input (exit 2).
     Returns the trends of the run's cells for report.html, those that need attention first."""
-    run = history_record.history_run(verdict, recorded_at=dt.datetime.now(dt.UTC).isoformat(
-        timespec="seconds").replace("+00:00", "Z"), kernel_timings=kernel_timings(cells))
+    recorded_at = history_record.run_time(verdict.run_info)  # the run's own time orders the history, not the gate's
+    if recorded_at is None:
+        recorded_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        print(f"kvgate gate: run.json says neither when the run finished nor when it started: recorded at the gate's "
+              f"time, {recorded_at}", file=sys.stderr)
+    run = history_record.history_run(verdict, recorded_at=recorded_at, kernel_timings=kernel_timings(cells))
     with history_store.open_store(history_store.location(where)) as history:
         history.record(run)
         print(f"kvgate gate: recorded {len(run.figures)} figures of this {run.branch} run in {history.shown}",
@@ -231,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
                             require_baseline=args.require_baseline, planned=planned, planned_out=planned_out,
                             planned_stages=stages, not_planned=not_planned)
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
+    verdict = with_log_urls(verdict, read_log_url(args.log_url), args.run_dir, out_dir)
     history, unrecorded = None, None
     if history_record.is_main(verdict.run_info):
         try:

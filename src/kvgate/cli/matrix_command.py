@@ -4,8 +4,8 @@
 With a change, only the cells it can affect (kvgate.change.selection, from vLLM's own import graph):
     kvgate matrix --changed-by-vllm patch:fix.diff --explain          a change to the installed release
     kvgate matrix --vllm-git ../vllm --vllm-base B --vllm-head H       a vLLM pull request (both sides from git)
-    kvgate matrix --changed-files changed.txt [--vllm-tree DIR]        listed paths, the graph of DIR (default: this
-                                                                       Python's installed vLLM, if any)
+    kvgate matrix --changed-files changed.txt [--vllm-tree DIR]        listed paths, the graph of DIR (default: the
+                                                                       pinned release's sources, which it says)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from kvgate import EXIT_FAILED, EXIT_OK, InputError
 from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.views import cells_table, gha_matrix, nearest_cells
 
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout: its .nox/_engine-cpu and ci/locks
 HELP = "print the matrix's cells (a table, {\"include\": [...]} for GitHub Actions, or a Buildkite pipeline)"
 
 
@@ -29,9 +30,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "pipeline for `buildkite-agent pipeline upload` (the cells, a wait, the gate); "
                              "buildkite-vllm a vLLM .buildkite/test_areas/ file whose step uploads that pipeline")
     parser.add_argument("--kvgate-repository", metavar="URL", default="",
-                        help="with --format buildkite*: the kvgate git repository the steps clone")
+                        help="required with --format buildkite and buildkite-vllm: the kvgate git repository the "
+                             "steps clone")
     parser.add_argument("--kvgate-ref", metavar="SHA", default="",
-                        help="with --format buildkite*: the kvgate commit the steps run (a full SHA)")
+                        help="required with --format buildkite and buildkite-vllm: the kvgate commit the steps run "
+                             "(a full SHA)")
     add_filter_arguments(parser)
     parser.add_argument("--changed-files", metavar="FILE", type=Path,
                         help="a file listing changed vLLM paths (one per line, or NUL-separated): keep the cells they "
@@ -43,12 +46,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a vLLM git checkout: read both sides of the change from it (--vllm-base, --vllm-head); the "
                              "changed paths are its diff unless --changed-files lists them")
     parser.add_argument("--vllm-base", metavar="REV",
-                        help="with --vllm-git: the commit the change starts from; with --format buildkite: the merge "
-                             "base the cells' base side runs (a full SHA)")
+                        help="with --vllm-git: the commit the change starts from; required with --format buildkite: "
+                             "the merge base the cells' base side runs (a full SHA)")
     parser.add_argument("--vllm-head", metavar="REV", help="with --vllm-git: the commit of the change")
     parser.add_argument("--vllm-tree", metavar="DIR", type=Path,
                         help="with --changed-files: the vLLM source whose import graph decides (a checkout, or a folder "
-                             "holding the vllm package); default this Python's installed vLLM")
+                             "holding the vllm package); default the pinned release's sources: this Python's vLLM, the "
+                             "CPU engine environment's, or a cached download of the release ci/locks pins")
     parser.add_argument("--explain", action="store_true",
                         help="say why each cell was selected (the changed path and its import chain) and what each "
                              "path selected (stderr with --format gha/ids)")
@@ -102,20 +106,53 @@ def selected_cells(args: argparse.Namespace):
     if not (changed_files or spec or repo):
         return matrix, cells, None
     from kvgate.change import code_sides
-    from kvgate.change.selection import select
+    from kvgate.change.selection import changed_modules, select
 
     listed = read_changed_files(changed_files) if changed_files else None
+    tree_given = getattr(args, "vllm_tree", None)
     if repo is not None:
         if not (args.vllm_base and args.vllm_head):
             raise InputError("--vllm-git", "needs --vllm-base and --vllm-head", hint="Name the two commits of the change")
         changed, base, head = code_sides.from_git(repo, args.vllm_base, args.vllm_head, listed, matrix)
+        tree = f"the vLLM git checkout {repo} at {args.vllm_base} (base) and {args.vllm_head} (head)"
     elif spec:
-        changed, base, head = code_sides.from_spec(spec, matrix)
+        release = pinned_release()
+        changed, base, head = code_sides.from_spec(spec, matrix, release=release_of(release))
         changed = [*changed, *(listed or [])]
+        tree = f"{release.described}, changed by {spec}"
+    elif tree_given is not None:
+        changed, base, head = code_sides.from_folder(tree_given, listed or [], matrix)
+        tree = f"the vLLM tree {tree_given} (--vllm-tree)"
+    elif not changed_modules(listed or []):
+        changed, base, head = list(listed or []), None, None
+        tree = "none: no changed path is a module of the vllm package, so no import graph was needed"
     else:
-        changed, base, head = code_sides.from_folder(getattr(args, "vllm_tree", None), listed or [], matrix)
+        release = pinned_release()
+        changed, base, head = code_sides.from_folder(release.root, listed or [], matrix)
+        tree = f"{release.described} (no --vllm-tree given)"
     selection = select(matrix, changed, cells, base=base, head=head)
+    selection.tree = tree
+    print(f"kvgate: selection read {tree}", file=sys.stderr)
     return matrix, selection.cells, selection
+
+
+def pinned_release():
+    """The pinned release's sources when no vLLM tree was given (kvgate.runners.environment.release_sources)."""
+    from kvgate.change.vllm_tree import installed_vllm_root
+    from kvgate.runners.environment.engine_venv import EngineEnvError
+    from kvgate.runners.environment.release_sources import find_release_tree
+
+    try:
+        return find_release_tree(REPO_ROOT, this_python=installed_vllm_root(),
+                                 log=lambda line: print(line, file=sys.stderr, flush=True))
+    except EngineEnvError as error:
+        raise InputError("kvgate matrix", f"no vLLM sources to read the import graph from: {error}") from None
+
+
+def release_of(tree):
+    from kvgate.change.overlay import Release
+
+    return Release(version=tree.version, distribution_version=tree.distribution_version, package_dir=tree.root / "vllm")
 
 
 def gha_extras(cells, selection) -> dict[str, dict]:

@@ -3,6 +3,15 @@
 Statuses (docs/results-folder.md): pass | fail | waived | missing | error, plus
     not_run  a stage neither planned nor required (one planned or --require'd that did not run is missing)
     info     a figure reported, never judged (e.g. FP8/auto throughput where the policy expects nothing)
+
+The totals, defined here once (`Totals`), in the words every output uses (`word_of`; kvgate.report.words gives each
+its label, icon and colour):
+    checks       judged against a threshold: PASS, FAIL, ERROR, MISSING, WAIVED; `failed` = FAIL + ERROR + MISSING
+    stages ran   RAN: a stage ran and wrote its outputs, and nothing judged them (no threshold, nothing to compare)
+    not judged   SKIPPED (the host could not run the cell), NOT RUN, INFO
+The headline ("2 of 6 checks failed"), the badges of report.md and report.html, the grid, verdict.json's `summary`
+and junit.xml all count these. junit.xml writes each check as one test case in its word's outcome (JUNIT_OUTCOME),
+except that a kernels check whose pytest run left test outcomes is written as those tests, one case each.
 """
 
 from __future__ import annotations
@@ -15,13 +24,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate import InputError
+from kvgate.results.records import KernelCase, LogPointer
 
-VERDICT_VERSION = "1.5"  # major.minor; readers refuse a newer major
+VERDICT_VERSION = "1.6"  # major.minor; readers refuse a newer major
 STATUSES = ("fail", "error", "missing", "waived", "pass", "not_run", "info")
 FAILING = frozenset({"fail", "error", "missing"})
 JUDGED = frozenset({"fail", "error", "missing", "waived", "pass"})
 STATUS_LABEL = {"pass": "PASS", "fail": "FAIL", "waived": "WAIVED", "missing": "MISSING", "error": "ERROR",
                 "not_run": "NOT RUN", "info": "INFO"}
+
+# The words a check reads as: its status, except RAN (a pass that judged nothing) and SKIPPED (a host that could not)
+PASS, FAIL, ERROR, MISSING, WAIVED, RAN, SKIPPED, NOT_RUN, INFO = (
+    "pass", "fail", "error", "missing", "waived", "ran", "skipped", "not_run", "info")
+WORDS = (FAIL, ERROR, MISSING, WAIVED, PASS, RAN, SKIPPED, NOT_RUN, INFO)  # worst first
+CHECK_WORDS = frozenset({FAIL, ERROR, MISSING, WAIVED, PASS})  # judged against a threshold: the run's "checks"
+FAILED_WORDS = frozenset({FAIL, ERROR, MISSING})
+NOT_JUDGED_WORDS = frozenset({SKIPPED, NOT_RUN, INFO})
+# junit.xml: each word's test outcome (passed, failure, error, skipped)
+JUNIT_OUTCOME = {PASS: "passed", FAIL: "failure", ERROR: "error", MISSING: "error", WAIVED: "skipped",
+                 RAN: "skipped", SKIPPED: "skipped", NOT_RUN: "skipped", INFO: "skipped"}
+# a kernel test's outcome in its check's junit.xml cases (a waived kernels check's failed tests are skipped, waived)
+KERNEL_TEST_OUTCOME = {"passed": "passed", "failed": "failure", "error": "error", "skipped": "skipped"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +79,8 @@ class Check:
     waiver: WaiverNote | None = None
     model: str = ""
     seconds: float | None = None  # how long the stage this check judges ran (status.json elapsed_s); junit.xml's time
+    log: LogPointer | None = None  # where the stage's first real error is (a broken or failed stage's log)
+    tests: tuple[KernelCase, ...] = ()  # kernels: pytest's tests with their outcomes and messages
 
     @property
     def name(self) -> str:
@@ -64,6 +89,72 @@ class Check:
     @property
     def failing(self) -> bool:
         return self.status in FAILING
+
+    @property
+    def word(self) -> str:
+        """The word every report shows (see the module's docstring)."""
+        if self.status == "pass" and not self.threshold:
+            return RAN
+        if self.status == "not_run" and self.kind == "host":
+            return SKIPPED
+        return self.status
+
+    def test_outcomes(self) -> list[tuple[KernelCase, str]]:
+        """The kernel tests junit.xml writes for this check, each with its outcome there; empty when the check is one
+        test case of its own (no tests recorded)."""
+        outcomes = [(case, "skipped" if self.word == WAIVED and case.outcome in ("failed", "error")
+                     else KERNEL_TEST_OUTCOME.get(case.outcome, "error")) for case in self.tests]
+        failing = any(outcome in ("failure", "error") for _, outcome in outcomes)
+        if self.word in FAILED_WORDS and not failing:
+            return []  # a broken stage whose tests did not fail: the check is its own case, never a pass
+        return outcomes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Totals:
+    """How many checks read each word, and what they add up to (see the module's docstring): the one source of every
+    count a report, verdict.json or junit.xml states."""
+
+    words: Mapping[str, int]  # every word of WORDS, worst first
+    junit: Mapping[str, int]  # junit.xml's tests, failures, errors, skipped
+
+    @property
+    def checks(self) -> int:
+        return sum(self.words[w] for w in CHECK_WORDS)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.words[w] for w in FAILED_WORDS)
+
+    @property
+    def stages_ran(self) -> int:
+        return self.words[RAN]
+
+    @property
+    def not_judged(self) -> int:
+        return sum(self.words[w] for w in NOT_JUDGED_WORDS)
+
+    @property
+    def entries(self) -> int:
+        return sum(self.words.values())
+
+    def summary(self) -> dict[str, int]:
+        """verdict.json's `summary`."""
+        return {"checks": self.checks, "failed": self.failed, "stages_ran": self.stages_ran,
+                "not_judged": self.not_judged, "entries": self.entries, **self.words,
+                **{f"junit_{name}": value for name, value in self.junit.items()}}
+
+
+def totals_of(checks: Sequence[Check]) -> Totals:
+    counts = Counter(c.word for c in checks)
+    junit = Counter({"tests": 0, "failures": 0, "errors": 0, "skipped": 0})
+    for check in checks:
+        outcomes = [outcome for _, outcome in check.test_outcomes()] or [JUNIT_OUTCOME[check.word]]
+        for outcome in outcomes:
+            junit["tests"] += 1
+            if outcome != "passed":
+                junit[{"failure": "failures", "error": "errors", "skipped": "skipped"}[outcome]] += 1
+    return Totals(words={word: counts.get(word, 0) for word in WORDS}, junit=dict(junit))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,6 +194,9 @@ class Verdict:
     def counts(self) -> dict[str, int]:
         counts = Counter(c.status for c in self.checks)
         return {status: counts.get(status, 0) for status in STATUSES}
+
+    def totals(self) -> Totals:
+        return totals_of(self.checks)
 
     @property
     def exit_status(self) -> int:
@@ -144,7 +238,14 @@ def check_to_dict(check: Check) -> dict[str, Any]:
         "waiver": None if check.waiver is None else {
             "reason": check.waiver.reason, "issue": check.waiver.issue, "expires": check.waiver.expires,
             "expired": check.waiver.expired, "where": check.waiver.where},
+        "word": check.word,
+        "log": None if check.log is None else {
+            "path": check.log.path, "line": check.log.line, "error": check.log.error, "found_by": check.log.found_by,
+            "frame": check.log.frame, "url": check.log.url or None},
     })
+    if check.tests:
+        record["tests"] = [{"name": case.name, "outcome": case.outcome, "message": case.message,
+                            "seconds": _clean(case.seconds)} for case in check.tests]
     record["p_value"] = p_value_json(check.p_value)
     record["adjusted_p_value"] = p_value_json(check.adjusted_p_value)
     return record
@@ -153,7 +254,6 @@ def check_to_dict(check: Check) -> dict[str, Any]:
 def to_dict(verdict: Verdict) -> dict[str, Any]:
     from kvgate import __version__ as kvgate_version
 
-    failed = verdict.failed
     record = _clean({
         "verdict_version": VERDICT_VERSION,
         "kvgate_version": kvgate_version,
@@ -164,7 +264,7 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         "baseline": verdict.baseline,
         "today": verdict.today,
         "required_stages": list(verdict.required_stages),
-        "summary": {"checks": len(verdict.judged), "failed": len(failed), **verdict.counts()},
+        "summary": verdict.totals().summary(),
         "multiplicity": {k: dict(v) for k, v in verdict.multiplicity.items()},
         "policy": dict(verdict.policy),
         "run_info": dict(verdict.run_info),

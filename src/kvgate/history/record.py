@@ -6,7 +6,9 @@ kvgate.kernels.timings: the verdict does not carry them), and kvgate.history.sto
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,7 +23,8 @@ THROUGHPUT_MEASURES = {
     "median_tokens_per_second": "throughput:tokens_per_second",
     "median_output_tokens_per_second": "throughput:output_tokens_per_second",
 }
-ENVIRONMENT_KEYS = ("python", "gpu", "driver", "cpu", "cpu_count", "host", "arch", "versions")
+ENVIRONMENT_KEYS = ("python", "gpu", "driver", "cpu", "cpu_count", "host", "arch", "versions", "repository", "source",
+                    "build_url", "workflow_run_id")  # run.json's; `repository` makes the commits links
 KERNEL_MEASURE = "kernels:{family}/{kv_cache_dtype}/{spec}:median_us"  # one per timed kernel case of a cell
 
 
@@ -94,6 +97,41 @@ def history_run(verdict: Verdict, *, recorded_at: str,
         exit_status=verdict.exit_status, run_folder=verdict.run,
         environment={key: info[key] for key in ENVIRONMENT_KEYS if key in info},
         figures=(*figures_of(verdict), *kernel_figures(kernel_timings or {})))
+
+
+def run_time(run_info: Mapping[str, Any]) -> str | None:
+    """When the run itself was made (run.json `finished_at`, else `started_at`), as ISO 8601 UTC; None when it says
+    neither in a form that can be read (then the gate's own time stands, and says so)."""
+    for key in ("finished_at", "started_at"):
+        value = run_info.get(key)
+        if not isinstance(value, str) or len(value) > 40:
+            continue
+        try:
+            when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        when = when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+        return when.astimezone(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return None
+
+
+_SHA = re.compile(r"[0-9a-f]{7,40}")
+_GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)?"
+                     r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?:\.git)?/?$")
+
+
+def commit_url(repository: Any, commit: str | None) -> str | None:
+    """A commit's page on GitHub, from run.json's `repository` ("owner/name", as GitHub Actions writes it, or a GitHub
+    clone URL, as Buildkite does); None for another host or a value that is not one."""
+    if not isinstance(repository, str) or not commit or not _SHA.fullmatch(commit):
+        return None
+    match = _GITHUB.match(repository.strip())
+    if match is None or (repository.strip().count("/") > 1 and "github.com" not in repository):
+        return None
+    return f"https://github.com/{match['repo']}/commit/{commit}"
+
+
+VLLM_REPOSITORY = "vllm-project/vllm"  # where a head side's source commit is looked up (forks' commits resolve there)
 
 
 def figures_of(verdict: Verdict) -> list[Figure]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
-from kvgate.history.record import HistoryRun
+from kvgate.history.record import HistoryRun, commit_url
 
 URL_ENV = "KVGATE_HISTORY_URL"
 DEFAULT_SQLITE = Path("reports") / "history.sqlite3"  # relative to the working directory
@@ -54,6 +54,7 @@ class Point:
     value: float
     low: float | None
     high: float | None
+    commit_url: str | None = None  # the commit's page (kvgate.history.record.commit_url), where the run named its repository
 
 
 class HistoryStore:
@@ -127,11 +128,11 @@ class HistoryStore:
 
     def series(self, branch: str, cell: str, measure: str) -> list[Point]:
         rows = self._execute(
-            "SELECT r.recorded_at, r.git_commit, r.vllm_commit, f.value, f.low, f.high FROM history_figures f "
-            "JOIN history_runs r ON r.id = f.run_id WHERE r.branch = ? AND f.cell = ? AND f.measure = ? "
-            "ORDER BY r.recorded_at, r.id", (branch, cell, measure))
-        return [Point(recorded_at=r[0], commit=r[1], vllm_commit=r[2], value=r[3], low=r[4], high=r[5])
-                for r in rows.fetchall()]
+            "SELECT r.recorded_at, r.git_commit, r.vllm_commit, f.value, f.low, f.high, r.environment FROM "
+            "history_figures f JOIN history_runs r ON r.id = f.run_id WHERE r.branch = ? AND f.cell = ? AND "
+            "f.measure = ? ORDER BY r.recorded_at, r.id", (branch, cell, measure))
+        return [Point(recorded_at=r[0], commit=r[1], vllm_commit=r[2], value=r[3], low=r[4], high=r[5],
+                      commit_url=commit_url(_repository(r[6]), r[1])) for r in rows.fetchall()]
 
     def runs(self, branch: str) -> int:
         return self._execute("SELECT COUNT(*) FROM history_runs WHERE branch = ?", (branch,)).fetchone()[0]
@@ -201,6 +202,14 @@ def _without_password(url: str) -> str:
 
 def _reason(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _repository(environment: str | None) -> str | None:
+    try:
+        value = json.loads(environment or "{}").get("repository")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _now() -> str:

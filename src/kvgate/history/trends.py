@@ -77,9 +77,12 @@ def svg(cell: str, measure: str, points: Sequence[Point], found: Sequence[Change
     if points:
         line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
         parts.append(f'<polyline points="{line}" fill="none" stroke="#4a7fb5" stroke-width="1.5"/>')
-        parts += [f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2" fill="#4a7fb5">'
-                  f"<title>run {i + 1}, commit {escape(short(points[i].commit))}: {v:.6g}</title></circle>"
-                  for i, v in enumerate(values)]
+        for i, v in enumerate(values):  # each run's dot, a link to its commit where the run named its repository
+            dot = (f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3" fill="#4a7fb5"><title>run {i + 1}, '
+                   f"{escape(points[i].recorded_at)}, commit {escape(short(points[i].commit))}"
+                   f"{_vllm(points[i])}: {v:.6g}</title></circle>")
+            parts.append(_linked(dot, points[i].commit_url))
+        parts += axis(points, x, MARGIN + plot_h)
     for point in found:
         position = x(point.index) - (plot_w / (len(points) - 1) / 2 if len(points) > 1 else 0)
         parts.append(f'<line x1="{position:.1f}" y1="{MARGIN}" x2="{position:.1f}" y2="{MARGIN + plot_h}" '
@@ -88,6 +91,35 @@ def svg(cell: str, measure: str, points: Sequence[Point], found: Sequence[Change
                      f'fill="#c0392b">{point.change_percent:+.1f} % (p = {point.p_value:.2g})</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+AXIS_LABELS = 5  # runs labelled under the plot at most: the first, the last and evenly between
+
+
+def axis(points: Sequence[Point], x, bottom: float) -> list[str]:
+    """The x axis: under a few runs, the date the run was made and its commit (a link to the commit's page)."""
+    if not points:
+        return []
+    count = min(AXIS_LABELS, len(points))
+    shown = sorted({round(k * (len(points) - 1) / (count - 1)) for k in range(count)} if count > 1 else {0})
+    parts = []
+    for index in shown:
+        anchor = "start" if index == 0 and len(points) > 1 else "end" if index == len(points) - 1 and index else "middle"
+        at = f'x="{x(index):.1f}" text-anchor="{anchor}" font-family="sans-serif" font-size="12"'
+        parts.append(f'<line x1="{x(index):.1f}" x2="{x(index):.1f}" y1="{bottom:.1f}" y2="{bottom + 4:.1f}" '
+                     'stroke="#999"/>')
+        parts.append(f'<text {at} y="{bottom + 17:.1f}">{escape(points[index].recorded_at[:10])}</text>')
+        parts.append(_linked(f'<text {at} y="{bottom + 32:.1f}" fill="#0969da">{escape(short(points[index].commit)[:9])}'
+                             "</text>", points[index].commit_url))
+    return parts
+
+
+def _linked(element: str, url: str | None) -> str:
+    return f'<a href="{escape(url)}" target="_top">{element}</a>' if url else element
+
+
+def _vllm(point: Point) -> str:
+    return f", vLLM {escape(short(point.vllm_commit))}" if point.vllm_commit else ""
 
 
 def report_measures(measures: Sequence[str]) -> list[str]:

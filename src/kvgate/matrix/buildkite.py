@@ -83,15 +83,23 @@ class BuildkiteRun:
     merge_base: str = ""
 
     def check(self, *, needs_merge_base: bool) -> None:
-        if not _REPOSITORY.fullmatch(self.kvgate_repository or ""):
-            raise InputError("--kvgate-repository", f"{(self.kvgate_repository or '')[:80]!r} is not a git URL",
-                             hint="Name the kvgate repository the steps clone, e.g. https://github.com/OWNER/kvgate.git")
-        if not _SHA.fullmatch(self.kvgate_ref or ""):
-            raise InputError("--kvgate-ref", f"{(self.kvgate_ref or '')[:60]!r} is not a full 40-character commit SHA",
-                             hint="Pin kvgate to a commit (a branch or tag could move under the gate)")
-        if needs_merge_base and not _SHA.fullmatch(self.merge_base or ""):
-            raise InputError("--vllm-base", f"{(self.merge_base or '')[:60]!r} is not a full 40-character commit SHA",
-                             hint="Pass the vLLM merge base as a SHA: `git merge-base origin/main HEAD`")
+        """Every flag the steps need, each missing or malformed one its own line (InputErrors), all at once."""
+        problems = []
+        for flag, value, valid, bad, hint in (
+                ("--kvgate-repository", self.kvgate_repository, _REPOSITORY, "is not a git URL",
+                 "Name the kvgate repository the steps clone, e.g. https://github.com/OWNER/kvgate.git"),
+                ("--kvgate-ref", self.kvgate_ref, _SHA, "is not a full 40-character commit SHA",
+                 "Pin kvgate to a commit (a branch or tag could move under the gate)"),
+                *((("--vllm-base", self.merge_base, _SHA, "is not a full 40-character commit SHA",
+                    "Pass the vLLM merge base as a SHA: `git merge-base origin/main HEAD`"),) if needs_merge_base
+                  else ())):
+            if not value:
+                problems.append(InputError(flag, f"missing: --format {'buildkite' if needs_merge_base else 'buildkite-vllm'}"
+                                           " needs it", hint=hint))
+            elif not valid.fullmatch(value):
+                problems.append(InputError(flag, f"{value[:80]!r} {bad}", hint=hint))
+        if problems:
+            raise InputErrors(problems)
 
 
 def load_queues(matrix_dir: Path, matrix: Matrix) -> BuildkiteQueues:

@@ -77,7 +77,21 @@ def cells_table(matrix: Matrix, cells: Sequence[Cell]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     counts = ", ".join(f"{arch} {n}" for arch, n in _count_by_arch(cells).items())
     lines.append(f"{len(cells)} cells ({counts})" if cells else "0 cells")
-    return "\n".join(lines)
+    return "\n".join([*lines, *waiver_legend(matrix, cells)])
+
+
+def waiver_legend(matrix: Matrix, cells: Sequence[Cell]) -> list[str]:
+    """What the `waived` column's entries mean: each waiver the listed cells name, with its checks, its expiry, the
+    issue that tracks it and its reason (matrix/waivers.toml)."""
+    shown = [w for w in matrix.waivers if any(w.match.matches(cell) for cell in cells)]
+    if not shown:
+        return []
+    lines = ["", "waived: checks known to fail, read WAIVED (never PASS) until the waiver expires (matrix/waivers.toml)"]
+    for waiver in shown:
+        checks = "every check" if "*" in waiver.checks else ", ".join(waiver.checks)
+        lines.append(f"  {waiver.where}: {checks}, until {waiver.expires.isoformat()}; {waiver.issue}")
+        lines.append(f"    {waiver.reason}")
+    return lines
 
 
 def _count_by_arch(cells: Sequence[Cell]) -> dict[str, int]:

@@ -19,7 +19,7 @@ from kvgate import InputError
 from kvgate.gate.verdict import Verdict, to_dict
 from kvgate.report.html import HistoryPlots, render_html
 from kvgate.report.junit_xml import render_junit
-from kvgate.report.markdown import headline, render_markdown
+from kvgate.report.markdown import headline, render_markdown, status_description
 
 OUTPUT_FILES = ("verdict.json", "report.md", "report.html", "junit.xml")
 
@@ -29,11 +29,20 @@ __all__ = ["OUTPUT_FILES", "HistoryPlots", "headline", "render_all", "write_all"
 def render_all(verdict: Verdict, history: HistoryPlots | None = None) -> dict[str, bytes]:
     """Every output; report.html gains "History of main" when the CLI recorded the run there (`history`)."""
     return {
-        "verdict.json": (json.dumps(to_dict(verdict), indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode(),
+        "verdict.json": (json.dumps(verdict_record(verdict), indent=2, ensure_ascii=False, allow_nan=False)
+                         + "\n").encode(),
         "report.md": render_markdown(verdict).encode(),
         "report.html": render_html(verdict, history).encode(),
         "junit.xml": render_junit(verdict),
     }
+
+
+def verdict_record(verdict: Verdict) -> dict:
+    """verdict.json: the verdict, with the commit status's description (the report's headline, <= 140 characters)."""
+    record = to_dict(verdict)
+    position = list(record).index("exit_status") + 1
+    items = list(record.items())
+    return dict([*items[:position], ("status_description", status_description(verdict)), *items[position:]])
 
 
 def write_all(verdict: Verdict, out_dir: Path, history: HistoryPlots | None = None) -> dict[str, Path]:

@@ -18,12 +18,22 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from kvgate.gate.verdict import STATUS_LABEL, Check, Verdict, sort_key
+from kvgate.gate import rerun
+from kvgate.gate.verdict import Check, Verdict, sort_key
 from kvgate.report import grid
-from kvgate.report.markdown import adjusted, headline, multiplicity_text, run_facts
-from kvgate.report.words import COLOR, LABEL, MEANING, ORDER, word_of
+from kvgate.report.markdown import (
+    adjusted,
+    headline,
+    multiplicity_text,
+    plain_headline,
+    run_facts,
+    shorten,
+    totals_text,
+)
+from kvgate.report.words import ATTENTION, COLOR, LABEL, MEANING, ORDER, WAIVED, word_of
 
 STATUS_COLORS = COLOR  # one colour per status word, in the badges, the plots and their legend
+NEEDS_ATTENTION_WORDS = 200  # characters of a failing check's own words in Needs attention (the table has them all)
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:20px auto;padding:0 20px;
@@ -34,11 +44,24 @@ th,td{border:1px solid #d0d7de;padding:3px 6px;text-align:left;vertical-align:to
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .badge{display:inline-block;color:#fff;border-radius:10px;padding:0 8px;font-size:11.5px;font-weight:600;white-space:nowrap}
 svg text{font:12px system-ui,sans-serif;fill:#1f2328} svg text.axis-title,svg text.threshold{font-weight:600}
-svg.plot{display:block} .note{color:#57606a;font-size:12.5px} .scroll{overflow-x:auto} .scroll table{min-width:760px}
-h1,.ctx,li{overflow-wrap:anywhere}
+svg.plot{display:block} .note{color:#57606a;font-size:12.5px} .scroll{overflow-x:auto} svg a text{fill:#0969da}
+h1,.ctx,li,td{overflow-wrap:anywhere}
 code{font-size:12px;background:#f6f8fa;padding:0 3px;border-radius:3px;white-space:nowrap}
+code.wrap{white-space:pre-wrap;overflow-wrap:anywhere;display:inline}
 .legend{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:12.5px;margin:6px 0}
-.legend svg{vertical-align:middle;margin-right:4px} #needs-attention li{margin:2px 0}
+.legend svg{vertical-align:middle;margin-right:4px} #needs-attention li{margin:4px 0}
+#needs-attention .more{display:block;color:#57606a;font-size:12.5px}
+.totals{color:#57606a;font-size:12.5px;margin-top:4px}
+.cards{display:none;list-style:none;padding:0;margin:0}
+.cards li{border:1px solid #d0d7de;border-left-width:4px;border-radius:4px;padding:4px 8px;margin:0 0 6px}
+@media (max-width:600px){
+  .grid-wide{display:none} .cards{display:block}
+  table.checks,table.checks tbody,table.checks tr,table.checks td{display:block;width:auto}
+  table.checks tr:first-child{display:none} table.checks tr{border:1px solid #d0d7de;margin:0 0 6px}
+  table.checks td{border:0;padding:1px 6px;text-align:left;white-space:normal}
+  table.checks td:empty{display:none}
+  table.checks td[data-label]:before{content:attr(data-label) ": ";color:#57606a}
+}
 """
 
 
@@ -58,8 +81,9 @@ def render_html(verdict: Verdict, history: HistoryPlots | None = None) -> str:
              f"<title>{_e(_plain(headline(verdict)))}</title>", f"<style>{CSS}</style></head><body>",
              f"<h1>{_badge(*_verdict_badge(verdict))} "
              f"{_e(_plain(headline(verdict)))}</h1>", f'<div class="ctx">{_e(_context(verdict))}</div>',
-             "<div>" + " ".join(_badge(s, f"{STATUS_LABEL[s]} {n}") for s, n in verdict.counts().items() if n)
-             + "</div>", _needs_attention(verdict), grid_html(verdict)]  # what failed first: on the first screen
+             "<div>" + " ".join(_badge(w, f"{LABEL[w]} {n}") for w, n in verdict.totals().words.items() if n)
+             + f'</div><div class="totals">{_e(totals_text(verdict))}</div>', _needs_attention(verdict),
+             grid_html(verdict)]  # what failed first: on the first screen
     plotted = [row.word for rows in (_accuracy_rows(verdict), _drop_rows(verdict), _ratio_rows(verdict))
                for row in rows]
     if plotted:
@@ -86,8 +110,7 @@ def render_html(verdict: Verdict, history: HistoryPlots | None = None) -> str:
     if history is not None and history.plots:
         parts.append(history_html(history))
     p_header = "p (adj.)" if adjusted(verdict) else "p"  # as report.md: "adj." only where a family was adjusted
-    parts += ["<h2>Checks</h2>", '<div class="scroll">', _table(sorted(verdict.checks, key=sort_key), p_header=p_header),
-              "</div>"]
+    parts += ["<h2>Checks</h2>", _table(sorted(verdict.checks, key=sort_key), p_header=p_header)]
     parts += ["<h2>Method</h2>", "<ul>",
               f"<li>Multiplicity: {_e(multiplicity_text(verdict))}.</li>"]
     notes: dict[str, list[str]] = {}
@@ -116,12 +139,25 @@ def history_html(history: HistoryPlots) -> str:
 
 
 def _needs_attention(verdict: Verdict, most: int = 20) -> str:
-    """The failing checks with their one-line reasons, near the top, so that the first screen shows what failed."""
+    """The failing checks, near the top, so that the first screen shows what failed: each with its few words, the
+    first real error of its log with a link to the log at that line's place, and the command that reruns its cell."""
     failed = sorted(verdict.failed, key=sort_key)
     if not failed:
         return ""
-    items = [f"<li>{_badge(c.status, STATUS_LABEL[c.status])} <code>{_e(c.cell)}</code> {_e(c.kind)}"
-             f"{f' [{_e(c.subject)}]' if c.subject else ''}: {_e(c.detail)}</li>" for c in failed[:most]]
+    items = []
+    for c in failed[:most]:
+        what = shorten(c.headline or c.detail, NEEDS_ATTENTION_WORDS)
+        more = []
+        if c.log is not None:
+            where = (f'<a href="{_e(c.log.url)}">{_e(c.log.where)}</a>' if c.log.url else f"<code>{_e(c.log.where)}</code>")
+            frame = f" (in {_e(c.log.frame)})" if c.log.frame else ""
+            more.append(f'<span class="more">first error: <code class="wrap">{_e(c.log.error)}</code>{frame} — '
+                        f"{where}</span>")
+        command = rerun.rerun_command(c, verdict.run_info)
+        if command:
+            more.append(f'<span class="more">rerun this cell: <code class="wrap">{_e(command)}</code></span>')
+        items.append(f"<li>{_badge(word_of(c), LABEL[word_of(c)])} <code>{_e(c.cell)}</code> {_e(c.kind)}"
+                     f"{f' [{_e(c.subject)}]' if c.subject else ''}: {_e(what)}{''.join(more)}</li>")
     if len(failed) > most:
         items.append(f"<li>… and {len(failed) - most} more in Checks below</li>")
     return '<section id="needs-attention"><h2>Needs attention</h2><ul>' + "".join(items) + "</ul></section>"
@@ -154,7 +190,7 @@ def _context(verdict: Verdict) -> str:
 
 def _plain(text: str) -> str:
     """The headline without its leading emoji (the page shows a coloured badge instead; no emoji font needed)."""
-    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌", "⚠", "⚪") else text
+    return plain_headline(text)
 
 
 def _verdict_badge(verdict: Verdict) -> tuple[str, str]:
@@ -168,7 +204,8 @@ def _badge(status: str, text: str) -> str:
 
 
 def _table(checks: Iterable[Check], *, p_header: str) -> str:
-    rows = ["<table><tr><th>status</th><th>cell</th><th>check</th><th>measured</th><th>interval</th>"
+    """Every check, one row each; on a phone each row stacks into a block, each value labelled (no sideways scroll)."""
+    rows = ['<table class="checks"><tr><th>status</th><th>cell</th><th>check</th><th>measured</th><th>interval</th>'
             f"<th>threshold</th><th>{p_header}</th></tr>"]
     for c in checks:
         interval = f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.interval else ""
@@ -176,9 +213,12 @@ def _table(checks: Iterable[Check], *, p_header: str) -> str:
         p = "" if c.p_value is None or c.status == "info" else _p(c.p_value) + (
             f" ({_p(adjusted_p)})" if adjusted_p is not None and adjusted_p != c.p_value else "")
         kind = c.kind + (f" <code>{_e(c.subject)}</code>" if c.subject and c.kind.endswith("accuracy") else "")
-        rows.append(f"<tr><td>{_badge(c.status, STATUS_LABEL[c.status])}</td>"
-                    f"<td><code>{_e(c.cell)}</code></td><td>{kind}</td><td>{_e(c.detail)}</td>"
-                    f'<td class="num">{_e(interval)}</td><td>{_e(c.threshold_text)}</td><td class="num">{p}</td></tr>')
+        log = f' <a href="{_e(c.log.url)}">(open the log)</a>' if c.log is not None and c.log.url else ""
+        rows.append(f"<tr><td>{_badge(word_of(c), LABEL[word_of(c)])}</td>"
+                    f"<td><code>{_e(c.cell)}</code></td><td>{kind}</td><td>{_e(c.detail)}{log}</td>"
+                    f'<td class="num" data-label="interval">{_e(interval)}</td>'
+                    f'<td data-label="threshold">{_e(c.threshold_text)}</td>'
+                    f'<td class="num" data-label="{_e(p_header)}">{p}</td></tr>')
     rows.append("</table>")
     return "\n".join(rows)
 
@@ -202,8 +242,9 @@ def _e(text: object) -> str:
 LABEL_GAP = 14  # label baseline to the bar below it
 ROW = 36
 TOP = 30  # room for the thresholds' labels
-BOTTOM = 44  # room for the tick labels and the axis title
+BOTTOM = 58  # room for the tick labels and the axis title's two lines
 PLOT_LEFT, PLOT_RIGHT = 3.0, 97.0  # per cent of the width
+ROW_TEXT = 50  # characters of a row's label and reason: what a 390 px phone shows at 12 px
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +292,8 @@ def _ratio_rows(verdict: Verdict) -> list[_Row]:
     checks = sorted((c for c in verdict.checks if c.kind in ("fp8_throughput", "throughput")
                      and (isinstance(c.figures.get("ratio"), (int, float)) or c.status in ("error", "missing"))),
                     key=lambda c: (_group_key(c.cell), c.kind))
-    return [_Row(c.cell, "fp8/auto" if c.kind == "fp8_throughput" else "vs baseline", word_of(c),
+    return [_Row(c.cell, "fp8/auto" if c.kind == "fp8_throughput" else "vs baseline" if c.reference else "stage",
+                 word_of(c),
                  _number(c.figures.get("ratio")), c.interval, _number(c.threshold.get("min_ratio")), c.detail)
             for c in checks]
 
@@ -282,7 +324,10 @@ def _plot(rows: list[_Row], *, aria: str, axis_title: str, threshold_label: str,
     out = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="100%" height="{height}" role="img" '
            f'aria-label="{aria}">']
     out += _axis(x, lo, hi, height, fmt=lambda v: f"{round(v, 4):g}")
-    out.append(f'<text x="50%" y="{height - 6}" text-anchor="middle" class="axis-title">{_e(axis_title)}</text>')
+    title, _, aside = axis_title.partition(" (")  # two lines: a phone's width holds neither whole on one
+    out.append(f'<text x="50%" y="{height - 22}" text-anchor="middle" class="axis-title">{_e(title)}</text>')
+    if aside:
+        out.append(f'<text x="50%" y="{height - 6}" text-anchor="middle">({_e(aside)}</text>')
     if reference is not None:
         out.append(f'<line x1="{x(reference)}" x2="{x(reference)}" y1="{TOP - 6}" y2="{height - BOTTOM + 4}" '
                    'stroke="#57606a"/>')
@@ -300,9 +345,10 @@ def _plot(rows: list[_Row], *, aria: str, axis_title: str, threshold_label: str,
         previous, indent = row.cell, 16 if continued else 0
         bar = y + LABEL_GAP
         what = f"{row.cell} · {row.label}" if row.label else row.cell
-        if row.value is None:
+        if row.value is None:  # the reason cut to what a phone's width holds; whole in its tooltip and the table
+            said = f"{LABEL[row.word]}: {row.reason or 'no figure'}"
             out.append(f'<text x="{indent}" y="{y + 8}" class="row">{_e(label)} <tspan fill="{color}">'
-                       f"{_e(LABEL[row.word])}: {_e(row.reason or 'no figure')}</tspan></text>")
+                       f"{_e(shorten(said, max(16, ROW_TEXT - len(label))))}<title>{_e(said)}</title></tspan></text>")
             out.append(f'<svg x="{PLOT_LEFT}%" y="{bar}" overflow="visible"><path d="M-5-5L5 5M-5 5L5-5" '
                        f'stroke="{color}" stroke-width="2.5"><title>{_e(what)}: {_e(LABEL[row.word])}, no figure'
                        "</title></path></svg>")
@@ -373,9 +419,14 @@ def _nice_range(low: float, high: float, floor: float = -math.inf, ceil: float =
 
 def grid_html(verdict: Verdict) -> str:
     """The report's first screen (kvgate.report.grid): per arch, backends x kv_cache_dtypes, each entry its word,
-    accuracy per filter, change in points against the base side and the auto cell, and throughput."""
+    accuracy per lm-eval filter, change in points against the base side and the auto cell, and throughput. On a phone
+    the table gives way to one card per cell, those that need attention first (then the waived), so the failing cell is
+    on the screen without a sideways swipe."""
+    grids = grid.build(verdict)
+    if not grids:
+        return ""
     out = []
-    for arch_grid in grid.build(verdict):
+    for arch_grid in grids:
         rows = [f"<tr><th>{_e(arch_grid.arch)}</th>" + "".join(f"<th>{_e(c)}</th>" for c in arch_grid.columns)
                 + "</tr>"]
         for row in arch_grid.rows:
@@ -385,27 +436,38 @@ def grid_html(verdict: Verdict) -> str:
                 if entry is None:
                     cells.append("<td></td>")
                     continue
-                lines = [_badge(entry.word, LABEL[entry.word])]
-                if entry.accuracy:
-                    lines.append(" / ".join(f"{v:.3f}" for v in entry.accuracy.values())
-                                 + (" (nothing right)" if entry.zero_filters else ""))
-                lines += [f"Δ{c.reference} {round(c.value, 1) + 0.0:+.1f}" + (
-                    f" [{round(c.bounds[0], 1) + 0.0:+.1f}, {round(c.bounds[1], 1) + 0.0:+.1f}]" if c.bounds else "")
-                    for c in entry.accuracy_changes]
-                speed = ([f"{entry.requests_per_second:.2f} req/s"] if entry.requests_per_second is not None else []) \
-                    + ([f"{entry.output_tokens_per_second:,.0f} tok/s"]
-                       if entry.output_tokens_per_second is not None else []) \
-                    + [f"x{c.value:.2f} {c.reference}" for c in entry.throughput_changes]
-                if speed:
-                    lines.append(", ".join(speed))
                 title = f' title="{_e(entry.reason)}"' if entry.reason else ""
-                cells.append(f"<td{title}>" + "<br>".join(lines[:1] + [_e(line) for line in lines[1:]]) + "</td>")
+                cells.append(f'<td class="grid-entry" data-cell="{_e(entry.cell)}" data-word="{entry.word}"{title}>'
+                             + "<br>".join(_entry_lines(entry)) + "</td>")
             label = f"<code>{_e(row.backend)}</code>" + (f" {_e(row.model)}" if row.model else "")
             rows.append(f"<tr><th>{label}</th>{''.join(cells)}</tr>")
         out.append('<div class="scroll"><table class="grid">' + "".join(rows) + "</table></div>")
-    if not out:
-        return ""
+    entries = [e for g in grids for r in g.rows for e in r.entries.values()]
+    order = {word: index for index, word in enumerate(ORDER)}
+    first = sorted(entries, key=lambda e: (e.word not in ATTENTION, e.word != WAIVED, order.get(e.word, 99), e.cell))
+    cards = [f'<li class="grid-entry" data-cell="{_e(e.cell)}" data-word="{e.word}" '
+             f'style="border-left-color:{COLOR[e.word]}">' + "<br>".join(
+                 [f"{_entry_lines(e)[0]} <code>{_e(e.cell)}</code>", *_entry_lines(e)[1:],
+                  *([f'<span class="note">{_e(shorten(e.reason, NEEDS_ATTENTION_WORDS))}</span>'] if e.reason else [])])
+             + "</li>" for e in first]
+    attention = sum(e.word in ATTENTION for e in entries)
     return ('<section id="grid"><p class="note">Each entry: its word; accuracy per lm-eval filter; Δbase, Δauto: '
             "points against the base side, the auto cell, with the tested bounds; median req/s, output tok/s, and "
-            "the throughput ratio to each.</p>" + "".join(out) + "</section>")
+            f"the throughput ratio to each. {len(entries)} cells, {attention} needing attention.</p>"
+            f'<div class="grid-wide">{"".join(out)}</div><ul class="cards" aria-label="cells, those that need '
+            f'attention first">{"".join(cards)}</ul></section>')
 
+
+def _entry_lines(entry: grid.Entry) -> list[str]:
+    """A grid entry's lines, HTML: its word's badge, accuracy, changes, throughput."""
+    lines = [_e(line) for line in ([" / ".join(f"{v:.3f}" for v in entry.accuracy.values())
+                                    + (" (nothing right)" if entry.zero_filters else "")] if entry.accuracy else [])]
+    lines += [_e(f"Δ{c.reference} {round(c.value, 1) + 0.0:+.1f}" + (
+        f" [{round(c.bounds[0], 1) + 0.0:+.1f}, {round(c.bounds[1], 1) + 0.0:+.1f}]" if c.bounds else ""))
+        for c in entry.accuracy_changes]
+    speed = ([f"{entry.requests_per_second:.2f} req/s"] if entry.requests_per_second is not None else []) \
+        + ([f"{entry.output_tokens_per_second:,.0f} tok/s"] if entry.output_tokens_per_second is not None else []) \
+        + [f"x{c.value:.2f} {c.reference}" for c in entry.throughput_changes]
+    if speed:
+        lines.append(_e(", ".join(speed)))
+    return [_badge(entry.word, LABEL[entry.word]), *lines]

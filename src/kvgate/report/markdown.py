@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvgate.gate import rerun
 from kvgate.gate.verdict import STATUSES, Check, Verdict, sort_key
 from kvgate.report import grid, words
 
@@ -31,63 +32,102 @@ HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe
                      "fp8_throughput", "accuracy", "cell", "contract", "host")  # GitHub step summaries hold 1 MiB
 
 
+STATUS_LIMIT = 140  # characters of a commit status's description (GitHub's limit): the headline fits it
+
+
 def headline(verdict: Verdict) -> str:
-    """One line: what failed first (in a few words), or that everything judged passed; a stage that ran with nothing
-    to judge it (RAN) is counted apart, never as a pass."""
-    ran = sum(words.word_of(c) == words.RAN for c in verdict.judged)
-    judged = [c for c in verdict.judged if words.word_of(c) != words.RAN]
-    # a comparison that could not run because its stage failed ("cannot compare: ...") names the stage's failure
-    # second-hand: the stage's own check goes first
-    failed = sorted(verdict.failed, key=lambda c: (STATUSES.index(c.status), c.detail.startswith("cannot compare"),
-                                                   HEADLINE_PRIORITY.index(c.kind)
-                                                   if c.kind in HEADLINE_PRIORITY else len(HEADLINE_PRIORITY),
-                                                   sort_key(c)))
-    waived = sum(c.status == "waived" for c in judged)
+    """One line of at most STATUS_LIMIT characters: what failed first (its cell and check, in a few words), or that
+    everything judged passed; counts from the verdict's totals (kvgate.gate.verdict.Totals): checks, and apart from
+    them the stages that ran with nothing to judge them (RAN), never counted as passes."""
+    totals = verdict.totals()
+    ran = totals.stages_ran
+    failed = first_failures(verdict)
     if failed:
         first = failed[0]
         more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-        what = shorten(first.headline or first.detail, HEADLINE_WHAT)
         subject = f" [{first.subject}]" if first.subject and first.kind.endswith("accuracy") else ""
-        return (f"❌ kvgate: {len(failed)} of {len(judged)} checks failed — {first.cell} {first.kind}{subject} "
-                f"{what}{more}")
-    tail = f" ({waived} waived)" if waived else ""
-    zero = [f"{e.cell} scored 0 on {' and '.join(e.zero_filters)}" for g in grid.build(verdict) for r in g.rows
-            for e in r.entries.values() if e.zero_filters and e.word not in words.ATTENTION]
-    tail += f"; {', '.join(zero)}, and no check held {'it' if len(zero) == 1 else 'them'}" if zero else ""
-    tail += f"; {ran} stage{'s' if ran != 1 else ''} ran with nothing to judge {'it' if ran == 1 else 'them'}" \
+        head = f"❌ kvgate: {totals.failed} of {totals.checks} checks failed — {first.cell} {first.kind}{subject}"
+        room = STATUS_LIMIT - len(head) - len(more) - 1
+        what = f" {shorten(first.headline or first.detail, room)}" if room >= 12 else ""
+        return fit(f"{head}{what}{more}")
+    waived = f" ({totals.words[words.WAIVED]} waived)" if totals.words[words.WAIVED] else ""
+    zero = [e for g in grid.build(verdict) for r in g.rows for e in r.entries.values()
+            if e.zero_filters and e.word not in words.ATTENTION]
+    held = f"and no check held {'it' if len(zero) == 1 else 'them'}"
+    ran_text = f"; {ran} stage{'s' if ran != 1 else ''} ran with nothing to judge {'it' if ran == 1 else 'them'}" \
         if ran else ""
-    if not judged:
+    scored = [f"{e.cell} scored 0 on {' and '.join(e.zero_filters)}" for e in zero]
+    cells = f"{len(zero)} cell{'s' if len(zero) != 1 else ''}"
+    # the whole tail, then shorter ones: what a reader must not miss (a cell that answered nothing right) stays longest
+    named = f"; {', '.join(e.cell for e in zero)} scored 0"
+    tails = [f"; {', '.join(scored)}, {held}{ran_text}", f"{named}, {held}{ran_text}", f"{named}, {held}", named,
+             f"; {cells} scored 0, {held}", f"; {cells} scored 0", ""] if zero else [ran_text, ""]
+    if not totals.checks:
         not_run = sum(c.status == "not_run" and c.kind != "baseline" for c in verdict.checks)
         ran_text = f"{ran} stage{'s' if ran != 1 else ''} ran with nothing to judge, " if ran else ""
-        return (f"⚠️ kvgate: nothing was checked ({ran_text}{not_run} stages not run); pass --require to make missing "
-                "stages fail")
-    if verdict.neutral:
-        return (f"⚪ kvgate: NEUTRAL — {len(judged)} check{'s' if len(judged) != 1 else ''} passed{tail}, but "
-                f"{neutral_reasons(verdict)}")
-    if len(judged) == 1:
-        return f"✅ kvgate: the 1 check passed{tail}"
-    return f"✅ kvgate: all {len(judged)} checks passed{tail}"
+        return fit(f"⚠️ kvgate: nothing was checked ({ran_text}{not_run} stages not run); pass --require to make "
+                   "missing stages fail")
+    checks = f"{totals.checks} check{'s' if totals.checks != 1 else ''}"
+    if verdict.neutral:  # why it is neutral matters more than the stages that ran unjudged (the totals say those)
+        start, reasons = f"⚪ kvgate: NEUTRAL — {checks} passed{waived}", neutral_reasons(verdict)
+        line = _first_fitting([f"{start}{tail}, but {reasons}" for tail in tails])
+        if line is not None:
+            return line
+        head = f"{start}, but "  # why it is neutral comes first: the reasons, cut
+        return fit(head + shorten(reasons, STATUS_LIMIT - len(head)))
+    start = f"✅ kvgate: the 1 check passed{waived}" if totals.checks == 1 else f"✅ kvgate: all {checks} passed{waived}"
+    return _first_fitting([start + tail for tail in tails]) or fit(start + tails[-1])
+
+
+def _first_fitting(lines: list[str]) -> str | None:
+    return next((line for line in lines if len(line) <= STATUS_LIMIT), None)
+
+
+def first_failures(verdict: Verdict) -> list[Check]:
+    """The failing checks, the one the headline names first: a stage's own failure before a comparison that could
+    not run because of it ("cannot compare: ..."), regressions before broken kernels before absent stages."""
+    return sorted(verdict.failed, key=lambda c: (STATUSES.index(c.status), c.detail.startswith("cannot compare"),
+                                                 HEADLINE_PRIORITY.index(c.kind)
+                                                 if c.kind in HEADLINE_PRIORITY else len(HEADLINE_PRIORITY),
+                                                 sort_key(c)))
+
+
+def fit(text: str, limit: int = STATUS_LIMIT) -> str:
+    """At most `limit` characters; cut with "…" (a cell id or reason too long for the line)."""
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def status_description(verdict: Verdict) -> str:
+    """The commit status's description: the headline without its emoji, at most STATUS_LIMIT characters."""
+    return plain_headline(headline(verdict))
+
+
+def plain_headline(text: str) -> str:
+    """A headline without its leading emoji."""
+    return text.split(" ", 1)[1] if text[:1] in ("✅", "❌", "⚠", "⚪") else text
 
 
 def shorten(text: str, limit: int) -> str:
-    """One line of at most about `limit` characters, cut after a clause (": ", "; ", ", ") where one ends early
+    """One line of at most `limit` characters, cut after a clause (": ", "; ", ", ", before " (") where one ends early
     enough, else after a word; "…" says it was cut."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
-    head = text[:limit]
-    cut = max(head.rfind(mark) for mark in (": ", "; ", ", ", " | "))
+    end = max(1, limit - 2)  # a cut at `end` leaves room for " …": the result is never longer than limit
+    cut = max(text.rfind(mark, 0, end + len(mark)) for mark in (": ", "; ", ", ", " | ", " ("))
     if cut < limit // 3:
-        cut = head.rfind(" ")
-    return (head[:cut] if cut > 0 else head).rstrip(" :;,|") + " …"
+        cut = text.rfind(" ", 0, end + 1)
+    return (text[:cut] if cut > 0 else text[:end]).rstrip(" :;,|") + " …"
 
 
-def neutral_reasons(verdict: Verdict) -> str:
-    """Why a passing verdict is NEUTRAL, in words: the cells the host could not run, and no baseline."""
+def neutral_reasons(verdict: Verdict, *, whole: bool = False) -> str:
+    """Why a passing verdict is NEUTRAL, in words: the cells the host could not run (what it lacks; `whole`: the
+    host's whole reason), and no baseline."""
     parts = []
     hosts = [c for c in verdict.untested if c.kind == "host"]
     if hosts:
-        reasons = list(dict.fromkeys(c.headline.removeprefix("not run on this host: ") for c in hosts))
+        reasons = [c.headline.removeprefix("not run on this host: ") for c in hosts]
+        reasons = list(dict.fromkeys(r if whole else r.split("; ", 1)[0] for r in reasons))
         parts.append(f"{', '.join(c.cell for c in hosts)} {'was' if len(hosts) == 1 else 'were'} not run: this host "
                      f"could not ({'; '.join(reasons)})")
     if any(c.kind == "baseline" for c in verdict.untested):
@@ -99,9 +139,10 @@ def render_markdown(verdict: Verdict) -> str:
     lines = [headline(verdict), ""]
     lines.append(_context(verdict))
     lines.append("")
-    counts = word_counts(verdict)
-    lines.append(" · ".join(f"{words.icon_label(w)} {n}" for w, n in counts.items() if n))
+    lines.append(totals_line(verdict))
     lines.append("")
+    if verdict.neutral:
+        lines += [f"**NEUTRAL**: nothing failed, but {neutral_reasons(verdict, whole=True)}.", ""]
     lines += grid_markdown(verdict)
     weaker = [c for c in verdict.checks if any("weaker" in note for note in c.notes)]
     if weaker:
@@ -112,7 +153,9 @@ def render_markdown(verdict: Verdict) -> str:
               if e.zero_filters and e.word not in words.ATTENTION]
     if attention or silent:
         lines += [f"### Needs attention ({len(attention) + len(silent)})", ""]
-        lines += [_attention_line(c) for c in attention[:ATTENTION_LINES]]
+        for check in attention[:ATTENTION_LINES]:
+            lines.append(_attention_line(check))
+            lines += [f"  {line}" for line in follow_up(check, verdict.run_info)]
         lines += [f"- {words.icon_label(e.word)} `{e.cell}` accuracy: {' and '.join(e.zero_filters)} 0.0000, no "
                   "question answered right, and no check failed it (no accuracy floor holds this workload)"
                   for e in silent]
@@ -188,12 +231,12 @@ def run_facts(info: Mapping[str, Any]) -> list[str]:
     """What run.json says about where the run ran (the runners' keys; hand-made ones may have fewer)."""
     facts = []
     if isinstance(info.get("commit"), str):
-        facts.append(f"commit {info['commit'][:12]}")
+        facts.append(f"{commit_owner(info)} commit {info['commit'][:12]}")
     versions = info.get("versions") if isinstance(info.get("versions"), Mapping) else {}
-    for name in ("vllm", "lm_eval", "torch"):
+    for name, shown in (("vllm", "vLLM"), ("lm_eval", "lm-eval"), ("torch", "torch")):
         value = versions.get(name, info.get(f"{name}_version"))
         if isinstance(value, str):
-            facts.append(f"{name.replace('_', '-')} {value}")
+            facts.append(f"{shown} {value}")
     gpu = info.get("gpu") or info.get("gpu_name")
     if isinstance(gpu, str):
         facts.append(gpu)
@@ -205,8 +248,18 @@ def run_facts(info: Mapping[str, Any]) -> list[str]:
     for side in ("head", "base"):
         described = vllm_text(under_test.get(side))
         if described:
-            facts.append(f"{side}: {described}" if "base" in under_test else f"vLLM under test: {described}")
+            facts.append(f"{side} vLLM: {described}" if "base" in under_test else f"vLLM under test: {described}")
     return facts
+
+
+def commit_owner(info: Mapping[str, Any]) -> str:
+    """Whose commit run.json's `commit` is: kvgate's checkout for kvgate's runners; in CI, the repository the workflow
+    or pipeline ran for (`repository`: a vLLM repository when kvgate gates vLLM's pull requests)."""
+    repository = info.get("repository")
+    if isinstance(repository, str) and repository.strip():
+        name = repository.strip().removesuffix(".git").rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        return "kvgate" if name.lower() == "kvgate" else f"{name[:40]} (the repository CI ran for)"
+    return "kvgate"
 
 
 def vllm_text(record: Any) -> str:
@@ -218,7 +271,7 @@ def vllm_text(record: Any) -> str:
         return f"{spec} (vllm {record.get('version', '?')})"
     parts = [spec]
     if isinstance(record.get("source_commit"), str):
-        parts.append(f"@ {record['source_commit'][:12]}")
+        parts.append(f"at vLLM commit {record['source_commit'][:12]}")
     changed = record.get("changed_files") if isinstance(record.get("changed_files"), list) else []
     deleted = record.get("deleted_files") if isinstance(record.get("deleted_files"), list) else []
     parts.append(f"({len(changed) + len(deleted)} files differ from vllm {record.get('release', '?')}")
@@ -229,9 +282,45 @@ def vllm_text(record: Any) -> str:
 
 
 def word_counts(verdict: Verdict) -> dict[str, int]:
-    """How many checks read each word (kvgate.report.words), worst first."""
-    shown = [words.word_of(c) for c in verdict.checks]
-    return {word: shown.count(word) for word in words.ORDER}
+    """How many checks read each word (kvgate.report.words), worst first: the verdict's totals."""
+    return dict(verdict.totals().words)
+
+
+def totals_line(verdict: Verdict) -> str:
+    """The badges: each word with its count, then what they add up to (checks; stages that ran unjudged)."""
+    totals = verdict.totals()
+    badges = " · ".join(f"{words.icon_label(w)} {n}" for w, n in totals.words.items() if n)
+    return f"{badges} — {totals_text(verdict)}" if badges else totals_text(verdict)
+
+
+def totals_text(verdict: Verdict) -> str:
+    """e.g. "2 of 6 checks failed; 3 stages ran with nothing to judge them; 7 not judged" (kvgate.gate.verdict)."""
+    totals = verdict.totals()
+    parts = [f"{totals.failed} of {totals.checks} check{'s' if totals.checks != 1 else ''} failed"]
+    if totals.stages_ran:
+        parts.append(f"{totals.stages_ran} stage{'s' if totals.stages_ran != 1 else ''} ran with nothing to judge "
+                     f"{'it' if totals.stages_ran == 1 else 'them'}")
+    if totals.not_judged:
+        parts.append(f"{totals.not_judged} not judged (skipped, not run or info)")
+    return "; ".join(parts)
+
+
+def follow_up(check: Check, run_info: Mapping[str, Any]) -> list[str]:
+    """Under a failure: its log's first real error with where it is (linked), and the command that reruns its cell."""
+    lines = []
+    if check.log is not None:
+        frame = f" (in {_escape(check.log.frame)})" if check.log.frame else ""
+        where = f"[{check.log.where}]({check.log.url})" if check.log.url else f"`{check.log.where}`"
+        lines.append(f"- first error: `{_code(check.log.error)}`{frame} — {where}")
+    command = rerun.rerun_command(check, run_info)
+    if command:
+        lines.append(f"- rerun this cell: `{_code(command)}`")
+    return lines
+
+
+def _code(text: str) -> str:
+    """Text inside one Markdown code span (a backtick in it would end the span)."""
+    return text.replace("`", "'").replace("\n", " ")
 
 
 def adjusted(verdict: Verdict) -> bool:

@@ -12,17 +12,15 @@
 
 A verdict's check keeps its status (verdict.json: pass | fail | error | missing | waived | not_run | info); the
 reports show `word_of(check)`, which tells RAN apart from PASS: a passing check with no threshold judged nothing.
-Pure: no I/O. report.html and report.md take their labels, icons and colours from here.
+The words and the totals they add up to are defined in kvgate.gate.verdict (verdict.json counts them too). Pure: no I/O. report.html and report.md take their labels, icons and colours from here.
 """
 
 from __future__ import annotations
 
-from kvgate.gate.verdict import Check
+from kvgate.gate.verdict import ERROR, FAIL, INFO, MISSING, NOT_RUN, PASS, RAN, SKIPPED, WAIVED, WORDS, Check
 
-PASS, FAIL, ERROR, MISSING, WAIVED, RAN, SKIPPED, NOT_RUN, INFO = (
-    "pass", "fail", "error", "missing", "waived", "ran", "skipped", "not_run", "info")
 # worst first: a grid entry that holds several checks shows the first of its words in this order
-ORDER = (FAIL, ERROR, MISSING, WAIVED, PASS, RAN, SKIPPED, NOT_RUN, INFO)
+ORDER = WORDS
 LABEL = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", MISSING: "MISSING", WAIVED: "WAIVED", RAN: "RAN",
          SKIPPED: "SKIPPED", NOT_RUN: "NOT RUN", INFO: "INFO"}
 ICON = {PASS: "✅", FAIL: "❌", ERROR: "💥", MISSING: "❔", WAIVED: "⚠️", RAN: "▶️", SKIPPED: "⏭️",
@@ -44,14 +42,10 @@ ATTENTION = frozenset({FAIL, ERROR, MISSING})  # what a maintainer must act on (
 
 
 def word_of(check: Check) -> str:
-    """The word a report shows for a check: its status, except that a pass that judged nothing (no threshold:
-    a stage's outputs were read, a throughput with no baseline to compare) is RAN, and a host that could not run
-    a cell is SKIPPED."""
-    if check.status == "pass" and not check.threshold:
-        return RAN
-    if check.status == "not_run" and check.kind == "host":
-        return SKIPPED
-    return check.status
+    """The word a report shows for a check (kvgate.gate.verdict.Check.word): its status, except that a pass that
+    judged nothing (no threshold: a stage's outputs were read, a throughput with no baseline to compare) is RAN, and
+    a host that could not run a cell is SKIPPED."""
+    return check.word
 
 
 def label(word: str) -> str:

@@ -189,7 +189,8 @@ class ThroughputResult:
 class KernelCase:
     name: str  # classname::name
     outcome: str  # passed | failed | error | skipped
-    message: str = ""
+    message: str = ""  # pytest's message (a failed assertion's first lines: mismatch counts, max error, tolerance)
+    seconds: float | None = None  # the test's time in junit.xml
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -207,6 +208,23 @@ class KernelResult:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class LogPointer:
+    """Where a stage's first real error is (kvgate.results.parsers.tool_log): the log, its line, the error."""
+
+    path: str  # relative to the run folder, e.g. "flashmla-fp8-sm90/logs/throughput.log"
+    line: int | None  # 1-based; None when the error was read from status.json's log_tail (no log file)
+    error: str  # the error's line, its logger prefix removed
+    found_by: str  # "vllm: memory profiling", "traceback", "pytest: test failed", ...
+    frame: str = ""  # the last frame of its traceback, where one was read
+    url: str = ""  # where a report links it: relative to the gate's folder, or a CI artifact's address (the gate's CLI)
+
+    @property
+    def where(self) -> str:
+        """e.g. "flashmla-fp8-sm90/logs/throughput.log:76", or "<cell>/status.json log_tail" without a log file"""
+        return self.path + (f":{self.line}" if self.line is not None else " log_tail")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StageResult:
     """A stage of a cell as found on disk: requested or not, its status.json entry, its parsed outputs."""
 
@@ -216,6 +234,7 @@ class StageResult:
     data: Any = None  # AccuracyResult | ThroughputResult | KernelResult | probe record | None
     missing: str | None = None  # why the outputs are absent, when they are
     unreadable: tuple[str, ...] = ()  # "<file>: <what is wrong>", one per output that could not be read (truncated...)
+    first_error: LogPointer | None = None  # a stage that broke or failed: the first real error of its log
 
     @property
     def health(self) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from kvgate import InputError, InputErrors, problems_of
 from kvgate.results import probe_file, schema
-from kvgate.results.parsers import contract, junit, lm_eval, vllm_bench
+from kvgate.results.parsers import contract, junit, lm_eval, tool_log, vllm_bench
 from kvgate.results.parsers.reading import read_bytes, read_text
 from kvgate.results.records import (
     HEAD,
@@ -32,6 +32,7 @@ from kvgate.results.records import (
     STAGES,
     CellIdentity,
     CellResults,
+    LogPointer,
     RunResults,
     StageResult,
     StageStatus,
@@ -196,7 +197,9 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         if not requested:
             continue
         if status is not None and status.status != "ok":
-            stages[stage] = StageResult(stage=stage, requested=True, status=status)
+            data = _tests_of_broken_kernels(stage_dir, shown) if stage == "kernels" else None
+            stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data,
+                                        first_error=first_error(folder, stage, status))
             continue
         if not stage_dir.is_dir():
             stages[stage] = StageResult(stage=stage, requested=True, status=status,
@@ -209,8 +212,44 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
             stages[stage] = StageResult(stage=stage, requested=True, status=status,
                                         unreadable=tuple(str(problem) for problem in problems))
             continue
-        stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing)
+        failing = stage == "kernels" and data is not None and bool(data.problems)
+        stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing,
+                                    first_error=first_error(folder, stage, status) if failing else None)
     return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=side)
+
+
+LOG_OF_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "throughput": "throughput", "probe": "accuracy"}
+
+
+def first_error(folder: Path, stage: str, status: StageStatus | None) -> LogPointer | None:
+    """The first real error of a broken or failed stage: from its log (logs/<stage>.log; the probe runs in the
+    accuracy stage's engine), else from status.json's log_tail; None when neither names one."""
+    name = f"logs/{LOG_OF_STAGE[stage]}.log"
+    log = folder / name  # a regular file of the cell's own: never a link out of the folder (the report quotes it)
+    found = tool_log.read_first_error(log) if log.is_file() and not log.is_symlink() and not (
+        folder / "logs").is_symlink() else None
+    if found is not None:
+        return LogPointer(path=f"{folder.name}/{name}", line=found.line, error=found.text, found_by=found.found_by,
+                          frame=found.frame)
+    tail = status.log_tail if status is not None else None
+    found = tool_log.first_error(tail.splitlines()) if tail else None
+    if found is None:
+        return None
+    return LogPointer(path=f"{folder.name}/status.json", line=None, error=found.text, found_by=found.found_by,
+                      frame=found.frame)
+
+
+def _tests_of_broken_kernels(stage_dir: Path, shown: str) -> Any:
+    """A kernels stage a runner marked error may still hold pytest's junit.xml (kvgate's runners before contract 1.9
+    marked failed tests so): its test outcomes, so the gate tells failed tests (FAIL) from a broken stage (ERROR).
+    None when there is none or it cannot be read (the stage's error stands)."""
+    path = stage_dir / "junit.xml"
+    if not path.is_file():
+        return None
+    try:
+        return junit.parse_junit(read_text(path, f"{shown}/kernels/junit.xml"), f"{shown}/kernels/junit.xml")
+    except (InputError, InputErrors):
+        return None
 
 
 def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:

@@ -39,10 +39,21 @@ def parse_junit(text: str | bytes, source: str) -> KernelResult:
                     break
                 if isinstance(result, Skipped):
                     outcome, message = "skipped", _first_line(result.message or "")
-            cases.append(KernelCase(name=name, outcome=outcome, message=message))
+            cases.append(KernelCase(name=name, outcome=outcome, message=message, seconds=_seconds(case)))
     return KernelResult(source=source, cases=tuple(cases), properties=properties)
+
+
+MESSAGE_CHARACTERS = 500  # of pytest's message kept: a kernel test's first line holds its mismatch figures
 
 
 def _first_line(text: str) -> str:
     text = text.strip()
-    return text.splitlines()[0][:200] if text else ""
+    return text.splitlines()[0][:MESSAGE_CHARACTERS] if text else ""
+
+
+def _seconds(case: object) -> float | None:
+    try:
+        value = float(getattr(case, "time", None) or 0.0)
+    except (TypeError, ValueError):  # a hand-written time="fast"
+        return None
+    return value if value >= 0 and value == value and value != float("inf") else None

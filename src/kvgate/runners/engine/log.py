@@ -17,6 +17,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvgate.results.parsers.tool_log import (  # one reading of an engine log's prefixes
+    ANSI,
+    LINE_PREFIX,
+    WRAPPERS,
+)
+
 _NAME = r"(?:AttentionBackendEnum\.)?(?P<name>[A-Z][A-Z0-9_]*)"
 _CHOSEN = (
     re.compile(rf"\bUsing {_NAME} backend\.(?:\s|$)"),
@@ -79,19 +85,17 @@ def read_kv_cache_tokens(log_text: str) -> list[int]:
 
 
 _EXCEPTION = re.compile(r"\b(?P<name>[A-Z]\w*(?:Error|Exception))\b(?::\s*(?P<message>.*))?$")
-_WRAPPERS = ("Engine core initialization failed", "EngineDeadError", "EngineGenerateError")
-_PREFIX = re.compile(r"^(?:\([\w ]+ pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO|DEBUG) \d\d-\d\d [\d:]+ \[[^\]]*\]\s?)?")
 
 
 def failure_cause(log_text: str) -> str | None:
     """The root cause of a failed engine, from its whole log: the last exception line that is not one of vLLM's
     wrappers ("RuntimeError: Engine core initialization failed. See root cause above."), without the process and
     logger prefix; a bare `AssertionError` gets the assert statement above it. None when the log names none."""
-    lines = [_PREFIX.sub("", _strip_ansi(raw)).rstrip() for raw in log_text.replace("\r", "\n").splitlines()]
+    lines = [LINE_PREFIX.sub("", _strip_ansi(raw)).rstrip() for raw in log_text.replace("\r", "\n").splitlines()]
     found = None
     for index, line in enumerate(lines):
         match = _EXCEPTION.match(line.strip())
-        if not match or any(wrapper in line for wrapper in _WRAPPERS):
+        if not match or any(wrapper in line for wrapper in WRAPPERS):
             continue
         text = line.strip()
         if not match["message"]:
@@ -103,8 +107,5 @@ def failure_cause(log_text: str) -> str | None:
     return found[:300] if found else None
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
 def _strip_ansi(text: str) -> str:
-    return _ANSI.sub("", text)
+    return ANSI.sub("", text)
