@@ -47,8 +47,8 @@ def test_verdict_json_is_versioned_and_complete(failing):
                                "fail": 2, "error": 0, "missing": 0, "waived": 0, "pass": 2, "ran": 3, "skipped": 0,
                                "not_run": 4, "info": 4,  # not_run: 2 stages + no baseline + the FP8 cell's
                                # fp8_kv_cache (synthetic results of contract 1, written before the KV cache evidence);
-                               # info: the other filter, the throughput ratio, the contract note (results before 1.6) and the
-                               # broken FP8 cell's speed
+                               # info: the other filter, the throughput ratio, the contract note (results before
+                               # 1.6) and the broken FP8 cell's speed
                                "junit_tests": 18, "junit_failures": 2, "junit_errors": 0, "junit_skipped": 11}
     assert data["exit_status"] == 1 and data["passed"] is False
     assert {c["status"] for c in data["checks"]} <= {"pass", "fail", "waived", "missing", "error", "not_run", "info"}

@@ -110,8 +110,8 @@ def run_time(run_info: Mapping[str, Any]) -> str | None:
             when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             continue
-        when = when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
-        return when.astimezone(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        when = when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+        return when.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     return None
 
 
