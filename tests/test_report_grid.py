@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ci_scripts import load_ci_script
+from fixture_archives import extract_data
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate.verdict import Check, Verdict
@@ -128,7 +129,7 @@ def h200_report(tmp_path_factory) -> str:
 
     folder = tmp_path_factory.mktemp("h200")
     with tarfile.open(H200_ARCHIVE) as archive:
-        archive.extractall(folder, filter="data")
+        extract_data(archive, folder)
     matrix = folder / "matrix"
     matrix.mkdir()
     root = Path(__file__).resolve().parents[1]

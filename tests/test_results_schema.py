@@ -15,6 +15,7 @@ from jsonschema import Draft202012Validator
 
 import synthetic_run
 from cpu_run_fixture import extract, matrix_of_the_run
+from fixture_archives import extract_data
 from kvgate import InputError
 from kvgate.cli import main
 from kvgate.gate.evaluation import KIND_ORDER
@@ -75,7 +76,7 @@ def real_runs(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, archive in ARCHIVES.items():
         with tarfile.open(archive) as opened:
-            opened.extractall(root / name, filter="data")
+            extract_data(opened, root / name)
         out[name] = root / name
     return out
 
