@@ -23,6 +23,7 @@ from kvgate import InputError, InputErrors, problems_of
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
+from kvgate.gate import trusted as trusted_fields
 from kvgate.history import record as history_record
 from kvgate.history import store as history_store
 from kvgate.history import trends as history_trends
@@ -229,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
     verdict = gate.evaluate(results, policy=policy, baseline=baseline, waiver_for=matrix.waiver_for, today=today,
                             require=require, probe_compare=probe_agreement.compare, ab=ab,
                             require_baseline=args.require_baseline, planned=planned, planned_out=planned_out,
-                            planned_stages=stages, not_planned=not_planned)
+                            planned_stages=stages, not_planned=not_planned,
+                            trusted=trusted_fields.trusted_cells(matrix))
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     history, unrecorded = None, None
     if history_record.is_main(verdict.run_info):

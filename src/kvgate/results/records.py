@@ -93,6 +93,7 @@ class StageStatus:
     log_tail: str | None = None
     interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
     kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
+    interleaved_rounds: int | None = None  # and in how many rounds, as status.json says (interleaved.rounds)
     questions: QuestionsRecord | None = None  # accuracy: the design it ran under; None when not recorded
     elapsed_s: float | None = None  # how long the stage ran (seconds); None when not recorded or not a duration
     # engine starts that failed on the machine and were made again (status.json infra_retries): "run: reason"

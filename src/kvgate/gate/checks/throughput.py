@@ -18,13 +18,6 @@ from kvgate.results.records import CellResults, RunResults, ThroughputResult
 from kvgate.statistics import margins, power
 
 
-def interleaved(cell: CellResults, base: RunResults | None) -> bool:
-    """Both sides' throughput repeats ran by turns (status.json says `interleaved`), so rounds pair."""
-    partner = base.find(cell.identity) if base is not None else None
-    statuses = [c.stage("throughput").status for c in (cell, partner) if c is not None]
-    return len(statuses) == 2 and all(s is not None and s.interleaved for s in statuses)
-
-
 def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Policy,
                       require: Mapping[str, str], *, ab: bool = False, interleaved: bool = False,
                       unplanned: Mapping[str, str] | None = None) -> tuple[Check, Pending | None]:

@@ -93,7 +93,9 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         questions = parse_questions(entry["question_plan"], f"{stage}.question_plan") if stage == "accuracy" and \
             "question_plan" in entry else None
         retries = tuple(f"{r['run']}: {r['reason']}" for r in entry.get("infra_retries", ()))  # the schema checked them
+        rounds = interleaved.get("rounds") if interleaved is not None else None  # the schema checked its type
         out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
+                                 interleaved_rounds=rounds if isinstance(rounds, int) else None,
                                  kv_cache=kv_cache, questions=questions, elapsed_s=stage_duration(
                                      entry.get("elapsed_s", entry.get("seconds") if stage == "kernels" else None)),
                                  infra_retries=retries)

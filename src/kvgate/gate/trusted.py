@@ -1,0 +1,200 @@
+"""What the trusted side decides about each cell, held against what its results folder says. Pure.
+
+A results folder is written where the change under test runs, so anything in it that the matrix or the policy
+already determines is a claim to check, never an input to the gate:
+
+    cell.json    model and task, workload, cell_id (the matrix's cell of that backend, dtype and arch), and for an
+                 FP8 cell checkpoint_kv_scales and calculate_kv_scales (its workload's; cell.json's absent
+                 checkpoint_kv_scales means false, as the contract says)
+    status.json  accuracy.question_plan: the design, questions and looks the policy plans for the cell
+                 (kvgate.gate.question_plan); throughput: in an A/B run, both sides interleaved in at least the
+                 policy's rounds (throughput.rounds), paired by their repeat-N.json files; under --require-baseline
+                 against a stored baseline, at least that many measured repeats
+
+A cell whose folder says otherwise, or that is no cell of the matrix, is refused: the gate judges nothing of it and
+its check `cell` is an ERROR naming the field, what the folder said and what the trusted side says. A cell it
+compared with (its auto cell, its base side) then has no partner, so those comparisons fail too: fail closed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvgate.gate import question_plan
+from kvgate.gate.policy import Policy
+from kvgate.matrix.cells import Matrix
+from kvgate.results.records import DEFAULT_TASK, HEAD, CellResults, RunResults
+
+WORKLOADS_FILE = "matrix/workloads.toml"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrustedCell:
+    """A cell as the matrix declares it: what its cell.json must say."""
+
+    id: str
+    model: str
+    task: str
+    workload: str
+    is_fp8: bool
+    checkpoint_kv_scales: bool  # FP8 cells of a workload with fp8_kv_scales = "checkpoint"
+    calculate_kv_scales: bool  # FP8 cells: the workload's calculate_kv_scales
+
+
+def trusted_cells(matrix: Matrix) -> dict[str, TrustedCell]:
+    """Every cell of the matrix by id (one workload per backend, dtype and arch: kvgate.matrix.cells)."""
+    return {cell.id: TrustedCell(id=cell.id, model=cell.model, task=str(cell.workload.gsm8k.get("task", DEFAULT_TASK)),
+                                 workload=cell.workload.name, is_fp8=cell.is_fp8,
+                                 checkpoint_kv_scales=cell.loads_checkpoint_kv_scales,
+                                 calculate_kv_scales=cell.workload.calculate_kv_scales)
+            for cell in matrix.cells}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Refusal:
+    """A cell the gate does not judge: what its folder says against what the trusted side says."""
+
+    cell: CellResults
+    problems: tuple[str, ...]  # "<file> <field> is <said>, <the trusted side says ...>"
+
+
+def shown(value: Any) -> str:
+    """A value from a results folder in a message: quoted, escaped, short (a hostile value stays one line)."""
+    if isinstance(value, str):
+        text = repr(value[:60]) + ("…" if len(value) > 60 else "")
+    elif value is None:
+        text = "absent"
+    else:
+        text = repr(value)[:60]
+    return text
+
+
+def identity_problems(cell: CellResults, trusted: Mapping[str, TrustedCell]) -> list[str]:
+    """cell.json against the matrix's cell of the same id."""
+    source = f"{cell.folder}/cell.json"
+    expected = trusted.get(cell.identity.id)
+    if expected is None:
+        return [f"{source} names cell {cell.identity.id}, which is no cell of the matrix (the backend does not "
+                "support that dtype on that arch, or matrix/exclusions.toml leaves it out): nothing was planned "
+                "for it"]
+    where = f"({WORKLOADS_FILE} workloads.{expected.workload})"
+    problems = []
+    said: list[tuple[str, Any, Any]] = [("model", cell.identity.model, expected.model),
+                                        ("task", cell.identity.task, expected.task)]
+    extra = cell.extra
+    if "workload" in extra:
+        said.append(("workload", extra["workload"], expected.workload))
+    if "cell_id" in extra:
+        said.append(("cell_id", extra["cell_id"], expected.id))
+    if expected.is_fp8:  # absent means false (docs/results-folder.md)
+        said.append(("checkpoint_kv_scales", extra.get("checkpoint_kv_scales", False), expected.checkpoint_kv_scales))
+        if "calculate_kv_scales" in extra:
+            said.append(("calculate_kv_scales", extra["calculate_kv_scales"], expected.calculate_kv_scales))
+    elif extra.get("checkpoint_kv_scales", False) is not False:
+        said.append(("checkpoint_kv_scales", extra["checkpoint_kv_scales"], False))
+    for field, value, wanted in said:
+        if value != wanted or type(value) is not type(wanted):
+            shown_value = "absent (false)" if field == "checkpoint_kv_scales" and field not in extra else shown(value)
+            problems.append(f"{source} {field} is {shown_value}, but the matrix says {shown(wanted)} for "
+                            f"{expected.id} {where}")
+    return problems
+
+
+def question_plan_problems(cell: CellResults, policy: Policy, *, compared: bool) -> list[str]:
+    """status.json accuracy.question_plan against the policy's plans for the cell (as the gate will judge it).
+
+    compared: an A/B run or --require-baseline (only the powered plan)."""
+    status = cell.stage("accuracy").status
+    record = status.questions if status is not None else None
+    if record is None or record.problem:
+        return []  # no runner's record (the comparisons use the plan's questions), or unreadable (they error)
+    identity = cell.identity
+    powered = question_plan.plan(policy, arch=identity.arch, task=identity.task, model=identity.model, ab=True)
+    plans = [powered]
+    if not compared:
+        plans.insert(0, question_plan.plan(policy, arch=identity.arch, task=identity.task, model=identity.model,
+                                           ab=False))
+    ran = {"design": record.design, "questions": record.questions, "looks": list(record.looks)}
+    if any(plan.as_record() == ran for plan in plans):
+        return []
+    wanted = " or ".join(dict.fromkeys(f"{p.design} with {p.questions} questions, looks {list(p.looks)}"
+                                       for p in plans))
+    return [f"{cell.folder}/status.json accuracy.question_plan is {record.design} with {record.questions} questions, "
+            f"looks {list(record.looks)[:8]}, but the policy plans {wanted} ({policy.source} [accuracy])"]
+
+
+ROUND_FILE = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
+
+
+def measured_rounds(cell: CellResults) -> set[int]:
+    """The round numbers of a cell's measured throughput repeats (throughput/repeat-N.json)."""
+    data = cell.stage("throughput").data
+    found = (ROUND_FILE.search(repeat.source) for repeat in getattr(data, "repeats", ()))
+    return {int(match[1]) for match in found if match}
+
+
+def throughput_design_problems(cell: CellResults, partner: CellResults | None, policy: Policy, *, ab: bool,
+                               require_baseline: bool, has_baseline: bool) -> list[str]:
+    """The throughput design the trusted side says: in an A/B run, the two sides interleaved (status.json
+    throughput.interleaved on both) in at least the policy's rounds, counted from the repeats that pair; under
+    --require-baseline against a stored baseline, at least that many measured repeats. A stage that did not end ok
+    is its health check's matter, not this."""
+    own = cell.stage("throughput")
+    needed = policy.throughput.rounds
+    where = f"{policy.source} throughput.rounds"
+    if own.health != "ok":
+        return []
+    if ab:
+        if partner is None or partner.stage("throughput").health != "ok":
+            return []  # the throughput check fails the missing or failed base side
+        problems = []
+        for side in (cell, partner):
+            status = side.stage("throughput").status
+            if status is None or not status.interleaved:
+                problems.append(f"{side.folder}/status.json throughput.interleaved is absent, but an A/B run's "
+                                f"throughput runs both sides by turns in at least {needed} rounds ({where})")
+            elif status.interleaved_rounds is None or status.interleaved_rounds < needed:
+                problems.append(f"{side.folder}/status.json throughput.interleaved.rounds is "
+                                f"{shown(status.interleaved_rounds)}, but the policy needs at least {needed} ({where})")
+        paired = len(measured_rounds(cell) & measured_rounds(partner))
+        if paired < needed:
+            problems.append(f"{cell.folder}/throughput: {paired} rounds pair with the base side's repeats "
+                            f"(repeat-N.json), but the policy needs at least {needed} ({where})")
+        return problems
+    if require_baseline and has_baseline:
+        repeats = len(getattr(own.data, "repeats", ()))
+        if repeats < needed:
+            return [f"{cell.folder}/throughput: {repeats} measured repeats, but --require-baseline needs at least "
+                    f"{needed} ({where})"]
+    return []
+
+
+def refusals(run: RunResults, base: RunResults | None, baseline: RunResults | None, trusted: Mapping[str, TrustedCell],
+             policy: Policy, *, ab: bool, require_baseline: bool) -> list[Refusal]:
+    """Every cell of the run (both sides of an A/B run: `base`) whose folder disagrees with the trusted side."""
+    compared = ab or require_baseline
+    found = []
+    for results in (run, base):
+        for cell in results.cells if results is not None else ():
+            problems = identity_problems(cell, trusted)
+            if not problems:
+                problems = question_plan_problems(cell, policy, compared=compared)
+            if not problems and cell.side == HEAD:
+                partner = base.find(cell.identity) if ab and base is not None else None
+                problems = throughput_design_problems(cell, partner, policy, ab=ab,
+                                                      require_baseline=require_baseline,
+                                                      has_baseline=baseline is not None)
+            if problems:
+                found.append(Refusal(cell=cell, problems=tuple(problems)))
+    return found
+
+
+def without(results: RunResults | None, refused: Sequence[Refusal]) -> RunResults | None:
+    """The run without the refused cells (the gate judges none of them)."""
+    if results is None:
+        return None
+    gone = {id(r.cell) for r in refused}
+    return replace(results, cells=tuple(c for c in results.cells if id(c) not in gone))
