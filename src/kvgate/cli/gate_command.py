@@ -29,6 +29,7 @@ from kvgate.history import store as history_store
 from kvgate.history import trends as history_trends
 from kvgate.kernels import timings
 from kvgate.matrix import cells as matrix_module
+from kvgate.matrix.toml_reading import shown_path
 from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
@@ -231,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
                             require=require, probe_compare=probe_agreement.compare, ab=ab,
                             require_baseline=args.require_baseline, planned=planned, planned_out=planned_out,
                             planned_stages=stages, not_planned=not_planned,
-                            trusted=trusted_fields.trusted_cells(matrix))
+                            trusted=trusted_fields.trusted_cells(matrix, shown_path(
+                                (args.matrix_dir or matrix_module.default_matrix_dir()) / "workloads.toml")))
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     history, unrecorded = None, None
     if history_record.is_main(verdict.run_info):

@@ -42,14 +42,16 @@ class TrustedCell:
     is_fp8: bool
     checkpoint_kv_scales: bool  # FP8 cells of a workload with fp8_kv_scales = "checkpoint"
     calculate_kv_scales: bool  # FP8 cells: the workload's calculate_kv_scales
+    source: str = WORKLOADS_FILE  # the workloads file that declares it, as messages name it
 
 
-def trusted_cells(matrix: Matrix) -> dict[str, TrustedCell]:
-    """Every cell of the matrix by id (one workload per backend, dtype and arch: kvgate.matrix.cells)."""
+def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, TrustedCell]:
+    """Every cell of the matrix by id (one workload per backend, dtype and arch: kvgate.matrix.cells); `source`: the
+    matrix's workloads.toml as messages name it."""
     return {cell.id: TrustedCell(id=cell.id, model=cell.model, task=str(cell.workload.gsm8k.get("task", DEFAULT_TASK)),
                                  workload=cell.workload.name, is_fp8=cell.is_fp8,
                                  checkpoint_kv_scales=cell.loads_checkpoint_kv_scales,
-                                 calculate_kv_scales=cell.workload.calculate_kv_scales)
+                                 calculate_kv_scales=cell.workload.calculate_kv_scales, source=source)
             for cell in matrix.cells}
 
 
@@ -80,7 +82,7 @@ def identity_problems(cell: CellResults, trusted: Mapping[str, TrustedCell]) -> 
         return [f"{source} names cell {cell.identity.id}, which is no cell of the matrix (the backend does not "
                 "support that dtype on that arch, or matrix/exclusions.toml leaves it out): nothing was planned "
                 "for it"]
-    where = f"({WORKLOADS_FILE} workloads.{expected.workload})"
+    where = f"({expected.source} workloads.{expected.workload})"
     problems = []
     said: list[tuple[str, Any, Any]] = [("model", cell.identity.model, expected.model),
                                         ("task", cell.identity.task, expected.task)]
