@@ -190,7 +190,7 @@ def test_silent_backend_fallback_fails_the_cell_naming_the_backend_that_ran(tmp_
 
 
 def test_throughput_writes_one_json_and_one_log_per_repeat(tmp_path):
-    one_repeat = edited_matrix(tmp_path / "matrix", "num_prompts = 20, repeats = 3, warmups = 1",
+    one_repeat = edited_matrix(tmp_path / "matrix", "num_prompts = 20, repeats = 7, warmups = 1",
                                "num_prompts = 8, repeats = 1, warmups = 0")
     run_dir = tmp_path / "results"
     proc = kvgate_run("throughput", "--matrix-dir", str(one_repeat), "--run-dir", str(run_dir), "--cell", CELL)
