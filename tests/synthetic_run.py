@@ -222,6 +222,8 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
         if contract and contract != "1" and tuple(map(int, contract.split("."))) >= (1, 4):
             evidence = {"element_bytes": [1 if dtype == "fp8" else 2],
                         "layer_kv_cache_dtypes": [dtype], "tokens": 200_000 if dtype == "fp8" else 100_000}
+            if tuple(map(int, contract.split("."))) >= (1, 9):  # DeepSeek-V2-Lite: 27 MLA layers of 576 a token
+                evidence["bytes_per_token"] = 27 * 576 * (1 if dtype == "fp8" else 2)
             write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}})
         outcomes = {}
         for index, (name, counts) in enumerate(SEED_COUNTS.items()):

@@ -184,6 +184,8 @@ def kv_cache_evidence(layers: Any, logged_tokens: list[int]) -> dict[str, Any]:
 
 def accuracy_figures(accuracy_dir: Path, task: str) -> dict[str, Any]:
     """gsm8k strict/flexible exact match and the number of questions, from lm-eval's newest results file."""
+        if layers.get("bytes_per_token"):  # 1.9: from the engine's KV cache spec
+            evidence["bytes_per_token"] = layers["bytes_per_token"]
     files = sorted(accuracy_dir.rglob("results_*.json"), key=lambda p: p.name)
     if not files:
         return {}
