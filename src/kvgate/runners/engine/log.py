@@ -78,7 +78,8 @@ def read_kv_cache_tokens(log_text: str) -> list[int]:
     return sizes
 
 
-_EXCEPTION = re.compile(r"\b(?P<name>[A-Z]\w*(?:Error|Exception))\b(?::\s*(?P<message>.*))?$")
+# an exception line, its class qualified or not (PyTorch raises `torch.OutOfMemoryError: CUDA out of memory. ...`)
+_EXCEPTION = re.compile(r"(?:[a-z_]\w*\.)*\b(?P<name>[A-Z]\w*(?:Error|Exception))\b(?::\s*(?P<message>.*))?$")
 _WRAPPERS = ("Engine core initialization failed", "EngineDeadError", "EngineGenerateError")
 _PREFIX = re.compile(r"^(?:\([\w ]+ pid=\d+\)\s*)?(?:(?:ERROR|WARNING|INFO|DEBUG) \d\d-\d\d [\d:]+ \[[^\]]*\]\s?)?")
 

@@ -16,8 +16,14 @@ from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.bench_output import BenchFigures, read_bench_figures
-from kvgate.runners.engine.infrastructure import infrastructure_failure, retry_header, twice_failed_reason
+from kvgate.runners.engine.infrastructure import (
+    infrastructure_failure,
+    is_free_memory,
+    retry_header,
+    twice_failed_reason,
+)
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence
+from kvgate.runners.environment.memory_holders import other_gpu_processes
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import bench_throughput_argv
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
@@ -152,7 +158,8 @@ def _one_run(ctx: CellContext, label: str, repeat: int | None, scratch: Path, lo
         text = run_log.read_text(encoding="utf-8", errors="replace")
         again = None if result.ok or result.timed_out else infrastructure_failure(text)
         if again:
-            raise _StageFailed("error", f"{label}: {twice_failed_reason(again)}", result.log_tail)
+            processes = other_gpu_processes(ctx.env) if is_free_memory(again) else None
+            raise _StageFailed("error", f"{label}: {twice_failed_reason(again, processes)}", result.log_tail)
     if repeat is None:
         run_log.unlink(missing_ok=True)  # a warm-up's output lives on in the stage log only
     if result.timed_out:
