@@ -319,6 +319,18 @@ def test_cell_job_refuses_a_bad_environment(environ, message):
     assert str(error.value) == message
 
 
+def test_attack_the_cell_job_refuses_a_results_folder_that_is_not_empty(tmp_path):
+    """Its files are uploaded as the cell's results: a folder the change's checkout brought (made-up results) is not
+    one of them."""
+    planted = tmp_path / "kvgate-cell-x"
+    (planted / "x").mkdir(parents=True)
+    (planted / "x" / "cell.json").write_text("{}")
+    with pytest.raises(cell_job.CellJobError) as error:
+        cell_job.read_environment({"KVGATE_CELL": "x", "KVGATE_SESSIONS": '["cell(x)"]', "KVGATE_RUN_DIR": str(planted)})
+    assert str(error.value) == (f"$KVGATE_RUN_DIR: {str(planted)!r} holds files already; the results folder must start "
+                                "empty (its files are uploaded as this cell's results)")
+
+
 @pytest.mark.parametrize(("environ", "gpus", "expected"), [
     ({}, 0, None),
     ({}, 1, None),

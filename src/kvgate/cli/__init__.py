@@ -16,7 +16,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from kvgate import EXIT_BAD_INPUT, InputError, InputErrors
+from kvgate import EXIT_BAD_INPUT, InputError, InputErrors, one_line
 
 # subcommand -> module under kvgate.cli
 SUBCOMMANDS = {
@@ -83,10 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args._module.run(args)
     except InputErrors as errors:
         for error in errors.errors:
-            print(f"ERROR {error}", file=sys.stderr)
+            print(f"ERROR {one_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except InputError as error:
-        print(f"ERROR {error}", file=sys.stderr)
+        print(f"ERROR {one_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("kvgate: interrupted", file=sys.stderr)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgate import InputError, InputErrors, problems_of
+from kvgate import InputError, InputErrors, one_line, problems_of
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
@@ -155,7 +155,7 @@ def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.Timin
         try:
             found[cell.identity.id] = timings.read(path)
         except ValueError as error:
-            print(f"kvgate gate: kernel timings of {cell.identity.id} not recorded in the history: {error}",
+            print(f"kvgate gate: kernel timings of {cell.identity.id} not recorded in the history: {one_line(error)}",
                   file=sys.stderr)
     return found
 
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     assert results is not None
     for loaded in (results, baseline):  # a cell's unreadable file fails that cell (exit 1); the others are judged
         for line in cell_problems(loaded) if loaded is not None else ():
-            print(f"ERROR {line}", file=sys.stderr)
+            print(f"ERROR {one_line(line)}", file=sys.stderr)
     ab = results.has_base_side
     if ab:
         if baseline is not None:
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         except InputError as error:  # the verdict and its report are written all the same; then exit 2
             unrecorded = error
     paths = write_all(verdict, out_dir, history)
-    print(headline(verdict))
+    print(one_line(headline(verdict)))
     if unrecorded is not None:
         raise unrecorded
     if os.environ.get("GITHUB_ACTIONS") == "true":  # annotations on the run and the pull request
