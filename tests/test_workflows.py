@@ -186,7 +186,8 @@ def test_the_comment_workflow_never_checks_out_pull_request_code():
     assert set(workflow["on"]) == {"workflow_run"}
     for _, step in all_steps(workflow):
         if step.get("uses", "").startswith("actions/checkout@"):
-            assert set(step["with"]) <= {"persist-credentials", "sparse-checkout"}  # no ref: the default branch
+            assert set(step["with"]) <= {"persist-credentials", "sparse-checkout",
+                                         "sparse-checkout-cone-mode"}  # no ref: the default branch
 
 
 # ------------------------------------------------------------------------------------------------ shape
