@@ -101,7 +101,9 @@ def _install_kvgate(session: nox.Session) -> None:
 
 
 def _kvgate(session: nox.Session, python: str, *args: str) -> None:
-    session.run(python, "-m", "kvgate", *args, *session.posargs, external=True)
+    """kvgate in the engine environment, isolated (-I): neither the current folder (a checkout's numpy.py) nor PYTHON*
+    variables reach its imports; the engines it starts get their environment from kvgate."""
+    session.run(python, "-I", "-m", "kvgate", *args, *session.posargs, external=True)
 
 
 @nox.session

@@ -148,7 +148,19 @@ def test_top_level_permissions_are_empty(path):
 
 @pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
 def test_no_pull_request_target(path):
-    assert "pull_request_target" not in load_workflow(path)["on"]
+    """Only the label remover runs on it, and it checks out and runs nothing of the pull request (test below)."""
+    assert ("pull_request_target" in load_workflow(path)["on"]) == (path.name == "kvgate-label.yml")
+
+
+@pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
+def test_every_python_a_workflow_runs_is_isolated(path):
+    """`python -I`: neither the working folder (which holds a checkout of the change in kvgate-vllm.yml's jobs, and a
+    pull request's tree where kvgate.yml checks one out) nor PYTHON* variables reach the imports of kvgate's trusted
+    commands: a committed pip/ or numpy.py is never imported in their place."""
+    for job, step in all_steps(load_workflow(path)):
+        for line in step.get("run", "").splitlines():
+            for call in re.findall(r'(?:^|[;&|]\s*|\s)("?[\w$/{}.-]*\bpython3?"?)\s+(\S+)', line):
+                assert call[1] == "-I", f"{path.name}:{job}: {line.strip()}"
 
 
 @pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
@@ -289,7 +301,7 @@ def run_plan(tmp_path: Path, *args: str, event: str = "pull_request") -> tuple[d
 
 def test_the_plan_step_runs_in_the_workflow_as_tested():
     plan = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["plan"]
-    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python trusted/ci/plan.py --repo change"]
+    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python -I trusted/ci/plan.py --repo change"]
 
 
 @pytest.fixture(scope="module")
@@ -468,7 +480,7 @@ def test_attack_a_pull_request_cannot_choose_its_plan_policy_or_waivers_in_kvgat
     plan, gate = jobs["plan"], jobs["gate"]
     assert checkouts(plan) == [{"persist-credentials": False, "ref": BASE_COMMIT, "path": "trusted"},
                                {"persist-credentials": False, "fetch-depth": 2, "path": "change"}]
-    assert [r for r in runs(plan) if "change" in r] == ["python trusted/ci/plan.py --repo change"]
+    assert [r for r in runs(plan) if "change" in r] == ["python -I trusted/ci/plan.py --repo change"]
     assert all(r.startswith("python ") and " trusted/ci/" in f" {r}" for r in runs(plan))
     assert checkouts(gate) == [{"persist-credentials": False, "ref": BASE_COMMIT}]
     gate_job = load_ci_script("gate_job")
@@ -494,7 +506,7 @@ def test_the_reusable_workflow_runs_only_the_pinned_kvgate():
 def test_the_reusable_workflow_gates_head_against_base_with_every_planned_cell_required():
     jobs = load_workflow(WORKFLOWS / "kvgate-vllm.yml")["jobs"]
     plan_step = next(s for s in jobs["plan"]["steps"] if s.get("id") == "plan")
-    assert plan_step["run"] == 'python kvgate/ci/plan.py --repo vllm --base "$BASE_SHA" --head "$HEAD_SHA" --change-of vllm'
+    assert plan_step["run"] == 'python -I kvgate/ci/plan.py --repo vllm --base "$BASE_SHA" --head "$HEAD_SHA" --change-of vllm'
     cell_step = next(s for s in jobs["cells"]["steps"] if s.get("run", "").endswith("cell_job.py"))
     assert {k: v for k, v in cell_step["env"].items() if k.startswith("KVGATE_VLLM")} == {
         "KVGATE_VLLM_HEAD": "${{ github.workspace }}/vllm-head", "KVGATE_VLLM_BASE": "${{ github.workspace }}/vllm-base",
@@ -507,11 +519,11 @@ def test_the_reusable_workflow_gates_head_against_base_with_every_planned_cell_r
 
 def test_kvgate_yml_passes_the_plan_to_the_gate_and_bootstraps_only_by_hand():
     workflow = load_workflow(WORKFLOWS / "kvgate.yml")
-    gate_step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/gate_job.py")
+    gate_step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python -I ci/gate_job.py")
     assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.planned }}"  # held-back cells included
     assert gate_step["env"]["KVGATE_BOOTSTRAP_BASELINE"] == "${{ inputs.bootstrap-baseline }}"  # dispatch input only
     assert workflow["on"]["workflow_dispatch"]["inputs"]["bootstrap-baseline"]["default"] is False
-    fetch = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/fetch_baseline.py")
+    fetch = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python -I ci/fetch_baseline.py")
     assert "if" not in fetch  # push runs compare with the previous main run too
 
 
