@@ -437,6 +437,11 @@ def test_every_harness_pattern_has_a_code_owner():
     for pattern in ("**/conftest.py", "**/pytest.ini", "**/pyproject.toml", "**/tox.ini", "**/setup.cfg", "*.pth",
                     "**/sitecustomize.py", "**/usercustomize.py"):
         assert f"\n{pattern} " in codeowners, pattern
+    owned = [line.split()[0] for line in codeowners.splitlines() if line.strip() and not line.startswith("#")][1:]
+    for harness in plan.HARNESS_PATHS:  # what plans every cell has its owner named, not only the catch-all's
+        named = ("/" + harness[:-1] if harness.endswith("/*") else harness if harness == "*.pth"
+                 else "**/" + harness[1:] if harness.startswith("*") else "/" + harness)
+        assert any(named.startswith(pattern) for pattern in owned), harness  # /.github/workflows/ under /.github/
 
 
 # ------------------------------------------------------------------------------------------------ GPU budget

@@ -578,7 +578,9 @@ def test_codeowners_cover_everything_that_decides_the_verdict():
         if line.strip() and not line.lstrip().startswith("#"):
             pattern, *who = line.split()
             owners[pattern] = who
-    assert set(owners) >= {"/.github/", "/ci/", "/matrix/", "/noxfile.py", "/pyproject.toml", "/src/", "/tests/kernels/"}
+    assert next(iter(owners)) == "*"  # a catch-all, first (the last matching line wins)
+    assert set(owners) >= {"/.github/", "/ci/", "/matrix/", "/noxfile.py", "/pyproject.toml", "/setup.py", "/src/",
+                           "/tests/kernels/", "**/setup.py"}
     assert all(who and all(w.startswith("@") for w in who) for who in owners.values())
 
 
@@ -587,3 +589,21 @@ def test_ci_readme_documents_the_ruleset_and_the_runner_recipe():
     for needed in ("Require workflows to pass", "a skipped job reports success", "just-in-time", "read-only",
                    "HF_TOKEN", "kvgate-main", "nothing survives the job"):
         assert needed in readme, needed
+    assert len({tuple(who) for who in owners.values()}) == 1  # one team, from one setting
+
+
+def test_codeowners_is_what_its_one_setting_makes(tmp_path):
+    """ci/codeowners.toml's `owners` is the setting; ci/codeowners.py writes CODEOWNERS from it and --check says when
+    the committed file is not what it makes."""
+    codeowners = load_ci_script("codeowners")
+    assert subprocess.run([sys.executable, "-I", str(ROOT / "ci" / "codeowners.py"), "--check"],
+                          capture_output=True, text=True, check=False).returncode == 0
+    rendered = codeowners.render(["@acme/gpu-gate", "@alice"])
+    assert "\n*                    @acme/gpu-gate @alice\n" in rendered
+    assert "@your-org" not in rendered
+    setting = tmp_path / "codeowners.toml"
+    for text, message in (('owners = "@acme/team"', "expected owners"), ("owners = ['acme team']", "expected owners"),
+                          ("owners = [", "cannot read")):
+        setting.write_text(text)
+        with pytest.raises(codeowners.SettingError, match=message):
+            codeowners.read_owners(setting)
