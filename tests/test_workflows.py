@@ -32,7 +32,7 @@ NOX = [sys.executable, "-m", "nox"]
 REQUIRED_CHECK = "kvgate-gate"
 FULL_SHA = re.compile(r"^[\w.-]+/[\w.-]+(?:/[\w./-]+)?@[0-9a-f]{40}$")
 # The only zizmor ignore comment allowed, with its reason in ci/README.md ("Why workflow_run").
-ALLOWED_ZIZMOR_IGNORES = {("kvgate-comment.yml", "dangerous-triggers")}
+ALLOWED_ZIZMOR_IGNORES = {("kvgate-comment.yml", "dangerous-triggers"), ("kvgate-label.yml", "dangerous-triggers")}
 
 
 def workflow_files() -> list[Path]:
@@ -76,8 +76,8 @@ def all_steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 # ------------------------------------------------------------------------------------------------ linters
 
 def test_workflows_exist():
-    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-history.yml", "kvgate-vllm.yml",
-                                                  "kvgate.yml"]
+    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-history.yml", "kvgate-label.yml",
+                                                  "kvgate-vllm.yml", "kvgate.yml"]
 
 
 def test_main_runs_keep_their_history_and_the_schedule_fails_on_a_change_point():
@@ -137,6 +137,7 @@ def test_only_the_documented_zizmor_ignore():
                for audit in re.findall(r"zizmor: ignore\[([\w-]+)\]", path.read_text(encoding="utf-8"))}
     assert ignores == ALLOWED_ZIZMOR_IGNORES
     assert "Why `workflow_run`" in (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
+    assert "Why `pull_request_target` takes the label away" in (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------ security
@@ -190,7 +191,25 @@ def test_only_the_jobs_that_need_it_get_more_than_read():
             widened.update({(path.name, job_id, scope): level for scope, level in job["permissions"].items()
                             if level != "read" or scope not in ("contents", "actions")})
     assert widened == {("kvgate-comment.yml", "comment", "pull-requests"): "write",
-                       ("kvgate-comment.yml", "checks", "checks"): "write"}
+                       ("kvgate-comment.yml", "checks", "checks"): "write",
+                       ("kvgate-label.yml", "unlabel", "pull-requests"): "write"}
+
+
+def test_a_new_push_takes_the_gpu_label_away_and_runs_nothing_of_the_pull_request():
+    """kvgate-label.yml answers every push (synchronize) and reopening with one API call that removes kvgate-gpu: no
+    checkout, no action, nothing of the pull request, the values through env:. With kvgate.yml running the GPU cells
+    only on the label's `labeled` event, a maintainer approves each commit that reaches a GPU runner."""
+    workflow = load_workflow(WORKFLOWS / "kvgate-label.yml")
+    assert workflow["on"] == {"pull_request_target": {"types": ["synchronize", "reopened"]}}
+    [(job_id, job)] = workflow["jobs"].items()
+    assert job["if"] == "contains(github.event.pull_request.labels.*.name, 'kvgate-gpu')"
+    [step] = job["steps"]
+    assert "uses" not in step
+    assert step["run"] == 'gh api --method DELETE "repos/$REPOSITORY/issues/$NUMBER/labels/kvgate-gpu"'
+    assert step["env"] == {"GH_TOKEN": "${{ github.token }}", "REPOSITORY": "${{ github.repository }}",
+                           "NUMBER": "${{ github.event.pull_request.number }}"}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "removes the `kvgate-gpu` label on every new push" in readme
 
 
 def test_the_comment_workflow_never_checks_out_pull_request_code():
@@ -536,8 +555,8 @@ def test_gpu_cells_run_only_when_asked_for_and_within_the_cap(name, sides, label
     workflow = load_workflow(WORKFLOWS / name)
     jobs = workflow["jobs"]
     env = next(s for s in jobs["plan"]["steps"] if s.get("id") == "plan")["env"]
-    assert env["KVGATE_GPU"] == ("${{ github.event_name != 'pull_request' || "
-                                 f"contains(github.event.pull_request.labels.*.name, {label}) }}}}")
+    assert env["KVGATE_GPU"] == ("${{ github.event_name != 'pull_request' || (github.event.action == 'labeled' && "
+                                 f"github.event.label.name == {label}) }}}}")
     assert env["KVGATE_GPU_MINUTES_CAP"] == "${{ vars.KVGATE_GPU_MINUTES_CAP }}"
     assert env["KVGATE_CELL_JOB_MINUTES"] == str(jobs["cells"]["timeout-minutes"])
     assert env.get("KVGATE_SIDES") == sides
@@ -582,13 +601,6 @@ def test_codeowners_cover_everything_that_decides_the_verdict():
     assert set(owners) >= {"/.github/", "/ci/", "/matrix/", "/noxfile.py", "/pyproject.toml", "/setup.py", "/src/",
                            "/tests/kernels/", "**/setup.py"}
     assert all(who and all(w.startswith("@") for w in who) for who in owners.values())
-
-
-def test_ci_readme_documents_the_ruleset_and_the_runner_recipe():
-    readme = (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
-    for needed in ("Require workflows to pass", "a skipped job reports success", "just-in-time", "read-only",
-                   "HF_TOKEN", "kvgate-main", "nothing survives the job"):
-        assert needed in readme, needed
     assert len({tuple(who) for who in owners.values()}) == 1  # one team, from one setting
 
 
@@ -607,3 +619,10 @@ def test_codeowners_is_what_its_one_setting_makes(tmp_path):
         setting.write_text(text)
         with pytest.raises(codeowners.SettingError, match=message):
             codeowners.read_owners(setting)
+
+
+def test_ci_readme_documents_the_ruleset_and_the_runner_recipe():
+    readme = (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
+    for needed in ("Require workflows to pass", "a skipped job reports success", "just-in-time", "read-only",
+                   "HF_TOKEN", "kvgate-main", "nothing survives the job"):
+        assert needed in readme, needed
