@@ -495,7 +495,8 @@ def test_without_the_trigger_every_gpu_cell_is_held_back_with_how_to_run_it():
     budgeted = plan.apply_gpu_budget({"include": [CPU_ENTRY, ENTRY]}, TIMEOUTS, budget)
     assert [e["cell"] for e in budgeted.run] == ["cpu_attn-fp8-cpu"]
     assert [e["held_back"] for e in budgeted.held] == [
-        "not run: the GPU cells run on a pull request only when it carries the label `kvgate-gpu` (add it to run them)"]
+        "not run: the GPU cells run on a pull request only when a maintainer adds the label `kvgate-gpu` (add it, or add "
+        "it again after a push took it away, to run them for the pull request's commit)"]
     assert plan.outputs({"include": [CPU_ENTRY, ENTRY]}, budgeted)["gpu-minutes"] == "0"
 
 
