@@ -75,6 +75,17 @@ def status(ctx: CellContext) -> dict:
     return json.loads((ctx.cell_dir / "status.json").read_text())
 
 
+def stage_entry(ctx: CellContext, stage: str) -> dict:
+    """Run the accuracy (without its probe) or the throughput stage; its status.json entry."""
+    if stage == "accuracy":
+        run_accuracy(ctx, with_probe=False)
+    else:
+        run_throughput(ctx)
+    entry = status(ctx)[stage]
+    print(entry["reason"])
+    return entry
+
+
 def test_a_throughput_run_whose_engine_met_the_profiling_race_starts_once_more_and_says_so(tmp_path):
     python = engine(tmp_path, fails=1, log="flex_attention-auto-sm90/logs/throughput.log")
     ctx = context(tmp_path, python)
@@ -133,13 +144,7 @@ def test_an_engine_that_failed_on_the_cells_own_code_starts_only_once(tmp_path, 
     python = engine(tmp_path, fails=1, log="triton_attn-fp8_e5m2-sm90/logs/accuracy.log")
     ctx = context(tmp_path, python)
 
-    if stage == "accuracy":
-        run_accuracy(ctx, with_probe=False)
-    else:
-        run_throughput(ctx)
-
-    entry = status(ctx)[stage]
-    print(entry["reason"])
+    entry = stage_entry(ctx, stage)
     assert starts(python) == 1
     assert entry["status"] == "error" and "infra_retries" not in entry
     assert 'AssertionError: assert self.kv_cache_dtype in {"fp8", "fp8_e4m3", "nvfp4"}' in entry["reason"]
@@ -193,13 +198,7 @@ def test_a_second_start_without_memory_is_the_stages_error_naming_the_other_proc
     python = engine(tmp_path, fails=2, log=NO_CACHE_MEMORY)
     ctx = context(tmp_path, python)
 
-    if stage == "accuracy":
-        run_accuracy(ctx, with_probe=False)
-    else:
-        run_throughput(ctx)
-
-    entry = status(ctx)[stage]
-    print(entry["reason"])
+    entry = stage_entry(ctx, stage)
     assert starts(python) == 2 and entry["status"] == "error"
     prefix = "warm-up 1/1: " if stage == "throughput" else ""
     assert entry["reason"].startswith(
