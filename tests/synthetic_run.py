@@ -77,6 +77,12 @@ def write_cell(run_dir: Path, *, backend: str, kv_cache_dtype: str, arch: str, m
     return cell_dir
 
 
+def matrix_cell(record: Mapping[str, Any]) -> Any:
+    """The shipped matrix's cell a cell.json names (None when it names none of them)."""
+    wanted = cell_id(str(record.get("backend", "")), str(record.get("kv_cache_dtype", "")), str(record.get("arch", "")))
+    return next((c for c in shipped_matrix().cells if c.id == wanted), None)
+
+
 def cell_record(cell_dir: Path) -> dict[str, Any]:
     path = Path(cell_dir) / "cell.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -95,6 +101,8 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
     record = cell_record(cell_dir)
     task = task or str(record.get("task", "gsm8k"))
     model = model or str(record.get("model", SEED_MODEL))
+    declared = matrix_cell(record)
+    shots = int(declared.workload.gsm8k["num_fewshot"]) if declared is not None else 5
     folder = Path(cell_dir) / "accuracy" / model.replace("/", "__")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(next(iter(outcomes.values())))
@@ -105,7 +113,7 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
         block[f"exact_match_stderr,{name}"] = (mean * (1 - mean) / (n - 1)) ** 0.5
     results = {
         "results": {task: block}, "group_subtasks": {task: []}, "configs": {task: {"task": task}},
-        "versions": {task: 3.0}, "n-shot": {task: 5}, "higher_is_better": {task: {"exact_match": True}},
+        "versions": {task: 3.0}, "n-shot": {task: shots}, "higher_is_better": {task: {"exact_match": True}},
         "n-samples": {task: {"original": n, "effective": n}},
         "config": {"model": "vllm", "model_args": {"pretrained": model}, "batch_size": "auto", "limit": None},
         "lm_eval_version": "0.4.13", "model_name": model, "model_name_sanitized": model.replace("/", "__"),
@@ -139,9 +147,13 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
     return folder
 
 
-def write_throughput(cell_dir: Path, requests_per_second: Sequence[float], *, num_requests: int = 100,
+def write_throughput(cell_dir: Path, requests_per_second: Sequence[float], *, num_requests: int | None = None,
                      input_len: int = 8192, output_len: int = 1024) -> Path:
-    """throughput/repeat-N.json and .log, as `vllm bench throughput --output-json` and its stdout."""
+    """throughput/repeat-N.json and .log, as `vllm bench throughput --output-json` and its stdout; num_requests: the
+    matrix's num_prompts for the cell (else 100)."""
+    if num_requests is None:
+        declared = matrix_cell(cell_record(cell_dir))
+        num_requests = int(declared.workload.throughput.get("num_prompts", 100)) if declared is not None else 100
     folder = Path(cell_dir) / "throughput"
     folder.mkdir(parents=True, exist_ok=True)
     for index, rps in enumerate(requests_per_second, start=1):

@@ -87,13 +87,13 @@ def test_parallel_workers_read_the_same_and_report_the_same_problems(tmp_path, w
 
 def matrix_of_the_outputs(folder: Path) -> Path:
     """The repository's matrix as the real outputs were made (tests/fixtures/README.md): the CPU cells' tiny Llama at
-    /tmp/kvg4/tiny-llama on lm-eval's own gsm8k, its FP8 cell loading no checkpoint scales (what the gate holds a
+    /tmp/kvg4/tiny-llama on lm-eval's own gsm8k 5-shot, its FP8 cell loading no checkpoint scales (what the gate holds a
     cell.json to: kvgate.gate.trusted)."""
     matrix = without_checkpoint_kv_scales(copy_of_the_matrix(folder))
     workloads = (matrix / "workloads.toml").read_text(encoding="utf-8")
     head, llama = workloads.split("[workloads.tiny-llama]\n", 1)
     llama = llama.replace('model = "kvgate:tiny-llama"', 'model = "/tmp/kvg4/tiny-llama"', 1)
-    llama = llama.replace('task = "kvgate_gsm8k_local"', 'task = "gsm8k"', 1)
+    llama = llama.replace('task = "kvgate_gsm8k_local"', 'task = "gsm8k"', 1).replace("num_fewshot = 0", "num_fewshot = 5", 1)
     (matrix / "workloads.toml").write_text(head + "[workloads.tiny-llama]\n" + llama, encoding="utf-8")
     return matrix
 

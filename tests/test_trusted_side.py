@@ -119,6 +119,30 @@ def test_attack_each_key_the_matrix_decides_is_the_matrixs(tmp_path, cell, edit,
         assert fp8["status"] == "missing"
 
 
+@pytest.mark.parametrize("what", ["shots", "prompts"])
+def test_attack_the_tools_outputs_cannot_run_another_workload(tmp_path, what):
+    """lm-eval's n-shot and vllm bench's num_requests say what ran: the matrix's gsm8k shots and prompts, or the
+    cell's ERROR naming the file, the key and both values."""
+    run = write_pair(tmp_path / "run", planned_questions(BACKEND, "fp8", ARCH), only_auto=20, only_fp8=20)
+    fp8 = run / FP8
+    if what == "shots":
+        [results] = fp8.rglob("results_*.json")
+        data = json.loads(results.read_text())
+        data["n-shot"]["kvgate_gsm8k_test_train"] = 0
+        results.write_text(json.dumps(data))
+        said = f"{results.relative_to(tmp_path.parent)} n-shot is 0, but the matrix says 5"
+    else:
+        write_throughput(fp8, [3.2] * 7, num_requests=10)
+        said = f"{(fp8 / 'throughput' / 'repeat-1.json').relative_to(tmp_path.parent)} num_requests is 10, but the " \
+               "matrix says 100 prompts (num_prompts)"
+    code, verdict = gate(run)
+    assert code == 1
+    detail = refused(verdict, FP8)["detail"]
+    assert said in detail and detail.endswith("(matrix/workloads.toml workloads.deepseek-v2-lite); a results folder "
+                                              "cannot choose what the matrix and the policy decide (rerun the cell "
+                                              "with this matrix and policy)")
+
+
 def test_the_matrixs_own_record_is_judged(tmp_path):
     """What kvgate's runners write for the matrix's cells passes the trusted side."""
     run = write_pair(tmp_path / "run", planned_questions(BACKEND, "fp8", ARCH), only_auto=20, only_fp8=20)

@@ -6,6 +6,8 @@ already determines is a claim to check, never an input to the gate:
     cell.json    model and task, workload, cell_id (the matrix's cell of that backend, dtype and arch), and for an
                  FP8 cell checkpoint_kv_scales and calculate_kv_scales (its workload's; cell.json's absent
                  checkpoint_kv_scales means false, as the contract says)
+    the tools'   lm-eval's shots (results n-shot: the workload's num_fewshot) and each throughput repeat's prompts
+    outputs      (num_requests: its num_prompts)
     status.json  accuracy.question_plan: the design, questions and looks the policy plans for the cell
                  (kvgate.gate.question_plan); throughput: in an A/B run, both sides interleaved in at least the
                  policy's rounds (throughput.rounds), paired by their repeat-N.json files; under --require-baseline
@@ -42,6 +44,8 @@ class TrustedCell:
     is_fp8: bool
     checkpoint_kv_scales: bool  # FP8 cells of a workload with fp8_kv_scales = "checkpoint"
     calculate_kv_scales: bool  # FP8 cells: the workload's calculate_kv_scales
+    num_fewshot: int | None = None  # the workload's gsm8k shots (lm-eval's results say n-shot)
+    num_prompts: int | None = None  # the workload's `vllm bench throughput` prompts (each repeat's num_requests)
     source: str = WORKLOADS_FILE  # the workloads file that declares it, as messages name it
 
 
@@ -51,8 +55,14 @@ def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, Tru
     return {cell.id: TrustedCell(id=cell.id, model=cell.model, task=str(cell.workload.gsm8k.get("task", DEFAULT_TASK)),
                                  workload=cell.workload.name, is_fp8=cell.is_fp8,
                                  checkpoint_kv_scales=cell.loads_checkpoint_kv_scales,
-                                 calculate_kv_scales=cell.workload.calculate_kv_scales, source=source)
+                                 calculate_kv_scales=cell.workload.calculate_kv_scales,
+                                 num_fewshot=_count(cell.workload.gsm8k.get("num_fewshot")),
+                                 num_prompts=_count(cell.workload.throughput.get("num_prompts")), source=source)
             for cell in matrix.cells}
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,6 +112,24 @@ def identity_problems(cell: CellResults, trusted: Mapping[str, TrustedCell]) -> 
             shown_value = "absent (false)" if field == "checkpoint_kv_scales" and field not in extra else shown(value)
             problems.append(f"{source} {field} is {shown_value}, but the matrix says {shown(wanted)} for "
                             f"{expected.id} {where}")
+    return problems + workload_problems(cell, expected, where)
+
+
+def workload_problems(cell: CellResults, expected: TrustedCell, where: str) -> list[str]:
+    """What the tools' own outputs say the workload was, where the matrix says it: lm-eval's shots (results
+    `n-shot`), each throughput repeat's prompts (`num_requests` of vllm bench's --output-json)."""
+    problems = []
+    accuracy = cell.stage("accuracy").data
+    shots = getattr(accuracy, "num_fewshot", None)
+    if expected.num_fewshot is not None and shots is not None and shots != expected.num_fewshot:
+        problems.append(f"{accuracy.results_file} n-shot is {shots}, but the matrix says {expected.num_fewshot} for "
+                        f"{expected.id} {where}")
+    throughput = cell.stage("throughput").data
+    for repeat in getattr(throughput, "repeats", ()) if expected.num_prompts is not None else ():
+        if repeat.num_requests != expected.num_prompts:
+            problems.append(f"{repeat.source} num_requests is {repeat.num_requests}, but the matrix says "
+                            f"{expected.num_prompts} prompts (num_prompts) for {expected.id} {where}")
+            break
     return problems
 
 
