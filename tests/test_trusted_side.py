@@ -119,18 +119,22 @@ def test_attack_each_key_the_matrix_decides_is_the_matrixs(tmp_path, cell, edit,
         assert fp8["status"] == "missing"
 
 
-@pytest.mark.parametrize("what", ["shots", "prompts"])
+@pytest.mark.parametrize("what", ["shots", "no shots", "prompts"])
 def test_attack_the_tools_outputs_cannot_run_another_workload(tmp_path, what):
     """lm-eval's n-shot and vllm bench's num_requests say what ran: the matrix's gsm8k shots and prompts, or the
     cell's ERROR naming the file, the key and both values."""
     run = write_pair(tmp_path / "run", planned_questions(BACKEND, "fp8", ARCH), only_auto=20, only_fp8=20)
     fp8 = run / FP8
-    if what == "shots":
+    if what in ("shots", "no shots"):
         [results] = fp8.rglob("results_*.json")
         data = json.loads(results.read_text())
-        data["n-shot"]["kvgate_gsm8k_test_train"] = 0
+        if what == "shots":
+            data["n-shot"]["kvgate_gsm8k_test_train"] = 0
+        else:
+            del data["n-shot"]
         results.write_text(json.dumps(data))
-        said = f"{results.relative_to(tmp_path.parent)} n-shot is 0, but the matrix says 5"
+        said = (f"{results.relative_to(tmp_path.parent)} n-shot is {0 if what == 'shots' else 'absent'}, but the matrix "
+                "says 5")
     else:
         write_throughput(fp8, [3.2] * 7, num_requests=10)
         said = f"{(fp8 / 'throughput' / 'repeat-1.json').relative_to(tmp_path.parent)} num_requests is 10, but the " \

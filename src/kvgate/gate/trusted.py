@@ -76,12 +76,8 @@ class Refusal:
 def shown(value: Any) -> str:
     """A value from a results folder in a message: quoted, escaped, short (a hostile value stays one line)."""
     if isinstance(value, str):
-        text = repr(value[:60]) + ("…" if len(value) > 60 else "")
-    elif value is None:
-        text = "absent"
-    else:
-        text = repr(value)[:60]
-    return text
+        return repr(value[:60]) + ("…" if len(value) > 60 else "")
+    return "absent" if value is None else repr(value)[:60]
 
 
 def identity_problems(cell: CellResults, trusted: Mapping[str, TrustedCell]) -> list[str]:
@@ -120,8 +116,8 @@ def workload_problems(cell: CellResults, expected: TrustedCell, where: str) -> l
     `n-shot`), each throughput repeat's prompts (`num_requests` of vllm bench's --output-json)."""
     problems = []
     accuracy = cell.stage("accuracy").data
-    shots = getattr(accuracy, "num_fewshot", None)
-    if expected.num_fewshot is not None and shots is not None and shots != expected.num_fewshot:
+    if accuracy is not None and expected.num_fewshot is not None and accuracy.num_fewshot != expected.num_fewshot:
+        shots = "absent" if accuracy.num_fewshot is None else accuracy.num_fewshot  # lm-eval always writes it
         problems.append(f"{accuracy.results_file} n-shot is {shots}, but the matrix says {expected.num_fewshot} for "
                         f"{expected.id} {where}")
     throughput = cell.stage("throughput").data
