@@ -106,11 +106,29 @@ def _install_kvgate(session: nox.Session) -> None:
     checked), then kvgate itself, editable, with nothing else fetched (the locked setuptools builds it)."""
     _declared_python(session)
     session.install("--require-hashes", "-r", "ci/requirements-core.txt")
-    session.install("--no-deps", "--no-build-isolation", "-e", ".")
+    if not _kvgate_installed_here(session):  # reinstalling would take kvgate away from a session running beside it
+        session.install("--no-deps", "--no-build-isolation", "-e", ".")
+
+
+def _kvgate_installed_here(session: nox.Session) -> bool:
+    """kvgate is installed in the session's venv, editable from this checkout, with this pyproject.toml's version and
+    console script."""
+    check = ("import importlib.metadata as m, importlib.util as u, pathlib, sys\n"
+             "spec = u.find_spec('kvgate')\n"
+             "try:\n    d = m.distribution('kvgate')\nexcept m.PackageNotFoundError:\n    d = None\n"
+             "here = spec is not None and pathlib.Path(spec.origin).resolve() == pathlib.Path(sys.argv[1]).resolve()\n"
+             "print('here' if here and d is not None and d.version == sys.argv[2] "
+             "and any(e.name == 'kvgate' for e in d.entry_points) else 'elsewhere')")
+    version = nox.project.load_toml(ROOT / "pyproject.toml")["project"]["version"]
+    found = session.run("python", "-I", "-c", check, str(ROOT / "src" / "kvgate" / "__init__.py"), version,
+                        silent=True, log=False)
+    return isinstance(found, str) and found.strip() == "here"
 
 
 def _kvgate(session: nox.Session, python: str, *args: str) -> None:
-    session.run(python, "-m", "kvgate", *args, *session.posargs, external=True)
+    """kvgate in the engine environment, isolated (-I): neither the current folder (a checkout's numpy.py) nor PYTHON*
+    variables reach its imports; the engines it starts get their environment from kvgate."""
+    session.run(python, "-I", "-m", "kvgate", *args, *session.posargs, external=True)
 
 
 @nox.session

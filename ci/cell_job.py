@@ -34,7 +34,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
 import ci_facts
+from ci_facts import workflow_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +58,9 @@ def read_environment(environ: dict[str, str]) -> tuple[str, list[str], Path]:
     run_dir = environ.get("KVGATE_RUN_DIR", "")
     if not run_dir:
         raise CellJobError("$KVGATE_RUN_DIR: not set. Point it at the folder the artifact uploads")
+    if Path(run_dir).is_dir() and any(Path(run_dir).iterdir()):
+        raise CellJobError(f"$KVGATE_RUN_DIR: {run_dir[:200]!r} holds files already; the results folder must start "
+                           "empty (its files are uploaded as this cell's results)")
     return cell, sessions, Path(run_dir)
 
 
@@ -155,13 +160,14 @@ def main() -> int:
         print(f"kvgate cell job: {' '.join(argv)}", flush=True)
         returncode = subprocess.run(argv, cwd=ROOT, env=environ, check=False).returncode
         if returncode != 0:
-            print(f"::error::{' '.join(argv)} exited {returncode}", flush=True)
+            print(workflow_command("error", f"{' '.join(argv)} exited {returncode}"), flush=True)
             status = status or returncode
     if not (run_dir / "run.json").exists():
         (run_dir / "run.json").write_text(json.dumps(run_info(environ), indent=2) + "\n", encoding="utf-8")
     if not cell_folders(run_dir):
-        print(f"::error::cell {cell}: no cell folder (cell.json) under {run_dir}. Did the session skip "
-              "because this runner's GPU is not the cell's arch? Check the runner's labels", flush=True)
+        print(workflow_command("error", f"cell {cell}: no cell folder (cell.json) under {run_dir}. Did the session "
+                                        "skip because this runner's GPU is not the cell's arch? Check the runner's "
+                                        "labels"), flush=True)
         status = status or 1
     return status
 

@@ -1,6 +1,8 @@
 """Which CI runs a job, GitHub Actions or Buildkite, and the facts the job's run.json takes from its variables.
 
-ci/cell_job.py and ci/gate_job.py import it (a script's own folder is first on Python's path). Stdlib only: the
+ci/cell_job.py and ci/gate_job.py import it (each puts its own folder first on Python's path: the workflows run them
+isolated, `python -I`, which puts none there). It also gives them `workflow_command` (GitHub Actions' `::error::`
+lines, escaped: kvgate/report/command_escapes.py, loaded by its path). Stdlib only: the
 workflows and the Buildkite steps run these scripts with a bare python3, before kvgate is installed, so the branch
 rule comes from the checkout's kvgate.runners.environment.ci (stdlib only, as ci/plan.py reads kvgate.matrix), the
 module the runners' own run.json uses.
@@ -15,6 +17,7 @@ module the runners' own run.json uses.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from collections.abc import Mapping
@@ -22,6 +25,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from kvgate.runners.environment.ci import ci_branch
+
+
+def _load_by_path(name: str, path: Path):
+    """A module of the checkout that imports nothing, loaded from its file: importing it through its package would
+    load the package's dependencies, which a bare python3 lacks."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# GitHub Actions workflow commands, every property and message escaped (`%`, CR, LF, `::`; and `:` `,` in properties)
+workflow_command = _load_by_path("kvgate_command_escapes", Path(__file__).resolve().parents[1] / "src" / "kvgate"
+                                 / "report" / "command_escapes.py").workflow_command
 
 GITHUB_ACTIONS, BUILDKITE = "github-actions", "buildkite"
 # run.json key -> the variable each CI sets it from

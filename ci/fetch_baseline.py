@@ -25,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+from ci_facts import workflow_command
+
 ARTIFACT = "kvgate-run"
 # The events of runs that main itself started.
 MAIN_EVENTS = ("push", "workflow_dispatch")
@@ -91,18 +94,19 @@ def fetch(environ: Mapping[str, str]) -> str | None:
     try:
         runs = candidates(gh, repository, workflow, branch, environ.get("GITHUB_RUN_ID", ""))
     except GhFailed as error:
-        print(f"::warning::kvgate: no baseline: {error}")
+        print(workflow_command("warning", f"kvgate: no baseline: {error}"))
         return None
     if not runs:
-        print(f"::warning::kvgate: no baseline: no successful push or manual run of {workflow} on {branch}")
+        print(workflow_command("warning", f"kvgate: no baseline: no successful push or manual run of {workflow} on "
+                                          f"{branch}"))
         return None
     run_id = str(runs[0]["databaseId"])
     try:
         _gh(gh, "run", "download", run_id, "--repo", repository, "--name", ARTIFACT, "--dir", str(target))
     except GhFailed as error:
         shutil.rmtree(target, ignore_errors=True)
-        print(f"::warning::kvgate: no baseline: run {run_id} (the newest successful run on {branch}) has no usable "
-              f"{ARTIFACT} artifact (expired?): {error}")
+        print(workflow_command("warning", f"kvgate: no baseline: run {run_id} (the newest successful run on {branch}) "
+                                          f"has no usable {ARTIFACT} artifact (expired?): {error}"))
         return None
     print(f"kvgate: baseline from run {run_id} ({runs[0].get('event')} of {str(runs[0].get('headSha', ''))[:12]}) "
           f"in {target}")

@@ -21,6 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+from ci_facts import workflow_command
+
 INDEX = "https://wheels.vllm.ai"
 SHA = re.compile(r"[0-9a-f]{40}")
 SIDES = (("BASE", "MERGE_BASE"), ("HEAD", "HEAD_SHA"))
@@ -46,16 +49,16 @@ def main(environ: dict[str, str] = os.environ) -> int:  # type: ignore[assignmen
     for side, variable in SIDES:
         commit = environ.get(variable, "").strip().lower()
         if not SHA.fullmatch(commit):
-            print(f"::error::${variable}: {commit[:60]!r} is not a full 40-character commit SHA")
+            print(workflow_command("error", f"${variable}: {commit[:60]!r} is not a full 40-character commit SHA"))
             return 2
         try:
             wheel = download(index, commit, folder / side.lower())
         except subprocess.TimeoutExpired:
             wheel = None
         if wheel is None:
-            print(f"::notice::no vLLM wheel of {commit[:12]} ({side.lower()}) at {index}/{commit}/: that side runs "
-                  "its checkout's Python over the installed release, where the release is built from the same "
-                  "compiled sources")
+            print(workflow_command("notice", f"no vLLM wheel of {commit[:12]} ({side.lower()}) at {index}/{commit}/: "
+                                             "that side runs its checkout's Python over the installed release, where "
+                                             "the release is built from the same compiled sources"))
             continue
         print(f"vLLM wheel of {commit[:12]} ({side.lower()}): {wheel.name}")
         lines.append(f"KVGATE_VLLM_{side}_WHEEL={wheel}\n")

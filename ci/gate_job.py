@@ -43,8 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
 import ci_facts
 import pr_comment
+from ci_facts import workflow_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -367,17 +369,18 @@ def run(environ: Mapping[str, str]) -> int:
     for name in assembly.cells:
         stages = stages_of.get(name.removesuffix(BASE_SUFFIX), CELL_STAGES)
         for stage in mark_unreported_stages(run_dir / name, stages, unreported_reason(cells_result)):
-            print(f"::error title={name}::its {stage} stage never reported; the gate fails it", flush=True)
+            print(workflow_command("error", f"its {stage} stage never reported; the gate fails it", title=name),
+                  flush=True)
     present = {name.removesuffix(BASE_SUFFIX) for name in assembly.cells}
     for entry in planned:
         if entry["cell"] not in present and isinstance(entry.get("held_back"), str):  # the plan's GPU budget
-            print(f"::error title={entry['cell']}::{entry['held_back'][:300]}; the gate fails it as missing",
-                  flush=True)
+            print(workflow_command("error", f"{entry['held_back'][:300]}; the gate fails it as missing",
+                                   title=entry["cell"]), flush=True)
         elif entry["cell"] not in present:
-            print(f"::error title={entry['cell']}::no results from its job (cells job result: "
-                  f"{cells_result or 'unknown'}); the gate fails it as missing", flush=True)
-    for problem in assembly.problems:
-        print(f"::warning::{problem}", flush=True)
+            print(workflow_command("error", f"no results from its job (cells job result: {cells_result or 'unknown'}); "
+                                            "the gate fails it as missing", title=entry["cell"]), flush=True)
+    for problem in assembly.problems:  # they quote the artifacts' files: escaped, a value cannot issue a command
+        print(workflow_command("warning", problem), flush=True)
 
     (run_dir / "run.json").write_text(json.dumps(merged_run_info(assembly, environ, sides), indent=2) + "\n",
                                       encoding="utf-8")

@@ -29,8 +29,9 @@ otherwise) on self-hosted runners, so main's baseline never runs where a pull re
 GPU-minutes: every GPU cell's minutes are estimated before anything runs, as an upper bound (its planned stages'
 timeouts from matrix/workloads.toml, times the sides of an A/B run, or the cells job's timeout-minutes where that is
 less); a stage whose minutes were measured for the cell's workload on its arch (workloads.toml measured_minutes)
-counts those instead, and the figure says which it is. The GPU cells run only when asked for (KVGATE_GPU=true: the workflows set it on main's own runs and
-for a pull request that carries the label `kvgate-gpu`), and only as many as the cap allows
+counts those instead, and the figure says which it is. The GPU cells run only when asked for (KVGATE_GPU=true: the
+workflows set it on main's own runs and for a pull request when a maintainer adds the label `kvgate-gpu`, never on
+a push), and only as many as the cap allows
 (KVGATE_GPU_MINUTES_CAP, the repository variable; empty: no cap). A planned cell held back either way is never
 dropped: it stays in `planned` with its reason (`held_back`), the plan and the step summary name it, and the gate,
 which requires every planned cell, fails it as not run. CPU cells always run and count no GPU-minutes.
@@ -180,8 +181,9 @@ def apply_gpu_budget(matrix: dict[str, list[dict[str, object]]], timeouts_of: Ma
         minutes, _ = out.minutes[cell] = gpu_minutes(entry, timeouts_of.get(cell, {}), budget,
                                                      (measured_of or {}).get(cell))
         if not budget.triggered:
-            reason = (f"not run: the GPU cells run on a pull request only when it carries the label `{GPU_LABEL}` "
-                      "(add it to run them)")
+            reason = (f"not run: the GPU cells run on a pull request only when a maintainer adds the label "
+                      f"`{GPU_LABEL}` (add it, or add it again after a push took it away, to run them for the pull "
+                      "request's commit)")
         elif budget.cap_minutes is not None and total + minutes > budget.cap_minutes:
             reason = (f"not run: over the GPU-minutes cap (KVGATE_GPU_MINUTES_CAP = {budget.cap_minutes:g}): "
                       f"{total:g} planned before it, {minutes:g} for it")

@@ -6,10 +6,12 @@
 The artifact was written by a workflow that ran the pull request's code, so anything in it may be hostile.
 It is read, never executed: files are read with a size cap and decoded leniently (invalid UTF-8 becomes U+FFFD),
 JSON nested too deep is refused, the pull request number must be a positive integer and the artifact's head
-commit must be this run's. The report is made inert: control and bidi characters dropped; HTML and character
-references escaped except a few inert tags; every `@` before a name character broken (code spans, unclosed
-backticks and `é@user` included), so nobody is pinged; issue references (`#12`, `owner/repo#12`, `GH-12`) and
-links to other repositories on github.com defanged, so no other issue or pull request gets a backlink. The body
+commit must be this run's. The report is made inert by parsing it (ci/inert_markdown.py: markdown-it-py, CommonMark
+with GFM's tables, never a pattern over the source) and writing it out again: control and bidi characters dropped;
+raw HTML kept only as a few inert tags; images reduced to their text; links kept only into this run's repository (the
+address's `..` resolved first); every `@` before a name character broken, so nobody is pinged; issue references
+(`#12`, `owner/repo#12`, `GH-12`) broken and autolinks (`https://`, `www.`) out of the repository defanged, so no
+other issue or pull request gets a backlink. The body
 is fitted to a comment by folding, never by cutting a table: the report's `<details>` blocks, largest first, each
 become one line naming what was folded (the step summary and the artifact keep the whole report), then whole
 paragraphs from the end go. The heading says "passed" only when the run concluded success AND the artifact's
@@ -34,6 +36,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+
 MARKER = "<!-- kvgate-gate-report -->"
 # GitHub refuses comment bodies over 65,536 characters.
 BODY_LIMIT = 60_000
@@ -45,29 +49,10 @@ VERDICT_READ_LIMIT = 16 * 1024 * 1024
 CONCLUSIONS = {"success": "passed", "failure": "failed", "cancelled": "was cancelled", "timed_out": "timed out",
                "skipped": "was skipped", "neutral": "is neutral", "action_required": "needs approval",
                "stale": "is stale", "startup_failure": "failed to start"}
-ALLOWED_TAGS = re.compile(r"</?(?:details|summary|sub|sup|b|i|code|br)\s*/?>", re.IGNORECASE)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-# A character reference (`&#64;`, `&#x40;`, `&commat;`) becomes a character after Markdown; escape its `&`.
-CHARACTER_REFERENCE = re.compile(r"&(?=[#A-Za-z])")
-# GitHub links a mention wherever `@` is followed by a name character, whatever stands before it (a letter
-# such as é, a backtick never closed); so every such `@` (and the full-width one) gets a word joiner after it.
-MENTION = re.compile(r"[@\uff20](?=[A-Za-z0-9_-])")
-# `#12`, `owner/repo#12` and `GH-12` are issue references; a word joiner after `#` / `GH-` breaks each.
-ISSUE_REFERENCE = re.compile(r"(#|\b[Gg][Hh]-)(?=[0-9])")
-# A link to github.com names a repository: one other than this run's gets its host defanged (github[.]com).
-GITHUB_URL = re.compile(r"(?<![\w.-])((?:www\.)?github)\.(com)(/([A-Za-z0-9][A-Za-z0-9-]*)/([A-Za-z0-9._-]+))?",
-                        re.IGNORECASE)
-WORD_JOINER = "\u2060"
 SHA = re.compile(r"[0-9a-f]{40}")
 RUN_URL = re.compile(r"https://[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/actions/runs/[0-9]+(?:/attempts/[0-9]+)?")
 REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
-# Images load from anywhere (a tracking pixel); links may point anywhere: a comment keeps only links into this run's
-# own repository, and the text of every other link or image.
-IMAGE = re.compile(r"!\[([^\]\n]*)\]\([^)\n]*\)")
-LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\n]*)\)")
-REFERENCE_DEFINITION = re.compile(r"(?m)^[ \t]{0,3}\[[^\]\n]+\]:[ \t]*\S.*$")
-REFERENCE_LINK = re.compile(r"\[([^\]\n]+)\]\[[^\]\n]*\]")
-SCHEME = re.compile(r"\b(https?|ftp|file|mailto|data|javascript)(:)(?=//|[A-Za-z0-9])", re.IGNORECASE)
 
 
 VERDICT_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "schemas" / "verdict.schema.json"
@@ -168,67 +153,14 @@ def pull_request_number(text: str, head_sha: str) -> int:
     return number
 
 
-def _escape_html(text: str) -> str:
-    out, last = [], 0
-    for match in ALLOWED_TAGS.finditer(text):
-        out.append(text[last:match.start()].replace("<", "&lt;"))
-        out.append(match.group(0))
-        last = match.end()
-    out.append(text[last:].replace("<", "&lt;"))
-    return "".join(out)
-
-
-def _defang_github_url(match: re.Match[str], repository: str) -> str:
-    if match.group(3) and repository and f"{match.group(4)}/{match.group(5)}".lower() == repository.lower():
-        return match.group(0)
-    return f"{match.group(1)}[.]{match.group(2)}{match.group(3) or ''}"
-
-
 def sanitise(markdown: str, repository: str = "") -> str:
-    """Markdown from the artifact, made inert: no control or bidi characters, no raw HTML, no pings, no backlinks,
-    no images, and no links but into this run's own repository.
+    """Markdown from the artifact, made inert by ci/inert_markdown.py: parsed with a real CommonMark/GFM parser
+    (markdown-it-py) and written out again from its tokens, so that no raw HTML but a few inert tags, no image, no
+    ping, no backlink and no link but into this run's own repository (`repository`, owner/repo; `..` resolved first)
+    survives."""
+    import inert_markdown  # markdown-it-py: ci/requirements-core.txt (the gate job imports this file without it)
 
-    `repository` (owner/repo) is this run's: links to it stay links; any other link or image keeps only its text
-    (root-relative and external ones included), bare URLs are no longer links, and other repositories' github.com
-    addresses are defanged.
-    """
-    text = CONTROL.sub("", markdown.replace("\r\n", "\n").replace("\r", "\n"))
-    text = CHARACTER_REFERENCE.sub("&amp;", text)
-    text = _escape_html(text)
-    text = MENTION.sub(lambda m: m.group(0) + WORD_JOINER, text)
-    text = ISSUE_REFERENCE.sub(lambda m: m.group(0) + WORD_JOINER, text)
-    text, kept = _drop_links(text, repository)
-    text = SCHEME.sub(lambda m: f"{m.group(1)}[:]", text)  # a bare URL is not auto-linked any more
-    text = GITHUB_URL.sub(lambda m: _defang_github_url(m, repository), text)
-    for index, link in enumerate(kept):
-        text = text.replace(f"\0link{index}\0", link)
-    return text
-
-
-def _drop_links(text: str, repository: str) -> tuple[str, list[str]]:
-    """Images become their alt text; links, their text, unless they point into this run's repository on
-    github.com (kept whole, set aside so the later passes leave them be); reference definitions go."""
-    kept: list[str] = []
-    own = f"https://github.com/{repository}/".lower() if repository else None
-    text = IMAGE.sub(lambda m: m.group(1), text)
-    text = REFERENCE_DEFINITION.sub("", text)
-    text = REFERENCE_LINK.sub(lambda m: m.group(1), text)
-
-    def link(match: re.Match[str]) -> str:
-        url = match.group(2)
-        if own and url.lower().startswith(own) and not re.search(r"[\s<>\"'&]", url):
-            kept.append(f"[{match.group(1)}]({url})")
-            return f"\0link{len(kept) - 1}\0"
-        return match.group(1)
-
-    text = LINK.sub(link, text)
-    if own:
-        def bare(match: re.Match[str]) -> str:
-            kept.append(match.group(0))
-            return f"\0link{len(kept) - 1}\0"
-
-        text = re.sub(re.escape(own.rstrip("/")) + r"/[^\s)<>\]\0]*", bare, text, flags=re.IGNORECASE)
-    return text, kept
+    return inert_markdown.sanitise(markdown, repository)
 
 
 def fit(text: str, limit: int, folded: str, note: str) -> str:

@@ -7,6 +7,7 @@ nesting under a model-name folder, one sample line per document and filter), wit
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -19,7 +20,11 @@ from typing import Any
 import numpy as np
 from junitparser import Failure, JUnitXml, TestCase, TestSuite
 
-from kvgate.matrix.cells import cell_id
+from kvgate.gate import question_plan
+from kvgate.gate.policy import Policy
+from kvgate.gate.policy import load as load_policy
+from kvgate.matrix.cells import Matrix, cell_id
+from kvgate.matrix.cells import load as load_matrix
 
 SEED_MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
 GSM8K_FILTERS = ("strict-match", "flexible-extract")
@@ -41,25 +46,63 @@ def paired_outcomes(n: int, *, reference_correct: int, only_reference: int, only
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def write_cell(run_dir: Path, *, backend: str, kv_cache_dtype: str, arch: str, model: str = SEED_MODEL,
-               task: str = "gsm8k", folder: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+@functools.cache
+def shipped_matrix() -> Matrix:
+    return load_matrix()
+
+
+@functools.cache
+def shipped_policy() -> Policy:
+    return load_policy(matrix=shipped_matrix())
+
+
+def write_cell(run_dir: Path, *, backend: str, kv_cache_dtype: str, arch: str, model: str | None = None,
+               task: str | None = None, folder: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+    """cell.json as kvgate's runners write it for the shipped matrix's cell (model, task, workload, the FP8 cell's
+    k/v scale settings: what the gate holds a folder to); `model`, `task` and `extra` write something else. A cell
+    the matrix does not have gets the model and task of its backend on its arch, else SEED_MODEL on gsm8k."""
     cell_dir = Path(run_dir) / (folder or cell_id(backend, kv_cache_dtype, arch))
     cell_dir.mkdir(parents=True, exist_ok=True)
-    record = {"contract_version": 1, "backend": backend, "kv_cache_dtype": kv_cache_dtype, "arch": arch,
-              "model": model, "task": task, "cell_id": cell_id(backend, kv_cache_dtype, arch), **(extra or {})}
+    cells = shipped_matrix().cells
+    declared = next((c for c in cells if c.id == cell_id(backend, kv_cache_dtype, arch)), None)
+    sibling = next((c for c in cells if (c.backend, c.arch) == (backend, arch)), None)  # another dtype of the cell
+    record = {"contract_version": 1, **(declared.as_record() if declared is not None else
+                                        {"backend": backend, "kv_cache_dtype": kv_cache_dtype, "arch": arch,
+                                         "model": sibling.model if sibling else SEED_MODEL,
+                                         "task": str(sibling.workload.gsm8k["task"]) if sibling else "gsm8k",
+                                         "cell_id": cell_id(backend, kv_cache_dtype, arch)})}
+    record.update({key: value for key, value in (("model", model), ("task", task)) if value is not None})
+    record.update(extra or {})
     (cell_dir / "cell.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return cell_dir
 
 
-def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, task: str = "gsm8k",
-                   model: str = SEED_MODEL, samples: bool = True, prompt_chars: int = 400,
+def matrix_cell(record: Mapping[str, Any]) -> Any:
+    """The shipped matrix's cell a cell.json names (None when it names none of them)."""
+    wanted = cell_id(str(record.get("backend", "")), str(record.get("kv_cache_dtype", "")), str(record.get("arch", "")))
+    return next((c for c in shipped_matrix().cells if c.id == wanted), None)
+
+
+def cell_record(cell_dir: Path) -> dict[str, Any]:
+    path = Path(cell_dir) / "cell.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, task: str | None = None,
+                   model: str | None = None, samples: bool = True, prompt_chars: int = 400,
                    prompt_salt: str = "", stamp: str = "2026-11-30T10-00-00.000000",
                    question_ids: Sequence[int] | None = None, without_doc_hash: Collection[int] = ()) -> Path:
     """accuracy/<model folder>/results_<stamp>.json (+ samples_<task>_<stamp>.jsonl) from outcomes per filter.
 
     question_ids: which questions the outcomes belong to, in the order asked (default 0 .. n-1): the question
     decides doc_hash and the prompt, the position doc_id (lm-eval numbers the documents it was given).
-    without_doc_hash: questions whose records carry no doc_hash (readers then key them by doc_id)."""
+    without_doc_hash: questions whose records carry no doc_hash (readers then key them by doc_id).
+    task and model: the cell.json's (else gsm8k, SEED_MODEL)."""
+    record = cell_record(cell_dir)
+    task = task or str(record.get("task", "gsm8k"))
+    model = model or str(record.get("model", SEED_MODEL))
+    declared = matrix_cell(record)
+    shots = int(declared.workload.gsm8k["num_fewshot"]) if declared is not None else 5
     folder = Path(cell_dir) / "accuracy" / model.replace("/", "__")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(next(iter(outcomes.values())))
@@ -70,7 +113,7 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
         block[f"exact_match_stderr,{name}"] = (mean * (1 - mean) / (n - 1)) ** 0.5
     results = {
         "results": {task: block}, "group_subtasks": {task: []}, "configs": {task: {"task": task}},
-        "versions": {task: 3.0}, "n-shot": {task: 5}, "higher_is_better": {task: {"exact_match": True}},
+        "versions": {task: 3.0}, "n-shot": {task: shots}, "higher_is_better": {task: {"exact_match": True}},
         "n-samples": {task: {"original": n, "effective": n}},
         "config": {"model": "vllm", "model_args": {"pretrained": model}, "batch_size": "auto", "limit": None},
         "lm_eval_version": "0.4.13", "model_name": model, "model_name_sanitized": model.replace("/", "__"),
@@ -104,9 +147,13 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
     return folder
 
 
-def write_throughput(cell_dir: Path, requests_per_second: Sequence[float], *, num_requests: int = 100,
+def write_throughput(cell_dir: Path, requests_per_second: Sequence[float], *, num_requests: int | None = None,
                      input_len: int = 8192, output_len: int = 1024) -> Path:
-    """throughput/repeat-N.json and .log, as `vllm bench throughput --output-json` and its stdout."""
+    """throughput/repeat-N.json and .log, as `vllm bench throughput --output-json` and its stdout; num_requests: the
+    matrix's num_prompts for the cell (else 100)."""
+    if num_requests is None:
+        declared = matrix_cell(cell_record(cell_dir))
+        num_requests = int(declared.workload.throughput.get("num_prompts", 100)) if declared is not None else 100
     folder = Path(cell_dir) / "throughput"
     folder.mkdir(parents=True, exist_ok=True)
     for index, rps in enumerate(requests_per_second, start=1):
@@ -158,31 +205,46 @@ SEED_N = 1319
 SEED_COUNTS = {"strict-match": (850, 78, 54), "flexible-extract": (860, 69, 51)}  # (auto right, only auto, only fp8)
 
 
+def planned_questions(backend: str, kv_cache_dtype: str, arch: str) -> int:
+    """The questions the shipped policy plans for the matrix's cell of a compared run (an A/B run, a gate that
+    requires a baseline): what the gate holds such a run to (kvgate.gate.question_plan)."""
+    cell = next(c for c in shipped_matrix().cells if c.id == cell_id(backend, kv_cache_dtype, arch))
+    return question_plan.plan(shipped_policy(), arch=arch, task=str(cell.workload.gsm8k["task"]), model=cell.model,
+                              ab=True).questions
+
+
 def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, samples: bool = True,
                    backend: str = "FLASHINFER_MLA", arch: str = "sm100", probes: bool = False,
-                   contract: str | None = None) -> Path:
-    """The seed PR's case: auto vs fp8 on gsm8k (n=1319) and 3.22 -> 3.55 req/s, one cell each.
+                   contract: str | None = None, n: int = SEED_N) -> Path:
+    """The seed PR's case: auto vs fp8 on gsm8k (n=1319) and 3.22 -> 3.55 req/s (medians of 7 repeats), one cell each.
 
     fp8_drop_points, when given, replaces the FP8 figures by a drop of about that many points on both filters.
     probes: also the probe stage a real cell job writes with its accuracy stage (agreeing logprobs).
     contract: the cell.json contract_version (default 1); from "1.4" on, status.json holds what a runner of that
     contract records (the FP8 cell's KV cache evidence).
+    n: the questions (default the seed's 1319, all of lm-eval's gsm8k; the counts scale with it): a run compared under
+    --require-baseline needs planned_questions() of the matrix's cell.
     """
     run_dir = Path(run_dir)
-    for dtype, rps in (("auto", (3.21, 3.22, 3.24)), ("fp8", (3.53, 3.55, 3.56))):
+    # the policy's 7 repeats a cell (throughput.rounds: what --require-baseline holds a run to)
+    for dtype, rps in (("auto", (3.21, 3.22, 3.24, 3.22, 3.21, 3.23, 3.22)),
+                       ("fp8", (3.53, 3.55, 3.56, 3.55, 3.54, 3.56, 3.55))):
         cell = write_cell(run_dir, backend=backend, kv_cache_dtype=dtype, arch=arch,
                           extra={"contract_version": contract} if contract else None)
         if contract and contract != "1" and tuple(map(int, contract.split("."))) >= (1, 4):
             evidence = {"element_bytes": [1 if dtype == "fp8" else 2],
                         "layer_kv_cache_dtypes": [dtype], "tokens": 200_000 if dtype == "fp8" else 100_000}
+            if tuple(map(int, contract.split("."))) >= (1, 9):  # DeepSeek-V2-Lite: 27 MLA layers of 576 a token
+                evidence["bytes_per_token"] = 27 * 576 * (1 if dtype == "fp8" else 2)
             write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}})
         outcomes = {}
-        for index, (name, (auto_right, only_auto, only_fp8)) in enumerate(SEED_COUNTS.items()):
+        for index, (name, counts) in enumerate(SEED_COUNTS.items()):
+            auto_right, only_auto, only_fp8 = (round(count * n / SEED_N) for count in counts)
             if fp8_drop_points is not None:
-                drop = round(fp8_drop_points / 100 * SEED_N)
-                only_fp8 = 30
+                drop = round(fp8_drop_points / 100 * n)
+                only_fp8 = round(30 * n / SEED_N)
                 only_auto = drop + only_fp8
-            auto, fp8 = paired_outcomes(SEED_N, reference_correct=auto_right, only_reference=only_auto,
+            auto, fp8 = paired_outcomes(n, reference_correct=auto_right, only_reference=only_auto,
                                         only_candidate=only_fp8, seed=index)
             outcomes[name] = auto if dtype == "auto" else fp8
         write_accuracy(cell, outcomes, samples=samples)
@@ -324,11 +386,14 @@ def ab_run_axes(cells: int, backends: Sequence[str]) -> list[tuple[str, str, str
 
 def write_ab_run(run_dir: Path, axes: Sequence[tuple[str, str, str]], *, n: int = 200,
                  head_drop: Mapping[str, int] | None = None, slower: Mapping[str, float] | None = None,
-                 model: str = SEED_MODEL, right: int | None = None, seed: int = 0) -> Path:
-    """An A/B run of these cells (base and head side of each, contract 1.6): 2 filters on `n` questions, 3
-    interleaved throughput repeats, kernel tests, KV cache evidence. head_drop: cell id -> right answers the head
-    loses against its base; slower: cell id -> the head's throughput as a share of the base's; right: how many
-    questions every cell answers right (default: 60-80 % of them, drawn per backend and arch)."""
+                 model: str | None = None, right: int | None = None, seed: int = 0, rounds: int | None = None) -> Path:
+    """An A/B run of these cells (base and head side of each, contract 1.6): 2 filters on `n` questions, `rounds`
+    interleaved throughput repeats (default: the shipped policy's throughput.rounds), kernel tests, KV cache
+    evidence. head_drop: cell id -> right answers the head loses against its base; slower: cell id -> the head's
+    throughput as a share of the base's; right: how many questions every cell answers right (default: 60-80 % of
+    them, drawn per backend and arch); model: the matrix's for each cell unless given."""
+    if rounds is None:
+        rounds = shipped_policy().throughput.rounds
     run_dir = Path(run_dir)
     rng = random.Random(seed)
     rights: dict[tuple[str, str], int] = {}
@@ -344,14 +409,15 @@ def write_ab_run(run_dir: Path, axes: Sequence[tuple[str, str, str]], *, n: int 
             cell = write_cell(run_dir, backend=backend, kv_cache_dtype=dtype, arch=arch, model=model,
                               folder=identity if side == "head" else f"{identity}--base",
                               extra={"contract_version": "1.6", "side": side})
-            write_accuracy(cell, {name: correct for name in GSM8K_FILTERS}, model=model)
+            write_accuracy(cell, {name: correct for name in GSM8K_FILTERS})
             share = (slower or {}).get(identity, 1.0) if side == "head" else 1.0
-            write_throughput(cell, [rps * share * (1 + 0.004 * k) for k in (-1, 0, 1)])
+            write_throughput(cell, [rps * share * (1 + 0.004 * (k % 3 - 1)) for k in range(rounds)])
             write_kernels(cell)
             evidence = {"element_bytes": [1 if dtype != "auto" else 2], "layer_kv_cache_dtypes": [dtype],
                         "tokens": 200_000 if dtype != "auto" else 100_000}
             write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence},
-                                "throughput": {"status": "ok", "interleaved": {"rounds": 3}}})
+                                "throughput": {"status": "ok",
+                                               "interleaved": {"order": ["base", "head"], "rounds": rounds}}})
     return run_dir
 
 

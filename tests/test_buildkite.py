@@ -123,10 +123,15 @@ def test_every_planned_cell_has_one_step_on_its_arch_queue(capsys):
         assert step["agents"] == {"queue": queues[entry["arch"]]}
         assert step["env"]["KVGATE_SESSIONS"] == json.dumps(entry["sessions"])
         commands = "\n".join(step["commands"])
-        assert 'git worktree add --force --detach .kvgate-vllm-base "$$KVGATE_MERGE_BASE"' in commands
-        assert "python3 .kvgate/ci/fetch_vllm_wheels.py" in commands
-        assert "python3 .kvgate/ci/cell_job.py || status=$$?" in commands
-        assert step["commands"][-2:] == [f'buildkite-agent artifact upload "kvgate-cell-{entry["cell"]}/**/*"',
+        # in a folder of its own, made empty, never the change's checkout; Python isolated
+        assert step["commands"][:3] == ['checkout="$$PWD"', 'work="$$(mktemp -d)"', 'cd "$$work"']
+        assert 'git -C "$$checkout" worktree add --force --detach "$$work/vllm-base" "$$KVGATE_MERGE_BASE"' in commands
+        assert "python3 -I .kvgate/ci/fetch_vllm_wheels.py" in commands
+        assert f"mkdir kvgate-cell-{entry['cell']}\n" in commands  # the results folder starts empty
+        assert "python3 -I .kvgate/ci/cell_job.py || status=$$?" in commands
+        assert ".kvgate-venv/bin/python -I -m pip install" in commands and "python3 -m pip" not in commands
+        assert step["commands"][-3:] == [f'buildkite-agent artifact upload "kvgate-cell-{entry["cell"]}/**/*"',
+                                         'git -C "$$checkout" worktree remove --force "$$work/vllm-base" || true',
                                          'exit "$$status"']
 
 
@@ -142,7 +147,12 @@ def test_the_gate_judges_after_every_cell_even_a_failed_one_and_never_soft_fails
     assert json.loads(gate["env"]["PLANNED_MATRIX"]) == json.loads(out)  # what ci/gate_job.py requires, stages too
     assert gate["agents"] == {"queue": "small_cpu_queue_premerge"}
     commands = "\n".join(gate["commands"])
-    assert 'buildkite-agent artifact download "kvgate-cell-*" .kvgate-artifacts/' in commands
+    assert gate["commands"][:3] == ['checkout="$$PWD"', 'work="$$(mktemp -d)"', 'cd "$$work"']
+    # the artifact and run folders start empty: mkdir fails on one that is there (Buildkite runs with bash -e)
+    assert 'mkdir kvgate-artifacts kvgate-run\nbuildkite-agent artifact download "kvgate-cell-*" kvgate-artifacts/' \
+        in commands
+    assert 'ARTIFACTS_DIR="$$work/kvgate-artifacts" KVGATE_RUN_DIR="$$work/kvgate-run" python3 -I ' \
+           ".kvgate/ci/gate_job.py" in commands
     # the report folded to fit Buildkite's 1 MiB annotation (ci/gate_job.py writes it), the whole one an artifact
     assert 'buildkite-agent annotate --style "$$style" --context kvgate < kvgate-run/gate/annotation.md' in commands
     assert buildkite.ANNOTATION_FILE == gate_job.ANNOTATION_FILE
@@ -307,10 +317,10 @@ def test_the_readme_shows_the_step_file_kvgate_writes_and_the_three_lines_it_run
     assert shown == json.loads(out)
     three = text.split("**The three lines**", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
     commands = [c.replace("$$", "$") for c in shown["steps"][0]["commands"]]
-    assert three[0] == "MERGE_BASE=$(git merge-base FETCH_HEAD HEAD)" == commands[4]
+    assert three[0] == "MERGE_BASE=$(git merge-base FETCH_HEAD HEAD)" == commands[1]
     assert three[1].startswith("nox -f .kvgate/noxfile.py -s matrix -- --format buildkite --vllm-git")
-    assert re.findall(r"--arch (\S+)", three[1]) == re.findall(r"--arch (\S+)", commands[5])
-    assert three[2] == commands[6] == "buildkite-agent pipeline upload kvgate-pipeline.json"
+    assert re.findall(r"--arch (\S+)", three[1]) == re.findall(r"--arch (\S+)", commands[-2])
+    assert three[2] == commands[-1] == "buildkite-agent pipeline upload kvgate-pipeline.json"
 
 
 # ------------------------------------------------------------------------------ run.json and the annotation
@@ -370,3 +380,62 @@ def test_the_annotation_of_a_report_too_long_folds_it_to_fit_and_keeps_every_tab
     assert folded.splitlines()[0] == report.splitlines()[0]  # the headline, then the grid
     assert "| **sm80** |" in folded and not table_rows_are_whole(folded)
     assert "folded to fit the annotation; see kvgate-run/gate/report.md in this build's artifacts" in folded
+
+
+# ------------------------------------------------------------------------------ strings from a change
+
+def buildkite_interpolated(text: str, environ: dict[str, str]) -> str:
+    """What `buildkite-agent pipeline upload` makes of a string (Buildkite's "environment variable substitution":
+    `$$` and `\\$` are a `$`; `$VAR`, `${VAR}` and `${VAR:-default}` take the variable's value, else empty or the
+    default)."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i) or text.startswith("\\$", i):
+            out.append("$")
+            i += 2
+        elif text[i] == "$" and text[i + 1:i + 2] == "{":
+            end = text.index("}", i)
+            name, _, default = text[i + 2:end].partition(":-")
+            out.append(environ.get(name, default))
+            i = end + 1
+        elif text[i] == "$" and re.match(r"[A-Za-z_]", text[i + 1:i + 2] or " "):
+            name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[i + 1:]).group(0)
+            out.append(environ.get(name, ""))
+            i += 1 + len(name)
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def test_attack_a_changed_path_with_an_interpolation_reaches_the_gate_unchanged(capsys, tmp_path, validator):
+    """A path of the change is data: Buildkite interpolates `${...}` at upload, so every `$` from a change is `$$` in
+    the pipeline, and the gate job reads the path the change named, never an agent's secret."""
+    hostile = "csrc/${BUILDKITE_AGENT_ACCESS_TOKEN}/$HOME/x.cu"
+    changed = tmp_path / "changed.txt"
+    changed.write_text(hostile + "\n", encoding="utf-8")
+    document = emit(capsys, "--changed-files", str(changed), "--arch", "sm100")
+    assert schema_errors(validator, document) == []
+    gate = command_steps(document)[-1]
+    assert "$${BUILDKITE_AGENT_ACCESS_TOKEN}/$$HOME" in gate["env"]["PLANNED_MATRIX"]
+    agent = {"BUILDKITE_AGENT_ACCESS_TOKEN": "secret-token", "HOME": "/root"}
+    planned = json.loads(buildkite_interpolated(gate["env"]["PLANNED_MATRIX"], agent))
+    assert {entry["selected_by"] for entry in planned["include"]} == {hostile}
+    for step in command_steps(document):  # nothing else of the pipeline turns into an agent's variable either
+        for value in [*step.get("env", {}).values(), *step["commands"], step["label"]]:
+            assert "secret-token" not in buildkite_interpolated(value, agent)
+
+
+def test_the_emitted_pipeline_is_validated_against_the_shipped_schema_before_it_is_printed(monkeypatch, capsys):
+    """kvgate matrix --format buildkite checks its own output against ci/buildkite/schema (shipped in the package as
+    kvgate/matrix/buildkite_schema.json): a pipeline Buildkite would refuse is one ERROR line and no output."""
+    from kvgate.cli import matrix_command
+
+    assert matrix_command.BUILDKITE_SCHEMA.read_bytes() == SCHEMA.read_bytes()
+    real = buildkite.pipeline
+    monkeypatch.setattr(buildkite, "pipeline", lambda *a, **k: {**real(*a, **k), "steps": "not a list"})
+    code, out, err = run_cli(capsys, "matrix", "--format", "buildkite", *RUN, "--vllm-base", MERGE_BASE,
+                             "--arch", "sm100")
+    assert (code, out) == (2, "")
+    assert err.startswith("ERROR kvgate matrix --format buildkite: the pipeline breaks Buildkite's schema: ") \
+        and err.count("\n") == 1

@@ -165,7 +165,7 @@ def _cpu_pair(tmp_path: Path, matrix: kvmatrix.Matrix, *, fp8_scales: dict | Non
     for dtype in ("auto", "fp8"):
         extra = {"contract_version": "1.7", "workload": "tiny-llama"}
         if dtype == "fp8":
-            extra.update(calculate_kv_scales=False, **({"checkpoint_kv_scales": True} if declared else {}))
+            extra.update(calculate_kv_scales=False, checkpoint_kv_scales=declared)
         folder = synthetic_run.write_cell(run, backend="CPU_ATTN", kv_cache_dtype=dtype, arch="cpu",
                                           model="kvgate:tiny-llama", task="kvgate_gsm8k_local", extra=extra)
         synthetic_run.write_accuracy(folder, outcomes, task="kvgate_gsm8k_local", model="kvgate:tiny-llama")
@@ -206,6 +206,8 @@ def test_checkpoint_scales_that_never_reached_the_layers_fail(tmp_path, real_mat
 
 
 def test_a_cell_that_loads_no_checkpoint_scales_is_not_asked_for_them(tmp_path, real_matrix):
+    """The check itself, given a cell that loads none (what the trusted side holds cell.json to is
+    tests/test_trusted_side.py's)."""
     check = _fp8_kv_cache(_cpu_pair(tmp_path, real_matrix, fp8_scales={"k_scales": [1.0], "v_scales": [1.0]},
                                     declared=False), real_matrix)
     assert check.status == "pass" and "scales" not in check.detail and check.figures["k_scales"] == [1.0]

@@ -43,7 +43,9 @@ def planned_matrix(changed: list[str]) -> str:
 def seed_cells(tmp_path: Path) -> Path:
     """The seed case's FLASHINFER_MLA cells (auto, fp8), which is what a FLASHINFER_MLA change plans."""
     run = tmp_path / "seed"
-    synthetic_run.write_seed_run(run, probes=True, contract="1.6")  # every stage the plan plans, as its job runs them
+    # every stage the plan plans, as its job runs them, with the questions the policy plans for these cells
+    synthetic_run.write_seed_run(run, probes=True, contract="1.6",
+                                 n=synthetic_run.planned_questions("FLASHINFER_MLA", "fp8", "sm100"))
     return run
 
 
@@ -81,14 +83,23 @@ AUTO, LOST = SEED_CELLS
 
 
 def ab_layout(seed: Path, artifacts: Path, cells: list[str], base_lost: tuple[str, ...] = ()) -> None:
-    """Each cell's artifact holds its head folder and its base folder (`<id>--base`), as an A/B job writes."""
+    """Each cell's artifact holds its head folder and its base folder (`<id>--base`), as an A/B job writes: the two
+    sides' throughput repeats by turns (status.json throughput.interleaved)."""
     download_layout(seed, artifacts, cells)
     for cell in cells:
+        head = artifacts / f"kvgate-cell-{cell}" / cell
+        folders = [head]
         if cell not in base_lost:
             base = artifacts / f"kvgate-cell-{cell}" / f"{cell}--base"
             shutil.copytree(seed / cell, base)
             record = json.loads((base / "cell.json").read_text())
             (base / "cell.json").write_text(json.dumps({**record, "side": "base"}, indent=2))
+            folders.append(base)
+        for folder in folders:
+            status = json.loads((folder / "status.json").read_text())
+            rounds = len(list((folder / "throughput").glob("repeat-*.json")))
+            status["throughput"] = {"status": "ok", "interleaved": {"order": ["base", "head"], "rounds": rounds}}
+            (folder / "status.json").write_text(json.dumps(status))
 
 
 # ------------------------------------------------------------------------------------------------ planned = required

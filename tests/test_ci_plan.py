@@ -319,6 +319,18 @@ def test_cell_job_refuses_a_bad_environment(environ, message):
     assert str(error.value) == message
 
 
+def test_attack_the_cell_job_refuses_a_results_folder_that_is_not_empty(tmp_path):
+    """Its files are uploaded as the cell's results: a folder the change's checkout brought (made-up results) is not
+    one of them."""
+    planted = tmp_path / "kvgate-cell-x"
+    (planted / "x").mkdir(parents=True)
+    (planted / "x" / "cell.json").write_text("{}")
+    with pytest.raises(cell_job.CellJobError) as error:
+        cell_job.read_environment({"KVGATE_CELL": "x", "KVGATE_SESSIONS": '["cell(x)"]', "KVGATE_RUN_DIR": str(planted)})
+    assert str(error.value) == (f"$KVGATE_RUN_DIR: {str(planted)!r} holds files already; the results folder must start "
+                                "empty (its files are uploaded as this cell's results)")
+
+
 @pytest.mark.parametrize(("environ", "gpus", "expected"), [
     ({}, 0, None),
     ({}, 1, None),
@@ -425,6 +437,11 @@ def test_every_harness_pattern_has_a_code_owner():
     for pattern in ("**/conftest.py", "**/pytest.ini", "**/pyproject.toml", "**/tox.ini", "**/setup.cfg", "*.pth",
                     "**/sitecustomize.py", "**/usercustomize.py"):
         assert f"\n{pattern} " in codeowners, pattern
+    owned = [line.split()[0] for line in codeowners.splitlines() if line.strip() and not line.startswith("#")][1:]
+    for harness in plan.HARNESS_PATHS:  # what plans every cell has its owner named, not only the catch-all's
+        named = ("/" + harness[:-1] if harness.endswith("/*") else harness if harness == "*.pth"
+                 else "**/" + harness[1:] if harness.startswith("*") else "/" + harness)
+        assert any(named.startswith(pattern) for pattern in owned), harness  # /.github/workflows/ under /.github/
 
 
 # ------------------------------------------------------------------------------------------------ GPU budget
@@ -478,7 +495,8 @@ def test_without_the_trigger_every_gpu_cell_is_held_back_with_how_to_run_it():
     budgeted = plan.apply_gpu_budget({"include": [CPU_ENTRY, ENTRY]}, TIMEOUTS, budget)
     assert [e["cell"] for e in budgeted.run] == ["cpu_attn-fp8-cpu"]
     assert [e["held_back"] for e in budgeted.held] == [
-        "not run: the GPU cells run on a pull request only when it carries the label `kvgate-gpu` (add it to run them)"]
+        "not run: the GPU cells run on a pull request only when a maintainer adds the label `kvgate-gpu` (add it, or add "
+        "it again after a push took it away, to run them for the pull request's commit)"]
     assert plan.outputs({"include": [CPU_ENTRY, ENTRY]}, budgeted)["gpu-minutes"] == "0"
 
 

@@ -55,26 +55,27 @@ def test_a_report_becomes_a_comment_with_marker_and_conclusion(tmp_path):
 
 def test_html_is_escaped_except_inert_tags():
     text = '<details><summary>All</summary>\n<img src=x onerror=alert(1)><!-- kvgate-gate-report -->\n</details>'
-    assert pr_comment.sanitise(text) == ('<details><summary>All</summary>\n&lt;img src=x onerror=alert(1)>'
-                                         '&lt;!-- kvgate-gate-report -->\n</details>')
+    assert pr_comment.sanitise(text) == ('<details><summary>All</summary>\n&lt;img src=x onerror=alert(1)&gt;'
+                                         '&lt;!-- kvgate-gate-report --&gt;\n</details>\n')
 
 
 def test_mentions_do_not_ping_and_hidden_characters_are_dropped():
     text = "cc @octocat and @org/team, mail a@b.c\u202e\x07\x85\ufeff `@code`"
-    assert pr_comment.sanitise(text) == f"cc @{WJ}octocat and @{WJ}org/team, mail a@{WJ}b.c `@{WJ}code`"
+    assert pr_comment.sanitise(text) == f"cc @{WJ}octocat and @{WJ}org/team, mail a@{WJ}b.c `@{WJ}code`\n"
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("see `@octocat for details", f"see `@{WJ}octocat for details"),  # a backtick never closed: not code
+    ("see `@octocat for details", f"see \\`@{WJ}octocat for details"),  # a backtick never closed: not code
     ("café@octocat", f"café@{WJ}octocat"),  # after a non-ASCII letter
-    ("x@octocat_ @-dash @_under", f"x@{WJ}octocat_ @{WJ}-dash @{WJ}_under"),
+    ("x@octocat_ @-dash @_under", f"x@{WJ}octocat\\_ @{WJ}-dash @{WJ}\\_under"),
     ("\uff20octocat", f"\uff20{WJ}octocat"),  # the full-width at sign
     ("@\u200boctocat", f"@{WJ}octocat"),  # a zero-width space removed must not leave a mention behind
-    ("&#64;octocat &#x40;octocat &commat;octocat", f"&amp;#{WJ}64;octocat &amp;#x40;octocat &amp;commat;octocat"),
+    # character references are characters once parsed: each `@` they make is broken like any other
+    ("&#64;octocat &#x40;octocat &commat;octocat", f"@{WJ}octocat @{WJ}octocat @{WJ}octocat"),
     ("a @ b, 100@%, email@", "a @ b, 100@%, email@"),  # an @ before no name character pings nobody
 ])
 def test_attack_every_at_before_a_name_character_is_broken(text, expected):
-    assert pr_comment.sanitise(text) == expected
+    assert pr_comment.sanitise(text) == expected + "\n"
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -87,13 +88,22 @@ def test_attack_every_at_before_a_name_character_is_broken(text, expected):
      "(this repository)"),
     ("https://github.com/acme/kvgate-fork/issues/5", "https[:]//github[.]com/acme/kvgate-fork/issues/5"),
     ("api.github.com/repos/o/r and notgithub.com/o/r", "api.github.com/repos/o/r and notgithub.com/o/r"),
+    # `..` is resolved before the check: these name another repository
+    ("https://github.com/acme/kvgate/../../evil/repo/issues/1", "https[:]//github[.]com/acme/kvgate/../../evil/repo/"
+                                                                "issues/1"),
+    ("[x](https://github.com/acme/kvgate/../../evil/repo/issues/1)", "x"),
+    ("[x](https://github.com/acme/kvgate/%2e%2e/%2E%2E/evil/repo/pull/2)", "x"),
+    ("[x](https://github.com/acme/kvgate/..%5c..%5cevil/repo/pull/2)", "x"),
+    ("[x](https://github.com/acme/kvgate/docs/../README.md)", "[x](<https://github.com/acme/kvgate/README.md>)"),
+    ("[x](https://user:pw@github.com/acme/kvgate/issues/1)", "x"),
 ])
 def test_attack_cross_repository_references_are_escaped(text, expected):
-    assert pr_comment.sanitise(text, "acme/kvgate") == expected
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
 
 
 def test_without_a_repository_every_github_link_is_defanged():
-    assert pr_comment.sanitise("https://github.com/acme/kvgate/issues/5") == "https[:]//github[.]com/acme/kvgate/issues/5"
+    assert pr_comment.sanitise("https://github.com/acme/kvgate/issues/5") == \
+        "https[:]//github[.]com/acme/kvgate/issues/5\n"
 
 
 def test_a_huge_report_is_cut_under_the_comment_limit(tmp_path):
@@ -296,11 +306,67 @@ def test_an_unexpected_error_is_a_warning_not_a_traceback(tmp_path, monkeypatch,
     ("![pixel](https://evil.example/p.png?pr=1)", "pixel"),
     ("[the run](/acme/kvgate/actions/runs/5)", "the run"),  # root-relative: resolves on github.com, dropped
     ("[docs](https://evil.example/x)", "docs"),
-    ("[report](https://github.com/acme/kvgate/actions/runs/5)", "[report](https://github.com/acme/kvgate/actions/runs/5)"),
-    ("[ref][1]\n[1]: https://evil.example/x", "ref\n"),
+    ("[report](https://github.com/acme/kvgate/actions/runs/5)", "[report](<https://github.com/acme/kvgate/actions/runs/5>)"),
+    ("[ref][1]\n\n[1]: https://evil.example/x", "ref"),  # the definition goes with the link
     ("see https://evil.example/x now", "see https[:]//evil.example/x now"),
     ("javascript:alert(1)", "javascript[:]alert(1)"),
     ("[x](<https://evil.example/a b>)", "x"),
+    # issue 32's escapes: a link text with brackets, a `www.` autolink, an image in a link, an autolink in brackets
+    ("[a [b]](//host/x)", "a [b]"),
+    ("go to www.evil.example/x", "go to www[.]evil.example/x"),
+    ("[![i](https://evil.example/p.png)](https://evil.example/)", "i"),
+    ("<https://evil.example/x>", "https[:]//evil.example/x"),
+    ("mail@evil.example", f"mail@{WJ}evil.example"),
 ])
 def test_attack_images_and_links_out_of_the_repository_keep_only_their_text(text, expected):
-    assert pr_comment.sanitise(text, "acme/kvgate") == expected
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
+
+
+HOSTILE_MARKDOWN = [
+    "[a [b]](//host/x)", "[a [b [c]]](https://evil.example/)", "[a](//host/x \"t\") [b](<//host/y>)",
+    "www.evil.example and http://evil.example and https://evil.example/x?y=1#z", "![i](x) ![j][k]\n\n[k]: y",
+    "<a href=//evil.example>x</a> <img src=x> <svg onload=x> <details open>y</details>",
+    "[x](javascript:alert(1)) [y](data:text/html,x) [z](vbscript:x)", "<https://evil.example> <mailto:a@b.c>",
+    "| a | [b](//h) |\n|---|---|\n| ![c](//i) | <img src=//j> |", "> [q](//h)\n> ![r](//i)",
+    "- [l](//h)\n  - ![m](//i)\n1. www.n.example", "```\n[f](//h)\n```\n~~~ mermaid\nx\n~~~",
+    "[x]( //h ) [y](\\\\h) [z](%2F%2Fh)", "[x](https://github.com/acme/kvgate/../../e/r/issues/1)",
+    "&lt;img src=x&gt; &#60;img src=x&#62;", "*[x](//h)* **![y](//i)** ~~[z](//j)~~", "[x\n](//h)", "[\n]:\n//h",
+    "<details><summary>[s](//h)</summary>\n\n[t](//i)\n\n</details>", "<sub>[x](//h)</sub> <br> <b>y</b>",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_MARKDOWN)
+def test_attack_what_is_left_parses_as_inert_markdown(text):
+    """Parsed again as GitHub would, the comment holds no image, no link out of the repository and no raw HTML but
+    the inert tags, whatever the artifact held; and the text of every link and image is still there."""
+    import inert_markdown
+
+    out = pr_comment.sanitise(text, "acme/kvgate")
+    assert inert_markdown.inert_problem(out, "acme/kvgate") is None, out
+    assert not out.startswith("_(the report could not be shown safely"), out  # never needed the fallback
+
+
+def test_the_comment_job_renders_from_its_sparse_checkout_alone(tmp_path):
+    """kvgate-comment.yml checks out only the paths its sparse-checkout names, and runs the renderer isolated (-I):
+    those paths are all it needs."""
+    import shutil
+
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "kvgate-comment.yml").read_text())
+    checkout = next(s for s in workflow["jobs"]["comment"]["steps"] if s.get("uses", "").startswith("actions/checkout"))
+    sparse = tmp_path / "sparse"
+    for pattern in checkout["with"]["sparse-checkout"].split():
+        source = ROOT / pattern.strip("/")
+        target = sparse / pattern.strip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
+    folder = gate_artifact(tmp_path, "## kvgate gate: FAIL\n\n- @octocat [x](//evil.example)\n",
+                           verdict_json=verdict(False, failed=1))
+    env = {**os.environ, "GATE_DIR": str(folder), "COMMENT_FILE": str(tmp_path / "c.json"),
+           "GITHUB_OUTPUT": str(tmp_path / "out"), "HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "failure"}
+    result = subprocess.run([sys.executable, "-I", "ci/pr_comment.py"], cwd=sparse, env=env, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    body = json.loads((tmp_path / "c.json").read_text())["body"]
+    assert body.endswith(f"- @{WJ}octocat x\n\n")

@@ -160,8 +160,10 @@ def test_the_real_h200_fp8_cells_held_an_fp8_cache(h200_run, h200_matrix, tmp_pa
     ratios = {cell: round(c["figures"]["token_ratio"], 2) for cell, c in found.items() if cell in H200_TOKENS}
     assert ratios == {"flash_attn-fp8-sm90": 1.99, "flashinfer-fp8-sm90": 2.18, "flashmla-fp8-sm90": 2.0,
                       "triton_attn-fp8-sm90": 1.99, "triton_mla-fp8-sm90": 2.0}
-    assert found["triton_attn-fp8-sm90"]["detail"] == ("1-byte cache elements (uint8), 3,772,384 tokens = 1.99x the "
-                                                       "auto cell's, 6 layers built for fp8")
+    assert found["triton_attn-fp8-sm90"]["detail"] == "1-byte cache elements (uint8), 6 layers built for fp8"
+    # the size in tokens is what the free memory allowed: reported, never judged (contract 1.9)
+    assert "KV cache size 3,772,384 tokens = 1.99x the auto cell's (1,893,360): reported, not judged (the size is " \
+           "what the free memory at engine start allowed)" in found["triton_attn-fp8-sm90"]["notes"]
     # the e5m2 cells' accuracy stage failed before the engine was up: the accuracy checks fail them
     for cell in ("flashinfer-fp8_e5m2-sm90", "triton_attn-fp8_e5m2-sm90"):
         assert found[cell]["status"] == "not_run" and "accuracy stage is error" in found[cell]["detail"]
@@ -169,7 +171,7 @@ def test_the_real_h200_fp8_cells_held_an_fp8_cache(h200_run, h200_matrix, tmp_pa
     assert verdict["verdict_version"] == "1.6"
     assert verdict["policy"]["fp8_kv_cache_min_token_ratio"] == 1.5
     report = (out / "report.md").read_text()
-    assert "| `triton_attn-fp8-sm90` | fp8_kv_cache | 1-byte cache elements (uint8), 3,772,384 tokens = 1.99x" in report
+    assert "| `triton_attn-fp8-sm90` | fp8_kv_cache | 1-byte cache elements (uint8), 6 layers built for fp8" in report
     assert 'classname="kvgate.fp8_kv_cache"' in (out / "junit.xml").read_text()
     assert "fp8_kv_cache" in (out / "report.html").read_text()
 
@@ -178,18 +180,18 @@ def test_the_real_h200_fp8_cells_held_an_fp8_cache(h200_run, h200_matrix, tmp_pa
     ({"element_bytes": [2], "tensor_dtypes": ["bfloat16"], "layer_kv_cache_dtypes": ["auto"],
       "tokens": AUTO_TOKENS_TRITON},
      "2-byte cache elements (bfloat16): the fp8 KV cache setting was ignored; the attention layers' kv_cache_dtype "
-     "is auto, not an FP8 type; 1,893,360 tokens = 1.00x the auto cell's (1,893,360), below 1.5x (an FP8 cache "
-     "holds about 2x in the same memory)"),
+     "is auto, not an FP8 type"),
     ({"element_bytes": [2], "tensor_dtypes": ["bfloat16"]},
      "2-byte cache elements (bfloat16): the fp8 KV cache setting was ignored"),
-    ({"tokens": AUTO_TOKENS_TRITON},
-     "1,893,360 tokens = 1.00x the auto cell's (1,893,360), below 1.5x (an FP8 cache holds about 2x in the same "
-     "memory)"),
+    ({"bytes_per_token": 1536},  # the auto cell's (set below): the engine's KV cache spec laid out 2-byte tokens
+     "1,536 bytes a token in the KV cache spec against the auto cell's 1,536: 1.00x fewer, below 1.5x (an FP8 cache "
+     "takes about half the bytes)"),
     ({"element_bytes": [1, 2], "tensor_dtypes": ["bfloat16", "uint8"]},
      "1/2-byte cache elements (bfloat16, uint8): the fp8 KV cache setting was ignored"),
     ({"layer_kv_cache_dtypes": ["auto"]}, "the attention layers' kv_cache_dtype is auto, not an FP8 type"),
 ])
 def test_an_fp8_cell_whose_fp8_was_ignored_fails_named(h200_run, h200_matrix, tmp_path, capsys, edit, expected):
+    edit_status(h200_run / "triton_attn-auto-sm90", bytes_per_token=1536)
     edit_status(h200_run / "triton_attn-fp8-sm90", **edit)
     out = tmp_path / "out"
     assert gate_cli(h200_run, h200_matrix, out) == 1
@@ -211,13 +213,44 @@ def test_the_policy_sets_the_token_ratio(h200_unpacked, h200_matrix, tmp_path):
     policy = tmp_path / "policy.toml"
     policy.write_text((h200_matrix / "policy.toml").read_text() + "\n[kv_cache]\nfp8_min_token_ratio = 2.1\n")
     run = tmp_path / "run"
-    for backend in ("triton_attn", "flashinfer"):
+    for backend, fp8_bytes in (("triton_attn", 771.9), ("flashinfer", 704.6)):  # 1.99x and 2.18x fewer than 1536
         shutil.copytree(pair_run(h200_unpacked, tmp_path, backend), run, dirs_exist_ok=True)
+        edit_status(run / f"{backend}-auto-sm90", bytes_per_token=1536)
+        edit_status(run / f"{backend}-fp8-sm90", bytes_per_token=fp8_bytes)
     found = judge(run, h200_matrix, policy)
     assert found["flashinfer-fp8-sm90"].status == "pass"  # 2.18x
     assert found["triton_attn-fp8-sm90"].status == "fail"  # 1.99x
     assert "below 2.1x" in found["triton_attn-fp8-sm90"].detail
-    assert found["triton_attn-fp8-sm90"].threshold_text == "1-byte elements, an FP8 layer dtype, tokens ≥ 2.1x auto's"
+    assert found["triton_attn-fp8-sm90"].threshold_text == ("1-byte elements, an FP8 layer dtype, ≥ 2.1x auto's "
+                                                            "tokens a byte (KV cache spec)")
+
+
+def test_attack_a_shared_gpu_does_not_fail_an_unchanged_fp8_cell(h200_unpacked, h200_matrix, tmp_path):
+    """Two A/B runs on one H200: the FP8 engine started while another held the memory, so its cache held 0.12x the
+    auto cell's tokens. The layout decides (bytes per token from the engine's KV cache spec), never the size."""
+    run = pair_run(h200_unpacked, tmp_path)
+    edit_status(run / "triton_attn-auto-sm90", bytes_per_token=1536)
+    edit_status(run / "triton_attn-fp8-sm90", tokens=227_203, bytes_per_token=768)  # 0.12x auto's 1,893,360
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "pass", check.detail
+    assert check.detail == ("1-byte cache elements (uint8), 768 bytes a token in the KV cache spec, 2.00x fewer than "
+                            "the auto cell's 1,536, 6 layers built for fp8")
+    assert check.figures["bytes_ratio"] == 2.0 and round(check.figures["token_ratio"], 2) == 0.12
+    assert ("KV cache size 227,203 tokens = 0.12x the auto cell's (1,893,360): reported, not judged (the size is what "
+            "the free memory at engine start allowed)") in check.notes
+
+
+def test_a_cell_of_contract_1_9_must_record_its_bytes_per_token(h200_unpacked, h200_matrix, tmp_path):
+    run = pair_run(h200_unpacked, tmp_path)
+    set_contract(run, "1.9")
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "fail"
+    assert check.headline == ("accuracy.kv_cache records no bytes_per_token (the engine's KV cache spec; a writer of "
+                              "contract 1.9 records it)")
+    edit_status(run / "triton_attn-fp8-sm90", bytes_per_token=768)
+    check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
+    assert check.status == "pass"
+    assert check.notes[0] == "KV cache layout not compared with the auto cell's: the auto cell recorded no bytes_per_token"
 
 
 @pytest.mark.parametrize("value", ['"x"', "0", "-1", "true", "{}"])
@@ -381,9 +414,10 @@ def test_a_1_4_cell_with_only_a_size_and_nothing_to_compare_it_with_errors(h200_
     check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
     assert check.status == "error"
     assert check.headline == ("no evidence the KV cache was FP8: status.json accuracy.kv_cache has no element_bytes "
-                              "or layer_kv_cache_dtypes, and no KV cache size to compare with the auto cell's")
-    assert check.notes == ("KV cache size not compared with the auto cell's: the auto cell recorded no KV cache "
-                           "size",)
+                              "or layer_kv_cache_dtypes, and no bytes_per_token to compare with the auto cell's")
+    assert check.notes == ("KV cache layout not compared with the auto cell's: this cell recorded no bytes_per_token",
+                           "KV cache size 3,772,384 tokens: reported, not judged (the size is what the free memory at "
+                           "engine start allowed)")
 
 
 def test_a_1_4_cell_judged_on_partial_evidence(h200_unpacked, h200_matrix, tmp_path):
@@ -393,14 +427,16 @@ def test_a_1_4_cell_judged_on_partial_evidence(h200_unpacked, h200_matrix, tmp_p
     check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
     assert check.status == "pass"
     assert check.detail == "1-byte cache elements (uint8), 6 layers built for fp8"
-    assert check.notes == ("KV cache size not compared with the auto cell's: this cell recorded no KV cache size",)
-    set_kv_cache(run / "triton_attn-fp8-sm90", {"tokens": 3772384})  # the size alone, against auto's
+    assert check.notes == ("KV cache layout not compared with the auto cell's: this cell recorded no bytes_per_token",)
+    edit_status(run / "triton_attn-auto-sm90", bytes_per_token=1536)
+    set_kv_cache(run / "triton_attn-fp8-sm90", {"bytes_per_token": 768})  # the layout alone, against auto's
     check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
-    assert check.status == "pass" and check.detail == "3,772,384 tokens = 1.99x the auto cell's"
+    assert check.status == "pass" and check.detail == ("768 bytes a token in the KV cache spec, 2.00x fewer than the "
+                                                       "auto cell's 1,536")
 
 
 def test_a_1_4_cell_with_an_unreadable_minor_version_fails_closed(h200_unpacked, h200_matrix, tmp_path):
-    """A version the readers cannot place is against the schemas (contract 1.8): each cell saying it is that cell's
+    """A version the readers cannot place is against the schemas (contract 1.9): each cell saying it is that cell's
     error, never judged as some version; a run.json saying it makes the run unusable."""
     run = pair_run(h200_unpacked, tmp_path)
     set_contract(run, "1.x")
@@ -441,9 +477,10 @@ def test_no_auto_cell_the_layers_still_decide(h200_unpacked, h200_matrix, tmp_pa
     shutil.rmtree(run / "triton_attn-auto-sm90")
     check = judge(run, h200_matrix)["triton_attn-fp8-sm90"]
     assert check.status == "pass"
-    assert check.detail == "1-byte cache elements (uint8), 3,772,384 tokens, 6 layers built for fp8"
-    assert check.notes == ("KV cache size not compared with the auto cell's: no auto cell of the same backend, arch "
-                           "and model in this run",)
+    assert check.detail == "1-byte cache elements (uint8), 6 layers built for fp8"
+    assert check.notes == ("KV cache layout not compared with the auto cell's: no auto cell of the same backend, arch "
+                           "and model in this run", "KV cache size 3,772,384 tokens: reported, not judged (the size is "
+                           "what the free memory at engine start allowed)")
 
 
 # ---------------------------------------------------------------------------------------------- the CPU run (1.3)

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
-from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_status, write_throughput
+from synthetic_run import (
+    paired_outcomes,
+    planned_questions,
+    write_accuracy,
+    write_cell,
+    write_status,
+    write_throughput,
+)
 
 BACKEND, ARCH = "FLASHMLA", "sm90"
 AUTO, FP8 = "flashmla-auto-sm90", "flashmla-fp8-sm90"
@@ -30,13 +37,21 @@ def write_side(run: Path, dtype: str, side: str | None, correct: list[bool]) -> 
     return cell
 
 
-def outcomes(drop: int = 0, n: int = 1319) -> list[bool]:
-    """0.65 accuracy with 10 % of questions flipping against the reference; `drop` more lost."""
-    return paired_outcomes(n, reference_correct=857, only_reference=66 + drop, only_candidate=66, seed=1)[1]
+# the questions the policy plans for the matrix's flashmla cells of an A/B run (DeepSeek-V2-Lite, gsm8k test + train)
+N = planned_questions(BACKEND, "fp8", ARCH)
 
 
-def reference(n: int = 1319) -> list[bool]:
-    return paired_outcomes(n, reference_correct=857, only_reference=66, only_candidate=66, seed=1)[0]
+def outcomes(drop: int = 0, n: int = N) -> list[bool]:
+    """0.65 accuracy with 10 % of questions flipping against the reference; `drop` more lost (of 1319)."""
+    flips = round(0.05 * n)
+    return paired_outcomes(n, reference_correct=round(0.65 * n), only_reference=flips + round(drop * n / 1319),
+                           only_candidate=flips, seed=1)[1]
+
+
+def reference(n: int = N) -> list[bool]:
+    flips = round(0.05 * n)
+    return paired_outcomes(n, reference_correct=round(0.65 * n), only_reference=flips, only_candidate=flips,
+                           seed=1)[0]
 
 
 def ab_run(tmp_path: Path, *, head_fp8_drop: int = 0, base_cells=("auto", "fp8")) -> Path:
@@ -112,8 +127,8 @@ def test_the_same_cell_twice_on_one_side_is_a_duplicate(tmp_path, capsys):
     write_side(run, "fp8", "base", reference()).rename(run / "copy-of-fp8-base")
     write_side(run, "fp8", "base", reference())
     assert main(["gate", str(run)]) == 2
-    assert "duplicate cell flashmla-fp8-sm90 (model deepseek-ai/DeepSeek-V2-Lite-Chat, task gsm8k, base side)" in \
-        capsys.readouterr().err
+    assert ("duplicate cell flashmla-fp8-sm90 (model deepseek-ai/DeepSeek-V2-Lite-Chat, task kvgate_gsm8k_test_train, "
+            "base side)") in capsys.readouterr().err
 
 
 def one_sided_run(tmp_path: Path, planned: list[str]) -> Path:
@@ -157,10 +172,14 @@ def test_a_bad_expected_cells_file_is_one_error(tmp_path, capsys, text, message)
     assert capsys.readouterr().err.strip() == f"ERROR {plan}: {message}"
 
 
-def ab_throughput(tmp_path: Path, head_scale: float, *, interleaved: bool = True) -> Path:
-    """auto only, both sides, 7 repeats; the machine drifts over the rounds and both sides share the drift."""
+DRIFT = [1.00, 0.97, 1.03, 0.95, 1.05, 0.99, 1.01]
+
+
+def ab_throughput(tmp_path: Path, head_scale: float, *, interleaved: bool = True, drift: list[float] = DRIFT,
+                  rounds_said: int | None = None) -> Path:
+    """auto only, both sides, 7 repeats; the machine drifts over the rounds and both sides share the drift.
+    rounds_said: the rounds status.json claims (default: as many as there are)."""
     run = tmp_path / "run"
-    drift = [1.00, 0.97, 1.03, 0.95, 1.05, 0.99, 1.01]
     for side in ("base", "head"):
         cell = write_cell(run, backend=BACKEND, kv_cache_dtype="auto", arch=ARCH,
                           folder=AUTO if side == "head" else f"{AUTO}--base", extra={"side": side})
@@ -168,7 +187,7 @@ def ab_throughput(tmp_path: Path, head_scale: float, *, interleaved: bool = True
         write_throughput(cell, [3.2 * d * scale * (1.002 if i % 2 else 0.998) for i, d in enumerate(drift)])
         entry = {"status": "ok"}
         if interleaved:
-            entry["interleaved"] = {"order": ["base", "head"], "rounds": len(drift)}
+            entry["interleaved"] = {"order": ["base", "head"], "rounds": rounds_said or len(drift)}
         write_status(cell, {"throughput": entry})
     return run
 
@@ -201,11 +220,18 @@ def test_a_throughput_check_states_the_power_its_own_repeats_leave(tmp_path):
     assert check["figures"]["repeat_sd_log"] > 0.1 and check["figures"]["power_at_10_percent"] < 0.5
 
 
-def test_a_throughput_check_not_interleaved_states_the_power_the_run_to_run_sd_leaves(tmp_path):
-    """Runs not interleaved add the policy's run-to-run SD (3 %), which no number of repeats averages away: a 10 %
-    slowdown is caught at most ~15 % of the time (kvgate power), and the pass says so."""
-    run = ab_throughput(tmp_path, 1.0, interleaved=False)
-    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+def test_a_throughput_check_against_a_stored_baseline_states_the_power_the_run_to_run_sd_leaves(tmp_path):
+    """Runs not interleaved (a stored baseline) add the policy's run-to-run SD (3 %), which no number of repeats
+    averages away: a 10 % slowdown is caught at most ~15 % of the time (kvgate power), and the pass says so."""
+    both = ab_throughput(tmp_path, 1.0, interleaved=False)
+    run, baseline = tmp_path / "head", tmp_path / "stored"
+    for folder, side in ((run, AUTO), (baseline, f"{AUTO}--base")):
+        folder.mkdir()
+        (both / side).rename(folder / AUTO)
+        record = json.loads((folder / AUTO / "cell.json").read_text())
+        record.pop("side")
+        (folder / AUTO / "cell.json").write_text(json.dumps(record))
+    assert main(["gate", str(run), "--baseline", str(baseline), "--today", "2026-11-30"]) == 0
     check = checks(run, "throughput")[(AUTO, "requests_per_second")]
     assert check["status"] == "pass" and 0.05 < check["figures"]["power_at_10_percent"] < 0.16
     assert any(n.startswith("this run's repeats vary") and n.endswith("a pass is weak evidence (matrix/policy.toml "
@@ -228,3 +254,46 @@ def test_interleaved_ab_throughput_catches_a_ten_percent_slowdown_under_drift(tm
     run = ab_throughput(tmp_path / "slow", 0.90)
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
     assert checks(run, "throughput")[(AUTO, "requests_per_second")]["status"] == "fail"
+
+
+# ------------------------------------------------------------------------------------------------ the trusted design
+
+def test_attack_an_ab_run_not_interleaved_cannot_pick_the_unpaired_test(tmp_path, capsys):
+    """The A/B design is the policy's (interleaved rounds, paired): status.json without `interleaved` does not turn
+    it into the unpaired test, whose run-to-run SD would let a 12.5 % drop pass; the cell errors, named."""
+    run = ab_throughput(tmp_path, 0.875, interleaved=False)
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    refused = checks(run, "cell")[(AUTO, None)]
+    assert refused["status"] == "error"
+    assert f"{run}/{AUTO}/status.json throughput.interleaved is absent, but an A/B run's throughput runs both sides " \
+           "by turns in at least 7 rounds (matrix/policy.toml throughput.rounds)" in refused["detail"]
+    assert not checks(run, "throughput")  # nothing of the refused cell is judged
+    assert capsys.readouterr().out.startswith(f"❌ kvgate: 1 of 1 checks failed — {AUTO} cell disagrees with the "
+                                              "trusted side")
+
+
+@pytest.mark.parametrize(("rounds_said", "said"), [(None, "2"), (7, "7")])
+def test_attack_two_interleaved_rounds_do_not_pass_a_twelve_percent_drop(tmp_path, rounds_said, said):
+    """Two rounds, said as two or claimed as seven: fewer rounds than the policy's is the cell's error, naming
+    the field, what the folder says and the policy's number; never a pass of a 12.5 % drop."""
+    run = ab_throughput(tmp_path, 0.875, drift=[1.0, 1.0], rounds_said=rounds_said)
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    detail = checks(run, "cell")[(AUTO, None)]["detail"]
+    if said == "2":
+        assert f"{run}/{AUTO}--base/status.json throughput.interleaved.rounds is 2, but the policy needs at least 7 " \
+               "(matrix/policy.toml throughput.rounds)" in detail
+    assert f"{run}/{AUTO}/throughput: 2 rounds pair with the base side's repeats (repeat-N.json), but the policy " \
+           "needs at least 7 (matrix/policy.toml throughput.rounds)" in detail
+    assert not checks(run, "throughput")
+
+
+def test_under_require_baseline_a_stored_comparison_needs_the_policys_repeats(tmp_path):
+    run, stored = tmp_path / "run", tmp_path / "stored"
+    for folder in (run, stored):
+        cell = write_cell(folder, backend=BACKEND, kv_cache_dtype="auto", arch=ARCH)
+        write_throughput(cell, [3.2, 3.21, 3.19])
+    assert main(["gate", str(run), "--baseline", str(stored), "--require-baseline", "--today", "2026-11-30"]) == 1
+    assert checks(run, "cell")[(AUTO, None)]["detail"].startswith(
+        f"not judged: the results folder disagrees with the trusted side: {run}/{AUTO}/throughput: 3 measured repeats, "
+        "but --require-baseline needs at least 7 (matrix/policy.toml throughput.rounds)")
+    assert main(["gate", str(run), "--baseline", str(stored), "--today", "2026-11-30"]) == 0  # locally: judged

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cpu_run_fixture import copy_of_the_matrix, without_checkpoint_kv_scales
 from kvgate import InputErrors
 from kvgate.cli import main
 from kvgate.matrix import cells as matrix_module
@@ -79,13 +80,29 @@ def test_parallel_workers_read_the_same_and_report_the_same_problems(tmp_path, w
         load_run(run, KNOWN, workers=workers)
     assert [str(e) for e in errors.value.errors] == [
         f"{run}/flashinfer_mla-fp8-sm100/cell.json: duplicate cell flashinfer_mla-fp8-sm100 (model "
-        f"deepseek-ai/DeepSeek-V2-Lite-Chat, task gsm8k) in the top level. {run}/copy/cell.json is the same cell; "
+        f"deepseek-ai/DeepSeek-V2-Lite-Chat, task kvgate_gsm8k_test_train) in the top level. {run}/copy/cell.json is the same "
+        "cell; "
         "keep one of them"]
+
+
+def matrix_of_the_outputs(folder: Path) -> Path:
+    """The repository's matrix as the real outputs were made (tests/fixtures/README.md): the CPU cells' tiny Llama at
+    /tmp/kvg4/tiny-llama on lm-eval's own gsm8k 5-shot, its FP8 cell loading no checkpoint scales (what the gate holds a
+    cell.json to: kvgate.gate.trusted)."""
+    matrix = without_checkpoint_kv_scales(copy_of_the_matrix(folder))
+    workloads = (matrix / "workloads.toml").read_text(encoding="utf-8")
+    head, llama = workloads.split("[workloads.tiny-llama]\n", 1)
+    llama = llama.replace('model = "kvgate:tiny-llama"', 'model = "/tmp/kvg4/tiny-llama"', 1)
+    llama = llama.replace('task = "kvgate_gsm8k_local"', 'task = "gsm8k"', 1).replace("num_fewshot = 0", "num_fewshot = 5", 1)
+    (matrix / "workloads.toml").write_text(head + "[workloads.tiny-llama]\n" + llama, encoding="utf-8")
+    return matrix
 
 
 def test_the_gate_end_to_end_on_real_tool_outputs(tmp_path, capsys):
     run = real_tools_run(tmp_path / "run", fp8_junit="pytest-mixed.xml")
-    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    matrix = matrix_of_the_outputs(tmp_path / "matrix")
+    assert main(["gate", str(run), "--today", "2026-11-30", "--matrix-dir", str(matrix), "--policy",
+                 str(matrix / "policy.toml")]) == 1
     verdict = json.loads((run / "gate" / "verdict.json").read_text())
     by_name = {(c["cell"], c["kind"], c["subject"]): c for c in verdict["checks"]}
     kernels = by_name[("cpu_attn-fp8-cpu", "kernels", None)]

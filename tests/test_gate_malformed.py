@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
+from kvgate.report.inert_text import escape_text
 from kvgate.results import cell_folder
 from kvgate.results.records import CONTRACT_VERSION
 from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_kernels, write_throughput
@@ -82,7 +83,7 @@ def _garbage_sample_line(run: Path) -> None:
 
 
 def _drop_task(run: Path) -> None:
-    _edit_json(_results(run, AUTO), lambda d: d["results"].update({"mmlu": d["results"].pop("gsm8k")}))
+    _edit_json(_results(run, AUTO), lambda d: d["results"].update({"mmlu": d["results"].pop("kvgate_gsm8k_test_train")}))
 
 
 def _nan_mean(run: Path) -> None:
@@ -128,7 +129,7 @@ R = "{run}"
 RUN_CASES = {
     "duplicate cells": (_duplicate,
                         [f"ERROR {R}/fp8-again/cell.json: duplicate cell {FP8} (model deepseek-ai/DeepSeek-V2-Lite-Chat, "
-                         f"task gsm8k) in the top level. {R}/{FP8}/cell.json is the same cell; keep one of them"]),
+                         f"task kvgate_gsm8k_test_train) in the top level. {R}/{FP8}/cell.json is the same cell; keep one of them"]),
     "empty run folder": (_empty, [f"ERROR {R}: no cell folders (none holds a cell.json). Is this a run folder? "
                                   "Each cell writes <run dir>/<cell id>/cell.json"]),
     "newer run.json": (_text("run.json", '{"contract_version": 3}'),
@@ -168,25 +169,25 @@ CELL_CASES = {
     "cell folder without cell.json": (_orphan_folder,
                                       [f"ERROR {R}/stray: cell folder without cell.json. Write cell.json with "
                                        "backend, kv_cache_dtype, arch and model"], {("stray", "cell")}),
-    "results without the gsm8k task": (_drop_task,
+    "results without the cell's task": (_drop_task,
                                        [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
-                                        "results_2026-11-30T10-00-00.000000.json: no results for task 'gsm8k' in "
+                                        "results_2026-11-30T10-00-00.000000.json: no results for task 'kvgate_gsm8k_test_train' in "
                                         "results. Tasks found: mmlu"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "truncated results json": (_truncate(lambda r: _results(r, AUTO), keep=200),
                                [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
-                                "results_2026-11-30T10-00-00.000000.json: truncated JSON in line 8 column 57"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
+                                "results_2026-11-30T10-00-00.000000.json: truncated JSON in line 8 column 3"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "NaN accuracy": (_nan_mean,
                      [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
                       "results_2026-11-30T10-00-00.000000.json: NaN is not a number JSON allows in the file. "
                       "Write a finite number or null"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
-    "accuracy above 1": (lambda r: _edit_json(_results(r, AUTO), lambda d: d["results"]["gsm8k"].update(
+    "accuracy above 1": (lambda r: _edit_json(_results(r, AUTO), lambda d: d["results"]["kvgate_gsm8k_test_train"].update(
                              {"exact_match,flexible-extract": 65.2})),
                          [f"ERROR {R}/{AUTO}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
                           "results_2026-11-30T10-00-00.000000.json: expected a number <= 1, got 65.2 in "
-                          "results.gsm8k['exact_match,flexible-extract']"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
+                          "results.kvgate_gsm8k_test_train['exact_match,flexible-extract']"], {(AUTO, "accuracy"), (FP8, "fp8_accuracy")}),
     "garbage line in a sample log": (_garbage_sample_line,
                                      [f"ERROR {R}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/"
-                                      "samples_gsm8k_2026-11-30T10-00-00.000000.jsonl: not a JSON object (Expecting "
+                                      "samples_kvgate_gsm8k_test_train_2026-11-30T10-00-00.000000.jsonl: not a JSON object (Expecting "
                                       "value at column 1) in line 7. Each line must be one sample record as lm-eval "
                                       "--log_samples writes it"], {(FP8, "accuracy"), (FP8, "fp8_accuracy")}),
     "two lm-eval results files": (_second_results,
@@ -254,7 +255,8 @@ def test_a_corrupt_file_in_a_cell_errors_that_cell_and_the_rest_is_judged(case, 
     assert {(c["cell"], c["kind"]) for c in checks if c["status"] == "error"} == errored
     for line in expected:  # the report names the file and the reason
         assert any(line.removeprefix("ERROR ") in c["detail"] for c in checks if c["status"] == "error")
-        assert line.removeprefix("ERROR ").split(": ", 1)[0] in (run / "gate" / "report.md").read_text()
+        # report.md names the file as inert Markdown text (kvgate.report.inert_text: `__` escaped)
+        assert escape_text(line.removeprefix("ERROR ").split(": ", 1)[0], "") in (run / "gate" / "report.md").read_text()
     intact = {AUTO, FP8} - {cell for cell, _ in errored}  # a cell no problem touched is judged as usual
     for cell in intact:
         assert {c["kind"]: c["status"] for c in checks if c["cell"] == cell}["kernels"] == "pass"
@@ -302,7 +304,7 @@ def test_the_installed_command_prints_no_traceback(run):
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert [line for line in done.stderr.splitlines() if not line.startswith("kvgate gate: ")] == [
-        f"ERROR {run}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/samples_gsm8k_2026-11-30T10-00-00.000000.jsonl: "
+        f"ERROR {run}/{FP8}/accuracy/deepseek-ai__DeepSeek-V2-Lite-Chat/samples_kvgate_gsm8k_test_train_2026-11-30T10-00-00.000000.jsonl: "
         "not a JSON object (Expecting value at column 1) in line 7. Each line must be one sample record as lm-eval "
         "--log_samples writes it",
         f"ERROR {run}/{FP8}/throughput/repeat-1.json: NaN is not a number JSON allows in the file. "

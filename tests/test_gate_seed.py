@@ -7,7 +7,7 @@ import json
 from junitparser import JUnitXml
 
 from kvgate.cli import main
-from synthetic_run import write_seed_run
+from synthetic_run import planned_questions, write_seed_run
 
 FP8 = "flashinfer_mla-fp8-sm100"
 
@@ -77,14 +77,16 @@ def test_requiring_every_stage_fails_a_run_without_probes(tmp_path, capsys):
 
 
 def test_seed_case_against_a_baseline_is_a_plain_pass(tmp_path, capsys):
-    run = write_seed_run(tmp_path / "run", contract="1.6")
-    base = write_seed_run(tmp_path / "base", contract="1.6")
+    """With the questions the policy plans for the matrix's cell (DeepSeek-V2-Lite on gsm8k's test and train splits)."""
+    n = planned_questions("FLASHINFER_MLA", "fp8", "sm100")
+    run = write_seed_run(tmp_path / "run", contract="1.6", n=n)
+    base = write_seed_run(tmp_path / "base", contract="1.6", n=n)
     assert main(["gate", str(run), "--baseline", str(base), "--require-baseline", "--today", "2026-11-30"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("✅ kvgate: all ")
 
 
 def test_without_a_baseline_ci_fails_the_run(tmp_path, capsys):
-    run = write_seed_run(tmp_path / "run", contract="1.6")
+    run = write_seed_run(tmp_path / "run", contract="1.6", n=planned_questions("FLASHINFER_MLA", "fp8", "sm100"))
     assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
         "❌ kvgate: 1 of 6 checks failed — (run) baseline no baseline: the change was compared with nothing")
@@ -93,8 +95,9 @@ def test_without_a_baseline_ci_fails_the_run(tmp_path, capsys):
 def test_results_of_an_older_contract_cannot_pass_a_gate_that_requires_a_baseline(tmp_path, capsys):
     """Relabelling a folder as an older contract (before planned stages and question plans were recorded) does not
     buy a green check: under --require-baseline it fails, named; without it, a note."""
-    run = write_seed_run(tmp_path / "run", contract="1.5")
-    base = write_seed_run(tmp_path / "base", contract="1.6")
+    n = planned_questions("FLASHINFER_MLA", "fp8", "sm100")
+    run = write_seed_run(tmp_path / "run", contract="1.5", n=n)
+    base = write_seed_run(tmp_path / "base", contract="1.6", n=n)
     assert main(["gate", str(run), "--baseline", str(base), "--require-baseline", "--today", "2026-11-30"]) == 1
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("❌ kvgate: 1 of ") and "(run) contract results older than contract 1.6" in first

@@ -271,8 +271,46 @@ def test_a_postgresql_url_without_psycopg_or_a_server_is_one_clear_error(tmp_pat
     with pytest.raises(Exception) as error:
         store.open_store(url)
     assert "secret" not in str(error.value)
-    assert str(error.value).startswith(("KVGATE_HISTORY_URL: names a PostgreSQL server (postgresql://kvgate@127.0.0.1:9/",
-                                        "postgresql://kvgate@127.0.0.1:9/history: cannot connect"))
+    assert str(error.value).startswith(("KVGATE_HISTORY_URL: names a PostgreSQL server (the PostgreSQL history "
+                                        "kvgate@127.0.0.1:9/history)",
+                                        "the PostgreSQL history kvgate@127.0.0.1:9/history: cannot connect"))
+
+
+SECRET_URLS = [
+    "postgresql://kvgate:u-secret@127.0.0.1:9/history",
+    "postgresql://kvgate@127.0.0.1:9/history?password=q-secret&sslmode=disable",
+    "postgres://kvgate:u%2Dsecret@127.0.0.1:9/history?sslpassword=q-secret&Password=r-secret",
+    "postgresql://127.0.0.1:9/history?passfile=/secret/pgpass&password=q-secret",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_attack_the_history_url_is_never_printed_nor_its_passwords(url, monkeypatch, capsys):
+    """Its password in the userinfo or in the query (`?password=`, `?sslpassword=`): neither the error nor any line
+    kvgate prints holds a password or the URL; the server is named in words."""
+    monkeypatch.setenv(store.URL_ENV, url)
+    assert main(["history"]) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert err.startswith("ERROR ") and err.count("\n") == 1
+    assert "secret" not in err and "postgres://" not in err and "postgresql://" not in err
+    assert "the PostgreSQL history " in err and "127.0.0.1:9/history" in err
+    assert store.redacted(url).startswith("the PostgreSQL history ")
+    assert "secret" not in store.redacted(url)
+
+
+def test_a_libpq_key_value_string_with_a_password_is_refused_unprinted(monkeypatch, capsys):
+    monkeypatch.setenv(store.URL_ENV, "host=127.0.0.1 port=9 dbname=history password=k-secret")
+    assert main(["history"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("ERROR KVGATE_HISTORY_URL: holds a password but is no postgresql:// URL (not shown here). Write "
+                   "postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or a SQLite file path\n")
+
+
+def test_an_error_message_that_quotes_a_password_is_redacted():
+    url = "postgresql://kvgate:u%2Dsecret@h/db?password=q-secret"
+    assert store._without_secrets('invalid value "q-secret" for "password"; u-secret; u%2Dsecret', url) == (
+        'invalid value "***" for "password"; ***; ***')
 
 
 def postgres_system_user_problem(environ, euid: int, user_exists, executable) -> tuple[str | None, str | None]:

@@ -73,3 +73,29 @@ def test_matrix_session_prints_the_gha_matrix():
     include = json.loads(result.stdout.strip().splitlines()[-1])["include"]
     backends = {job["backend"] for job in include}
     assert "FLASHMLA" in backends and "FLASHINFER_MLA" not in backends
+
+
+def test_the_sessions_run_kvgate_isolated(tmp_path):
+    """`nox -s accuracy` runs `python -I -m kvgate`: a module of the repository root (a numpy.py a change committed)
+    is never imported in its place."""
+    result = nox("-s", "accuracy", "--no-install", "--", "--help")
+    assert result.returncode == 0, result.stderr
+    assert " -I -m kvgate run accuracy " in result.stderr
+
+
+def test_attack_a_root_level_module_is_imported_by_python_m_but_not_by_python_i(tmp_path):
+    run = tmp_path / "run"
+    import synthetic_run
+
+    synthetic_run.write_seed_run(run)
+    (tmp_path / "numpy.py").write_text("import pathlib\npathlib.Path('hijacked').write_text('numpy.py ran')\n"
+                                       "raise SystemExit('a numpy.py of the checkout ran')\n")
+    argv = ["-m", "kvgate", "gate", str(run), "--today", "2026-12-02"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    plain = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    assert (tmp_path / "hijacked").exists() and plain.returncode != 0  # the hazard: the folder's module came first
+    (tmp_path / "hijacked").unlink()
+    isolated = subprocess.run([sys.executable, "-I", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              check=False)
+    assert not (tmp_path / "hijacked").exists()
+    assert isolated.returncode == 0, isolated.stderr

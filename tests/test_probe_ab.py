@@ -14,22 +14,20 @@ from kvgate.gate import policy as policy_module
 from synthetic_run import paired_outcomes, write_accuracy, write_cell, write_probe, write_status
 
 FILTERS = ("strict-match", "flexible-extract")
-FP8 = "flashmla-fp8-sm90"
+FP8 = "triton_mla-fp8-sm89"  # the matrix runs kvgate's tiny DeepSeek-V2 there (1619 questions planned)
 
 
 def ab_run(tmp_path: Path, *, head_fp8: dict, base_fp8: dict | None = None) -> Path:
-    """FLASHMLA auto and fp8 on both sides, identical answers; the FP8 probes as given (write_probe's arguments)."""
+    """TRITON_MLA auto and fp8 on both sides, identical answers; the FP8 probes as given (write_probe's arguments)."""
     run = tmp_path / "run"
     ref = paired_outcomes(1619, reference_correct=1200, only_reference=0, only_candidate=0, seed=1)[0]
     probes = {("auto", "base"): {}, ("auto", "head"): {}, ("fp8", "base"): base_fp8 or {"decode_shift": 0.01},
               ("fp8", "head"): head_fp8}
     for (dtype, side), probe in probes.items():
-        folder = f"flashmla-{dtype}-sm90" + ("--base" if side == "base" else "")
-        cell = write_cell(run, backend="FLASHMLA", kv_cache_dtype=dtype, arch="sm90", folder=folder,
-                          model="kvgate:tiny-deepseek-v2", task="kvgate_gsm8k_local",
+        folder = f"triton_mla-{dtype}-sm89" + ("--base" if side == "base" else "")
+        cell = write_cell(run, backend="TRITON_MLA", kv_cache_dtype=dtype, arch="sm89", folder=folder,
                           extra={"contract_version": "1.6", "side": side})
-        write_accuracy(cell, {name: ref for name in FILTERS}, task="kvgate_gsm8k_local",
-                       model="kvgate:tiny-deepseek-v2")
+        write_accuracy(cell, {name: ref for name in FILTERS})
         evidence = {"element_bytes": [1 if dtype == "fp8" else 2], "layer_kv_cache_dtypes": [dtype],
                     "tokens": 200_000 if dtype == "fp8" else 100_000}
         write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}, "probe": {"status": "ok"}})

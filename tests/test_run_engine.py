@@ -88,6 +88,13 @@ def test_real_cell_end_to_end(real_run):
     data = json.loads(results.read_text())
     assert data["n-samples"]["kvgate_gsm8k_local"]["effective"] == 20
     assert data["config"]["model_args"]["attention_backend"] == "CPU_ATTN"
+    # the engine's KV cache spec, as the accuracy worker asked every worker for it (contract 1.9): a bf16 cache holds
+    # k and v of every KV head, 2 bytes each, in every layer of the model it ran
+    config = json.loads((Path(data["config"]["model_args"]["pretrained"]) / "config.json").read_text())
+    evidence = status["accuracy"]["kv_cache"]
+    assert evidence["bytes_per_token"] == (config["num_hidden_layers"] * 2 * config["num_key_value_heads"]
+                                           * config["head_dim"] * 2)
+    assert evidence["element_bytes"] == [2] and evidence["tokens"] >= 1
     [samples] = list((cell_dir / "accuracy").rglob("samples_kvgate_gsm8k_local_*.jsonl"))
     assert len({json.loads(line)["doc_id"] for line in samples.read_text().splitlines()}) == 20
     assert any((cell_dir / "probe").iterdir())

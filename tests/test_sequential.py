@@ -177,25 +177,24 @@ def test_the_real_tests_keep_the_design_error_rates(margin: float) -> None:
 
 # ---------------------------------------------------------------------------------------------- through the gate
 
-TINY = "kvgate:tiny-llama"  # kvgate's local task holds the policy's questions: its plan is 1331 in 4 looks
-PLAN = {"design": sequential.DESIGN_NAME, "questions": 1331, "looks": [333, 666, 999, 1331]}
+# The matrix's TRITON_MLA cells on sm89 run kvgate's tiny DeepSeek-V2 on its local task, which holds the policy's
+# questions: its plan is 1619 in 4 looks
+BACKEND, ARCH = "TRITON_MLA", "sm89"
+PLAN = {"design": sequential.DESIGN_NAME, "questions": 1619, "looks": [405, 810, 1215, 1619]}
 
 
-def sequential_run(tmp_path: Path, *, n_candidate: int, record: dict | None = None, only_ref: int = 20,
-                   only_cand: int = 20, auto_record: dict | None = None) -> Path:
-    """An auto cell that answered the plan's 1331 questions and an FP8 cell that answered the first n_candidate,
+def sequential_run(tmp_path: Path, *, n_candidate: int, record: dict | None = None, only_ref: int = 24,
+                   only_cand: int = 24, auto_record: dict | None = None) -> Path:
+    """An auto cell that answered the plan's 1619 questions and an FP8 cell that answered the first n_candidate,
     each with its runner's record (status.json accuracy.question_plan; None: none recorded)."""
     run = tmp_path / "run"
     n = PLAN["questions"]
-    ref, cand = paired_outcomes(n, reference_correct=1080, only_reference=only_ref, only_candidate=only_cand, seed=4)
-    auto = write_cell(run, backend="FLASHMLA", kv_cache_dtype="auto", arch="sm90", model=TINY,
-                      task="kvgate_gsm8k_local", extra={"contract_version": "1.6"})
-    write_accuracy(auto, {"strict-match": ref, "flexible-extract": ref}, task="kvgate_gsm8k_local", model=TINY)
+    ref, cand = paired_outcomes(n, reference_correct=1314, only_reference=only_ref, only_candidate=only_cand, seed=4)
+    auto = write_cell(run, backend=BACKEND, kv_cache_dtype="auto", arch=ARCH, extra={"contract_version": "1.6"})
+    write_accuracy(auto, {"strict-match": ref, "flexible-extract": ref})
     write_status(auto, {"accuracy": {"status": "ok", "question_plan": auto_record or {**PLAN, "answered": n}}})
-    fp8 = write_cell(run, backend="FLASHMLA", kv_cache_dtype="fp8", arch="sm90", model=TINY,
-                     task="kvgate_gsm8k_local", extra={"contract_version": "1.6"})
-    write_accuracy(fp8, {"strict-match": cand[:n_candidate], "flexible-extract": cand[:n_candidate]},
-                   task="kvgate_gsm8k_local", model=TINY)
+    fp8 = write_cell(run, backend=BACKEND, kv_cache_dtype="fp8", arch=ARCH, extra={"contract_version": "1.6"})
+    write_accuracy(fp8, {"strict-match": cand[:n_candidate], "flexible-extract": cand[:n_candidate]})
     evidence = {"element_bytes": [1], "layer_kv_cache_dtypes": ["fp8"]}
     write_status(fp8, {"accuracy": {"status": "ok", "kv_cache": evidence,
                                     **({"question_plan": record} if record is not None else {})}})
@@ -208,37 +207,37 @@ def fp8_check(run: Path) -> dict:
 
 
 def test_the_gate_judges_a_comparison_stopped_at_its_first_look(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=333, record={**PLAN, "answered": 333, "seconds": 9.0})
+    run = sequential_run(tmp_path, n_candidate=405, record={**PLAN, "answered": 405, "seconds": 9.0})
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
     check = fp8_check(run)
     print(json.dumps(check, indent=1))
     assert check["status"] == "pass" and check["method"] == sequential.SEQUENTIAL_METHOD
-    assert (check["figures"]["n"], check["figures"]["look"], check["figures"]["looks"]) == (333, 1, PLAN["looks"])
-    assert "sequential: decided at look 1 of 4 (333 of up to 1331 questions)" in check["notes"]
+    assert (check["figures"]["n"], check["figures"]["look"], check["figures"]["looks"]) == (405, 1, PLAN["looks"])
+    assert "sequential: decided at look 1 of 4 (405 of up to 1619 questions)" in check["notes"]
 
 
 def test_a_break_beyond_the_margin_fails_at_the_first_look(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=333, only_ref=200, only_cand=20,
-                         record={**PLAN, "answered": 333})
+    run = sequential_run(tmp_path, n_candidate=405, only_ref=320, only_cand=24,
+                         record={**PLAN, "answered": 405})
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
     check = fp8_check(run)
     assert (check["status"], check["figures"]["look"]) == ("fail", 1)
 
 
 def test_a_runner_that_stopped_where_the_replay_does_not_decide_fails_closed(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=300, record={**PLAN, "answered": 300})
+    run = sequential_run(tmp_path, n_candidate=380, record={**PLAN, "answered": 380})
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
     check = fp8_check(run)
     assert (check["status"], check["detail"]) == (
-        "error", "cannot decide: the comparison stopped at 300 questions without crossing a boundary (looks at 333, "
-                 "666, 999, 1331; no look reached); yet this cell stopped after 300 of 1331 questions")
+        "error", "cannot decide: the comparison stopped at 380 questions without crossing a boundary (looks at 405, "
+                 "810, 1215, 1619; no look reached); yet this cell stopped after 380 of 1619 questions")
 
 
 def test_fewer_questions_than_the_plan_are_underpowered_and_an_error_under_require_baseline(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=300)  # no record: a run cut short, or an older runner
+    run = sequential_run(tmp_path, n_candidate=380)  # no record: a run cut short, or an older runner
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
     check = fp8_check(run)
-    assert check["status"] == "pass" and any(note.startswith("300 paired questions, fewer than the plan's 1331")
+    assert check["status"] == "pass" and any(note.startswith("380 paired questions, fewer than the plan's 1619")
                                              for note in check["notes"])
     assert main(["gate", str(run), "--today", "2026-11-30", "--require-baseline"]) == 1
     check = fp8_check(run)
@@ -247,22 +246,25 @@ def test_fewer_questions_than_the_plan_are_underpowered_and_an_error_under_requi
 
 @pytest.mark.parametrize("forged", [
     {"design": "fixed", "questions": 240, "looks": [240], "answered": 240},
-    {"design": sequential.DESIGN_NAME, "questions": 1331, "looks": [100, 1331], "answered": 100},
+    {"design": sequential.DESIGN_NAME, "questions": 1619, "looks": [100, 1619], "answered": 100},
 ])
 def test_a_results_folder_cannot_choose_its_own_design(tmp_path, forged) -> None:
-    """The gate judges by the policy's plan; a record of any other design is an error, never the rule."""
+    """The gate judges by the policy's plan; a record of any other design is the cell's error (kvgate.gate.trusted),
+    naming both, never the rule; and the FP8 cell's comparisons are not judged by it."""
     run = sequential_run(tmp_path, n_candidate=forged["answered"], record=forged)
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
-    check = fp8_check(run)
-    assert check["status"] == "error"
-    assert check["detail"].startswith(f"cannot compare: this cell ran {forged['design']} with {forged['questions']} "
-                                      "questions")
-    assert "the policy plans kvgate-gs/1 with 1331 (looks [333, 666, 999, 1331])" in check["detail"]
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    refused = next(c for c in verdict["checks"] if c["kind"] == "cell" and c["cell"] == "triton_mla-fp8-sm89")
+    assert refused["status"] == "error"
+    assert (f"{run}/triton_mla-fp8-sm89/status.json accuracy.question_plan is {forged['design']} with "
+            f"{forged['questions']} questions, looks {forged['looks']}, but the policy plans kvgate-gs/1 with 1619 "
+            "questions, looks [405, 810, 1215, 1619] (matrix/policy.toml [accuracy])") in refused["detail"]
+    assert not any(c["kind"] == "fp8_accuracy" for c in verdict["checks"])
 
 
 def test_a_malformed_question_plan_record_is_an_error_of_the_check(tmp_path) -> None:
-    run = sequential_run(tmp_path, n_candidate=333, record={**PLAN, "looks": [333, 100], "answered": 333})
+    run = sequential_run(tmp_path, n_candidate=405, record={**PLAN, "looks": [405, 100], "answered": 405})
     assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
     assert fp8_check(run)["detail"] == (
         "cannot compare: this cell's status.json accuracy.question_plan.looks: expected increasing numbers of "
-        "questions ending at questions (1331), got [333, 100]")
+        "questions ending at questions (1619), got [405, 100]")

@@ -50,6 +50,17 @@ def test_a_reason_stays_one_annotation():
         "::error title=a-fp8-sm90 accuracy [x%2C y]::stage error: 50%25 done%0ATraceback: boom")
 
 
+@pytest.mark.parametrize(("title", "message", "line"), [
+    # a value with a newline, a carriage return or `::` of its own cannot print a command of its own
+    ("m\n::warning::forged", "x\r\n::error::forged2 :: %0A",
+     "::error title=m%0A%3A%3Awarning%3A%3Aforged::x%0D%0A%3A%3Aerror%3A%3Aforged2 %3A%3A %250A"),
+    ("a:b,c", "::stop-commands::token", "::error title=a%3Ab%2Cc::%3A%3Astop-commands%3A%3Atoken"),
+])
+def test_attack_workflow_command_data_is_escaped(title, message, line):
+    assert error_line(title, message) == line
+    assert line.count("\n") == 0 and line.count("::") == 2  # the command's own two separators, no other
+
+
 def test_more_failures_than_github_shows_end_with_a_count():
     checks = tuple(Check(cell=f"c{n:02d}-fp8-sm90", kind="accuracy", status="error", detail=f"reason {n}")
                    for n in range(12))

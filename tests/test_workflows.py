@@ -32,7 +32,7 @@ NOX = [sys.executable, "-m", "nox"]
 REQUIRED_CHECK = "kvgate-gate"
 FULL_SHA = re.compile(r"^[\w.-]+/[\w.-]+(?:/[\w./-]+)?@[0-9a-f]{40}$")
 # The only zizmor ignore comment allowed, with its reason in ci/README.md ("Why workflow_run").
-ALLOWED_ZIZMOR_IGNORES = {("kvgate-comment.yml", "dangerous-triggers")}
+ALLOWED_ZIZMOR_IGNORES = {("kvgate-comment.yml", "dangerous-triggers"), ("kvgate-label.yml", "dangerous-triggers")}
 
 
 def workflow_files() -> list[Path]:
@@ -76,8 +76,8 @@ def all_steps(workflow: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 # ------------------------------------------------------------------------------------------------ linters
 
 def test_workflows_exist():
-    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-history.yml", "kvgate-vllm.yml",
-                                                  "kvgate.yml"]
+    assert [p.name for p in workflow_files()] == ["kvgate-comment.yml", "kvgate-history.yml", "kvgate-label.yml",
+                                                  "kvgate-vllm.yml", "kvgate.yml"]
 
 
 def test_main_runs_keep_their_history_and_the_schedule_fails_on_a_change_point():
@@ -137,6 +137,7 @@ def test_only_the_documented_zizmor_ignore():
                for audit in re.findall(r"zizmor: ignore\[([\w-]+)\]", path.read_text(encoding="utf-8"))}
     assert ignores == ALLOWED_ZIZMOR_IGNORES
     assert "Why `workflow_run`" in (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
+    assert "Why `pull_request_target` takes the label away" in (ROOT / "ci" / "README.md").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------ security
@@ -148,7 +149,19 @@ def test_top_level_permissions_are_empty(path):
 
 @pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
 def test_no_pull_request_target(path):
-    assert "pull_request_target" not in load_workflow(path)["on"]
+    """Only the label remover runs on it, and it checks out and runs nothing of the pull request (test below)."""
+    assert ("pull_request_target" in load_workflow(path)["on"]) == (path.name == "kvgate-label.yml")
+
+
+@pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
+def test_every_python_a_workflow_runs_is_isolated(path):
+    """`python -I`: neither the working folder (which holds a checkout of the change in kvgate-vllm.yml's jobs, and a
+    pull request's tree where kvgate.yml checks one out) nor PYTHON* variables reach the imports of kvgate's trusted
+    commands: a committed pip/ or numpy.py is never imported in their place."""
+    for job, step in all_steps(load_workflow(path)):
+        for line in step.get("run", "").splitlines():
+            for call in re.findall(r'(?:^|[;&|]\s*|\s)("?[\w$/{}.-]*\bpython3?"?)\s+(\S+)', line):
+                assert call[1] == "-I", f"{path.name}:{job}: {line.strip()}"
 
 
 @pytest.mark.parametrize("path", workflow_files(), ids=lambda p: p.name)
@@ -178,7 +191,25 @@ def test_only_the_jobs_that_need_it_get_more_than_read():
             widened.update({(path.name, job_id, scope): level for scope, level in job["permissions"].items()
                             if level != "read" or scope not in ("contents", "actions")})
     assert widened == {("kvgate-comment.yml", "comment", "pull-requests"): "write",
-                       ("kvgate-comment.yml", "checks", "checks"): "write"}
+                       ("kvgate-comment.yml", "checks", "checks"): "write",
+                       ("kvgate-label.yml", "unlabel", "pull-requests"): "write"}
+
+
+def test_a_new_push_takes_the_gpu_label_away_and_runs_nothing_of_the_pull_request():
+    """kvgate-label.yml answers every push (synchronize) and reopening with one API call that removes kvgate-gpu: no
+    checkout, no action, nothing of the pull request, the values through env:. With kvgate.yml running the GPU cells
+    only on the label's `labeled` event, a maintainer approves each commit that reaches a GPU runner."""
+    workflow = load_workflow(WORKFLOWS / "kvgate-label.yml")
+    assert workflow["on"] == {"pull_request_target": {"types": ["synchronize", "reopened"]}}
+    [job] = workflow["jobs"].values()
+    assert job["if"] == "contains(github.event.pull_request.labels.*.name, 'kvgate-gpu')"
+    [step] = job["steps"]
+    assert "uses" not in step
+    assert step["run"] == 'gh api --method DELETE "repos/$REPOSITORY/issues/$NUMBER/labels/kvgate-gpu"'
+    assert step["env"] == {"GH_TOKEN": "${{ github.token }}", "REPOSITORY": "${{ github.repository }}",
+                           "NUMBER": "${{ github.event.pull_request.number }}"}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "removes the `kvgate-gpu` label on every new push" in readme
 
 
 def test_the_comment_workflow_never_checks_out_pull_request_code():
@@ -186,7 +217,8 @@ def test_the_comment_workflow_never_checks_out_pull_request_code():
     assert set(workflow["on"]) == {"workflow_run"}
     for _, step in all_steps(workflow):
         if step.get("uses", "").startswith("actions/checkout@"):
-            assert set(step["with"]) <= {"persist-credentials", "sparse-checkout"}  # no ref: the default branch
+            assert set(step["with"]) <= {"persist-credentials", "sparse-checkout",
+                                         "sparse-checkout-cone-mode"}  # no ref: the default branch
 
 
 # ------------------------------------------------------------------------------------------------ shape
@@ -288,7 +320,7 @@ def run_plan(tmp_path: Path, *args: str, event: str = "pull_request") -> tuple[d
 
 def test_the_plan_step_runs_in_the_workflow_as_tested():
     plan = load_workflow(WORKFLOWS / "kvgate.yml")["jobs"]["plan"]
-    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python trusted/ci/plan.py --repo change"]
+    assert [s["run"] for s in plan["steps"] if s.get("id") == "plan"] == ["python -I trusted/ci/plan.py --repo change"]
 
 
 @pytest.fixture(scope="module")
@@ -473,7 +505,7 @@ def test_attack_a_pull_request_cannot_choose_its_plan_policy_or_waivers_in_kvgat
     plan, gate = jobs["plan"], jobs["gate"]
     assert checkouts(plan) == [{"persist-credentials": False, "ref": BASE_COMMIT, "path": "trusted"},
                                {"persist-credentials": False, "fetch-depth": 2, "path": "change"}]
-    assert [r for r in runs(plan) if "change" in r] == ["python trusted/ci/plan.py --repo change"]
+    assert [r for r in runs(plan) if "change" in r] == ["python -I trusted/ci/plan.py --repo change"]
     assert all(r.startswith("python ") and " trusted/ci/" in f" {r}" for r in runs(plan))
     assert checkouts(gate) == [{"persist-credentials": False, "ref": BASE_COMMIT}]
     gate_job = load_ci_script("gate_job")
@@ -499,7 +531,7 @@ def test_the_reusable_workflow_runs_only_the_pinned_kvgate():
 def test_the_reusable_workflow_gates_head_against_base_with_every_planned_cell_required():
     jobs = load_workflow(WORKFLOWS / "kvgate-vllm.yml")["jobs"]
     plan_step = next(s for s in jobs["plan"]["steps"] if s.get("id") == "plan")
-    assert plan_step["run"] == 'python kvgate/ci/plan.py --repo vllm --base "$BASE_SHA" --head "$HEAD_SHA" --change-of vllm'
+    assert plan_step["run"] == 'python -I kvgate/ci/plan.py --repo vllm --base "$BASE_SHA" --head "$HEAD_SHA" --change-of vllm'
     cell_step = next(s for s in jobs["cells"]["steps"] if s.get("run", "").endswith("cell_job.py"))
     assert {k: v for k, v in cell_step["env"].items() if k.startswith("KVGATE_VLLM")} == {
         "KVGATE_VLLM_HEAD": "${{ github.workspace }}/vllm-head", "KVGATE_VLLM_BASE": "${{ github.workspace }}/vllm-base",
@@ -512,11 +544,11 @@ def test_the_reusable_workflow_gates_head_against_base_with_every_planned_cell_r
 
 def test_kvgate_yml_passes_the_plan_to_the_gate_and_bootstraps_only_by_hand():
     workflow = load_workflow(WORKFLOWS / "kvgate.yml")
-    gate_step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/gate_job.py")
+    gate_step = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python -I ci/gate_job.py")
     assert gate_step["env"]["PLANNED_MATRIX"] == "${{ needs.plan.outputs.planned }}"  # held-back cells included
     assert gate_step["env"]["KVGATE_BOOTSTRAP_BASELINE"] == "${{ inputs.bootstrap-baseline }}"  # dispatch input only
     assert workflow["on"]["workflow_dispatch"]["inputs"]["bootstrap-baseline"]["default"] is False
-    fetch = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python ci/fetch_baseline.py")
+    fetch = next(s for s in workflow["jobs"]["gate"]["steps"] if s.get("run") == "python -I ci/fetch_baseline.py")
     assert "if" not in fetch  # push runs compare with the previous main run too
 
 
@@ -529,8 +561,8 @@ def test_gpu_cells_run_only_when_asked_for_and_within_the_cap(name, sides, label
     workflow = load_workflow(WORKFLOWS / name)
     jobs = workflow["jobs"]
     env = next(s for s in jobs["plan"]["steps"] if s.get("id") == "plan")["env"]
-    assert env["KVGATE_GPU"] == ("${{ github.event_name != 'pull_request' || "
-                                 f"contains(github.event.pull_request.labels.*.name, {label}) }}}}")
+    assert env["KVGATE_GPU"] == ("${{ github.event_name != 'pull_request' || (github.event.action == 'labeled' && "
+                                 f"github.event.label.name == {label}) }}}}")
     assert env["KVGATE_GPU_MINUTES_CAP"] == "${{ vars.KVGATE_GPU_MINUTES_CAP }}"
     assert env["KVGATE_CELL_JOB_MINUTES"] == str(jobs["cells"]["timeout-minutes"])
     assert env.get("KVGATE_SIDES") == sides
@@ -571,8 +603,28 @@ def test_codeowners_cover_everything_that_decides_the_verdict():
         if line.strip() and not line.lstrip().startswith("#"):
             pattern, *who = line.split()
             owners[pattern] = who
-    assert set(owners) >= {"/.github/", "/ci/", "/matrix/", "/noxfile.py", "/pyproject.toml", "/src/", "/tests/kernels/"}
+    assert next(iter(owners)) == "*"  # a catch-all, first (the last matching line wins)
+    assert set(owners) >= {"/.github/", "/ci/", "/matrix/", "/noxfile.py", "/pyproject.toml", "/setup.py", "/src/",
+                           "/tests/kernels/", "**/setup.py"}
     assert all(who and all(w.startswith("@") for w in who) for who in owners.values())
+    assert len({tuple(who) for who in owners.values()}) == 1  # one team, from one setting
+
+
+def test_codeowners_is_what_its_one_setting_makes(tmp_path):
+    """ci/codeowners.toml's `owners` is the setting; ci/codeowners.py writes CODEOWNERS from it and --check says when
+    the committed file is not what it makes."""
+    codeowners = load_ci_script("codeowners")
+    assert subprocess.run([sys.executable, "-I", str(ROOT / "ci" / "codeowners.py"), "--check"],
+                          capture_output=True, text=True, check=False).returncode == 0
+    rendered = codeowners.render(["@acme/gpu-gate", "@alice"])
+    assert "\n*                    @acme/gpu-gate @alice\n" in rendered
+    assert "@your-org" not in rendered
+    setting = tmp_path / "codeowners.toml"
+    for text, message in (('owners = "@acme/team"', "expected owners"), ("owners = ['acme team']", "expected owners"),
+                          ("owners = [", "cannot read")):
+        setting.write_text(text)
+        with pytest.raises(codeowners.SettingError, match=message):
+            codeowners.read_owners(setting)
 
 
 def test_ci_readme_documents_the_ruleset_and_the_runner_recipe():

@@ -17,6 +17,7 @@ them; only kvgate.cli prints them and exits).
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 __version__ = "0.1.0"
@@ -51,6 +52,16 @@ class InputErrors(Exception):
     def __init__(self, errors: Iterable[InputError]):
         self.errors = list(errors)
         super().__init__("\n".join(str(e) for e in self.errors))
+
+
+_LINE_BREAKING = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: object) -> str:
+    """A message as one printed line whatever it quotes: every character that ends a line somewhere or hides (a
+    newline from a results folder's file or folder name, a terminal escape) written as its escape (`\\n`), so no
+    message can print a second line, least of all one a CI reads as a command (GitHub Actions' `::error::`)."""
+    return _LINE_BREAKING.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(text))
 
 
 def problems_of(error: InputError | InputErrors) -> list[InputError]:

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from kvgate import EXIT_BAD_INPUT, InputError, InputErrors
+from kvgate import EXIT_BAD_INPUT, InputError, InputErrors, one_line
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a command a closed pipe stops exits with in a shell
 
@@ -92,10 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except InputErrors as errors:
         for error in errors.errors:
-            print(f"ERROR {error}", file=sys.stderr)
+            print(f"ERROR {one_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except InputError as error:
-        print(f"ERROR {error}", file=sys.stderr)
+        print(f"ERROR {one_line(error)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("kvgate: interrupted", file=sys.stderr)

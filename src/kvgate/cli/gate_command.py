@@ -19,15 +19,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvgate import InputError, InputErrors, problems_of
+from kvgate import InputError, InputErrors, one_line, problems_of
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
 from kvgate.gate import probe_agreement
+from kvgate.gate import trusted as trusted_fields
 from kvgate.history import record as history_record
 from kvgate.history import store as history_store
 from kvgate.history import trends as history_trends
 from kvgate.kernels import timings
 from kvgate.matrix import cells as matrix_module
+from kvgate.matrix.toml_reading import shown_path
 from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
@@ -195,7 +197,7 @@ def kernel_timings(cells: Iterable[CellResults]) -> dict[str, list[timings.Timin
         try:
             found[cell.identity.id] = timings.read(path)
         except ValueError as error:
-            print(f"kvgate gate: kernel timings of {cell.identity.id} not recorded in the history: {error}",
+            print(f"kvgate gate: kernel timings of {cell.identity.id} not recorded in the history: {one_line(error)}",
                   file=sys.stderr)
     return found
 
@@ -256,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     assert results is not None
     for loaded in (results, baseline):  # a cell's unreadable file fails that cell (exit 1); the others are judged
         for line in cell_problems(loaded) if loaded is not None else ():
-            print(f"ERROR {line}", file=sys.stderr)
+            print(f"ERROR {one_line(line)}", file=sys.stderr)
     ab = results.has_base_side
     if ab:
         if baseline is not None:
@@ -275,7 +277,9 @@ def run(args: argparse.Namespace) -> int:
     verdict = gate.evaluate(results, policy=policy, baseline=baseline, waiver_for=matrix.waiver_for, today=today,
                             require=require, probe_compare=probe_agreement.compare, ab=ab,
                             require_baseline=args.require_baseline, planned=planned, planned_out=planned_out,
-                            planned_stages=stages, not_planned=not_planned)
+                            planned_stages=stages, not_planned=not_planned,
+                            trusted=trusted_fields.trusted_cells(matrix, shown_path(
+                                (args.matrix_dir or matrix_module.default_matrix_dir()) / "workloads.toml")))
     out_dir = args.out if args.out is not None else args.run_dir / GATE_FOLDER
     verdict = with_log_urls(verdict, read_log_url(args.log_url), args.run_dir, out_dir)
     history, unrecorded = None, None
@@ -285,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         except InputError as error:  # the verdict and its report are written all the same; then exit 2
             unrecorded = error
     paths = write_all(verdict, out_dir, history)
-    print(headline(verdict))
+    print(one_line(headline(verdict)))
     if unrecorded is not None:
         raise unrecorded
     if os.environ.get("GITHUB_ACTIONS") == "true":  # annotations on the run and the pull request

@@ -182,7 +182,30 @@ def buildkite_document(args: argparse.Namespace, matrix, cells, selection) -> di
     queues = buildkite.load_queues(args.matrix_dir or matrix_module.default_matrix_dir(), matrix)
     if args.format == "buildkite-vllm":
         return buildkite.vllm_step_file(matrix, queues, run)
-    return buildkite.pipeline(gha_matrix(matrix, cells, gha_extras(cells, selection)), queues, run)
+    return check_pipeline(buildkite.pipeline(gha_matrix(matrix, cells, gha_extras(cells, selection)), queues, run))
+
+
+BUILDKITE_SCHEMA = Path(matrix_module.__file__).resolve().parent / "buildkite_schema.json"
+
+
+def check_pipeline(document: dict) -> dict:
+    """The pipeline, validated again against Buildkite's published pipeline schema (ci/buildkite/schema/, shipped with
+    kvgate as kvgate/matrix/buildkite_schema.json) before it is printed: a pipeline Buildkite would refuse, or that a
+    changed path bent out of shape, is one ERROR line, never an upload."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    try:
+        schema = json.loads(BUILDKITE_SCHEMA.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise InputError(str(BUILDKITE_SCHEMA), f"cannot read Buildkite's pipeline schema ({error})",
+                         hint="Reinstall kvgate (it ships ci/buildkite/schema/schema.json)") from None
+    error = best_match(jsonschema.Draft7Validator(schema).iter_errors(document))
+    if error is not None:
+        place = "/".join(map(str, error.absolute_path)) or "the top level"
+        raise InputError("kvgate matrix --format buildkite", f"the pipeline breaks Buildkite's schema: "
+                         f"{' '.join(error.message.split())[:200]}", place, "Report it: kvgate emitted a pipeline Buildkite would refuse")
+    return document
 
 
 def run(args: argparse.Namespace) -> int:

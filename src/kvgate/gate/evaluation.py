@@ -10,7 +10,8 @@ One check per (cell, kind[, subject]), each family in its module under kvgate.ga
                 only where the policy declares an expectation)
     probe       logprob agreement of an FP8 cell with its auto cell
     kv_cache    fp8_kv_cache: the FP8 cell's engine really held an FP8 cache
-Here, about the run as a whole: cell (a planned cell or a baseline cell absent from the run), host (a cell the
+Here, about the run as a whole: cell (a planned cell or a baseline cell absent from the run, or a cell whose folder
+disagrees with what the matrix and the policy decide: kvgate.gate.trusted), host (a cell the
 run's host could not run: NEUTRAL, missing under require_baseline), baseline (the run was compared with nothing).
 
 Comparisons are one-sided tests of "within the margin" (kvgate.statistics.margins), each at the policy's alpha; the
@@ -26,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvgate.gate import probe_agreement
+from kvgate.gate import trusted as trusted_module
 from kvgate.gate.checks.accuracy import (
     accuracy_floor_check,
     baseline_accuracy_checks,
@@ -36,9 +38,10 @@ from kvgate.gate.checks.health import accuracy_check, kernels_check
 from kvgate.gate.checks.kv_cache import fp8_kv_cache_check
 from kvgate.gate.checks.pending import Pending, decide
 from kvgate.gate.checks.probe import probe_ab_check, probe_check
-from kvgate.gate.checks.throughput import fp8_throughput_check, interleaved, throughput_check
+from kvgate.gate.checks.throughput import fp8_throughput_check, throughput_check
 from kvgate.gate.checks.waivers import WaiverLookup, apply_waiver
 from kvgate.gate.policy import Policy
+from kvgate.gate.trusted import TrustedCell
 from kvgate.gate.verdict import Check, Verdict
 from kvgate.results.records import BASE, HEAD, RunResults, contract_version_tuple
 from kvgate.statistics import margins
@@ -54,7 +57,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
              probe_compare: Callable[[Any, Any], Any] | None = probe_agreement.compare, ab: bool = False,
              require_baseline: bool = False, planned: Sequence[tuple[str, str]] = (),
              planned_out: Sequence[tuple[str, str]] = (), planned_stages: Mapping[str, Iterable[str]] | None = None,
-             not_planned: Mapping[str, Mapping[str, str]] | None = None) -> Verdict:
+             not_planned: Mapping[str, Mapping[str, str]] | None = None,
+             trusted: Mapping[str, TrustedCell] | None = None) -> Verdict:
     """The verdict on `run` (its head cells).
 
     ab: `baseline` is the base side of the same A/B run (same machine, same job): every head cell must have its
@@ -64,8 +68,17 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
     planned_out: (cell id, reason) of cells the writing host could not run (run.json planned_out).
     planned_stages: cell id -> the stages planned for it (run.json, the CI plan): each is required, so one that ended
     skipped or never ran fails (unless waived). not_planned: cell id -> {stage: why the plan left it out}.
+    trusted: the matrix's cells (kvgate.gate.trusted.trusted_cells): a cell of the run, either side, whose folder
+    says otherwise than the matrix or the policy is refused, its check `cell` an ERROR naming the field and both
+    values, and nothing else of it judged (the CLI always passes them; None only in tests of other checks).
     """
-    checks: list[Check] = planned_checks(run, baseline if ab else None, planned)
+    refused = trusted_module.refusals(run, baseline if ab else None, None if ab else baseline, trusted, policy,
+                                      ab=ab, require_baseline=require_baseline) if trusted is not None else []
+    run = trusted_module.without(run, refused)
+    if ab:
+        baseline = trusted_module.without(baseline, refused)
+    checks: list[Check] = planned_checks(run, baseline if ab else None, planned, refused)
+    checks += refused_checks(refused, ab)
     checks += unreadable_checks(run, baseline, ab)
     checks += planned_out_checks(run, planned_out, require_baseline)
     pending: list[Pending] = []
@@ -80,8 +93,10 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         floor = accuracy_floor_check(cell, policy)
         if floor is not None:
             (pending.append(floor) if isinstance(floor, Pending) else checks.append(floor))
-        tput_check, tput_pending = throughput_check(cell, baseline, policy, required, ab=ab,
-                                                    interleaved=ab and interleaved(cell, baseline), unplanned=unplanned)
+        # the design is the trusted side's: an A/B run pairs its rounds (kvgate.gate.trusted refused a cell whose
+        # sides did not interleave them), any other comparison is unpaired, whatever status.json says
+        tput_check, tput_pending = throughput_check(cell, baseline, policy, required, ab=ab, interleaved=ab,
+                                                    unplanned=unplanned)
         if tput_pending:
             pending.append(tput_pending)
         else:
@@ -107,7 +122,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
                                                  strict=require_baseline):
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
     if baseline is not None:
-        unreadable_here = {u.cell for u in run.unreadable}
+        unreadable_here = {u.cell for u in run.unreadable} | {r.cell.identity.id for r in refused}
         for old in baseline.cells:
             if run.find(old.identity) is None and old.identity.id not in unreadable_here:
                 checks.append(Check(cell=old.identity.id, kind="cell", status="missing", model=old.identity.model,
@@ -146,9 +161,11 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
 RUN = "(run)"  # the `cell` of checks about the run as a whole
 
 
-def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[tuple[str, str]]) -> list[Check]:
+def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[tuple[str, str]],
+                   refused: Sequence[trusted_module.Refusal] = ()) -> list[Check]:
     """A planned cell that left no folder (a run killed between cells, an artifact lost) fails, named."""
     present = {(c.identity.id, HEAD) for c in run.cells} | {(u.cell, HEAD) for u in run.unreadable}
+    present |= {(r.cell.identity.id, r.cell.side) for r in refused}
     if base is not None:
         present |= {(c.identity.id, BASE) for c in base.cells} | {(u.cell, BASE) for u in base.unreadable}
     missing = [(cell, side) for cell, side in dict.fromkeys(planned) if (cell, side) not in present]
@@ -156,6 +173,22 @@ def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[t
                   detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
                          f"it: the cell never started, or its results were lost on the way to the gate",
                   headline="planned, but absent from the run") for cell, side in missing]
+
+
+def refused_checks(refused: Sequence[trusted_module.Refusal], ab: bool) -> list[Check]:
+    """A cell whose folder disagrees with the matrix or the policy (kvgate.gate.trusted) is that cell's error, naming
+    each field with what the folder said and what the trusted side says."""
+    checks = []
+    for refusal in refused:
+        cell = refusal.cell
+        what = "; ".join(refusal.problems)
+        checks.append(Check(cell=cell.identity.id, kind="cell", status="error", model=cell.identity.model,
+                            reference=BASE if ab and cell.side == BASE else None,
+                            detail=f"not judged: the results folder disagrees with the trusted side: {what}; a "
+                                   "results folder cannot choose what the matrix and the policy decide (rerun the "
+                                   "cell with this matrix and policy)",
+                            headline=f"disagrees with the trusted side: {refusal.problems[0]}"))
+    return checks
 
 
 def unreadable_checks(run: RunResults, baseline: RunResults | None, ab: bool) -> list[Check]:

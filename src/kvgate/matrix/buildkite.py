@@ -52,11 +52,35 @@ _SHA = re.compile(r"[0-9a-f]{40}")
 _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9@:/._~+-]*")
 _GLOB_CHARACTERS = re.compile(r"[*?\[]")
 # Buildkite interpolates $VAR when the pipeline is uploaded; `$$` leaves a `$` for the job's own shell.
+# Each step starts in the checkout of the change (vLLM's pull request), which may hold anything: a pip/ or nox/ that
+# `python -m` would import first, a kvgate-cell-*/ of made-up results. So kvgate's steps work in a folder of their own,
+# made empty (mktemp), with kvgate, its Python environment and its results inside it, and run Python isolated (-I:
+# neither the current folder nor PYTHON* variables reach its import path); `checkout` names the change's folder.
+_NEUTRAL_FOLDER = ['checkout="$$PWD"', 'work="$$(mktemp -d)"', 'cd "$$work"']
+_KVGATE_PYTHON = [  # nox, hash-checked, in a virtual environment of the work folder, first on PATH
+    "python3 -I -m venv .kvgate-venv",
+    ".kvgate-venv/bin/python -I -m pip install --quiet --require-hashes --only-binary :all: "
+    "-r .kvgate/ci/requirements-nox.txt",
+    'export PATH="$$work/.kvgate-venv/bin:$$PATH"',
+]
 _KVGATE_CHECKOUT = [
+    *_NEUTRAL_FOLDER,
     'git clone --quiet "$$KVGATE_REPOSITORY" .kvgate',
     'git -C .kvgate checkout --quiet --detach "$$KVGATE_REF"',
-    "python3 -m pip install --quiet --require-hashes --only-binary :all: -r .kvgate/ci/requirements-nox.txt",
+    *_KVGATE_PYTHON,
 ]
+
+
+def literal(value: Any) -> Any:
+    """A value Buildkite uploads as it is: every `$` of its strings doubled, so `${...}` or `$VAR` from a change (a
+    changed path, the plan built from it) is never interpolated at upload."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, Mapping):
+        return {literal(key): literal(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [literal(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,24 +153,27 @@ def cell_step(entry: Mapping[str, Any], queue: str) -> dict[str, Any]:
     cell_id = str(entry["cell"])
     results = cell_key(cell_id)
     return {
-        "label": cell_id,
-        "key": results,
+        "label": literal(cell_id),
+        "key": literal(results),
         "agents": {"queue": queue},
-        "env": {"KVGATE_CELL": cell_id, "KVGATE_SESSIONS": json.dumps(list(entry["sessions"])),
-                "KVGATE_RUNNER_LABEL": queue},
+        "env": literal({"KVGATE_CELL": cell_id, "KVGATE_SESSIONS": json.dumps(list(entry["sessions"])),
+                        "KVGATE_RUNNER_LABEL": queue}),
         "commands": [
             *_KVGATE_CHECKOUT,
             # The base side's checkout; a shallow clone of the pull request may lack the merge base.
-            'git cat-file -e "$$KVGATE_MERGE_BASE^{commit}" || git fetch --quiet origin "$$KVGATE_MERGE_BASE"',
-            'git worktree add --force --detach .kvgate-vllm-base "$$KVGATE_MERGE_BASE"',
+            'git -C "$$checkout" cat-file -e "$$KVGATE_MERGE_BASE^{commit}" || '
+            'git -C "$$checkout" fetch --quiet origin "$$KVGATE_MERGE_BASE"',
+            'git -C "$$checkout" worktree add --force --detach "$$work/vllm-base" "$$KVGATE_MERGE_BASE"',
             # Each side's per-commit wheel where vLLM published one, named in a file cell_job.py's environment reads.
-            'MERGE_BASE="$$KVGATE_MERGE_BASE" HEAD_SHA="$$BUILDKITE_COMMIT" WHEELS_DIR="$$PWD/.kvgate-wheels" '
-            'GITHUB_ENV="$$PWD/.kvgate-wheels.env" python3 .kvgate/ci/fetch_vllm_wheels.py',
-            "if [ -f .kvgate-wheels.env ]; then set -a; . ./.kvgate-wheels.env; set +a; fi",
-            f'status=0; KVGATE_RUN_DIR="$$PWD/{results}" KVGATE_VLLM_HEAD="$$PWD" '
-            'KVGATE_VLLM_BASE="$$PWD/.kvgate-vllm-base" KVGATE_VLLM_OVERLAY_BASE="$$KVGATE_MERGE_BASE" '
-            "python3 .kvgate/ci/cell_job.py || status=$$?",
-            f'buildkite-agent artifact upload "{results}/**/*"',
+            'MERGE_BASE="$$KVGATE_MERGE_BASE" HEAD_SHA="$$BUILDKITE_COMMIT" WHEELS_DIR="$$work/wheels" '
+            'GITHUB_ENV="$$work/wheels.env" python3 -I .kvgate/ci/fetch_vllm_wheels.py',
+            "if [ -f wheels.env ]; then set -a; . ./wheels.env; set +a; fi",
+            f"mkdir {literal(results)}",  # the results folder starts empty (cell_job.py refuses one that is not)
+            f'status=0; KVGATE_RUN_DIR="$$work/{literal(results)}" KVGATE_VLLM_HEAD="$$checkout" '
+            'KVGATE_VLLM_BASE="$$work/vllm-base" KVGATE_VLLM_OVERLAY_BASE="$$KVGATE_MERGE_BASE" '
+            "python3 -I .kvgate/ci/cell_job.py || status=$$?",
+            f'buildkite-agent artifact upload "{literal(results)}/**/*"',
+            'git -C "$$checkout" worktree remove --force "$$work/vllm-base" || true',
             'exit "$$status"',
         ],
         "timeout_in_minutes": CELL_TIMEOUT_MINUTES,
@@ -160,14 +187,18 @@ def gate_step(plan: Mapping[str, Any], cell_keys: Sequence[str], queue: str) -> 
         "label": GATE_KEY,
         "key": GATE_KEY,
         "agents": {"queue": queue},
-        "env": {"PLAN_RESULT": "success", "PLANNED_MATRIX": json.dumps(plan, separators=(",", ":")),
+        # the plan, as data: a changed path it names (selected_by) reaches the gate job unchanged, never interpolated
+        "env": {"PLAN_RESULT": "success", "PLANNED_MATRIX": literal(json.dumps(plan, separators=(",", ":"))),
                 "KVGATE_SIDES": "base,head"},
         "commands": [
             *_KVGATE_CHECKOUT,
+            # Both start empty: nothing but what this build's cells uploaded reaches the gate (mkdir fails on a
+            # folder that is there already)
+            "mkdir kvgate-artifacts kvgate-run",
             # No artifact at all is not an error here: the gate names every planned cell without results.
-            f'buildkite-agent artifact download "{CELL_KEY_PREFIX}*" .kvgate-artifacts/ || true',
-            'status=0; ARTIFACTS_DIR="$$PWD/.kvgate-artifacts" KVGATE_RUN_DIR="$$PWD/kvgate-run" '
-            "python3 .kvgate/ci/gate_job.py || status=$$?",
+            f'buildkite-agent artifact download "{CELL_KEY_PREFIX}*" kvgate-artifacts/ || true',
+            'status=0; ARTIFACTS_DIR="$$work/kvgate-artifacts" KVGATE_RUN_DIR="$$work/kvgate-run" '
+            "python3 -I .kvgate/ci/gate_job.py || status=$$?",
             'if [ "$$status" -eq 0 ]; then style=success; else style=error; fi',
             # ci/gate_job.py folds the report into annotation.md to fit Buildkite's 1 MiB; the whole is an artifact
             f'if [ -f kvgate-run/gate/{ANNOTATION_FILE} ]; then buildkite-agent annotate --style "$$style" '
@@ -180,7 +211,7 @@ def gate_step(plan: Mapping[str, Any], cell_keys: Sequence[str], queue: str) -> 
         "timeout_in_minutes": GATE_TIMEOUT_MINUTES,
     }
     if cell_keys:
-        step["depends_on"] = list(cell_keys)
+        step["depends_on"] = list(cell_keys)  # the cell steps' keys, already literal
         step["allow_dependency_failure"] = True
     return step
 
@@ -253,14 +284,14 @@ def vllm_step_file(matrix: Matrix, queues: BuildkiteQueues, run: BuildkiteRun) -
             "timeout_in_minutes": PLAN_TIMEOUT_MINUTES,
             "source_file_dependencies": selecting_paths(matrix),
             "commands": [
-                f"git clone --quiet {run.kvgate_repository} .kvgate",
-                f"git -C .kvgate checkout --quiet --detach {run.kvgate_ref}",
-                "python3 -m pip install --quiet --require-hashes --only-binary :all: "
-                "-r .kvgate/ci/requirements-nox.txt",
                 'git fetch --quiet origin "$${BUILDKITE_PULL_REQUEST_BASE_BRANCH:-main}"',
                 "MERGE_BASE=$$(git merge-base FETCH_HEAD HEAD)",
-                'nox -f .kvgate/noxfile.py -s matrix -- --format buildkite --matrix-dir "$$PWD/.kvgate/matrix" '
-                '--vllm-git "$$PWD" --vllm-base "$$MERGE_BASE" --vllm-head "$$BUILDKITE_COMMIT" '
+                *_NEUTRAL_FOLDER,
+                f"git clone --quiet {run.kvgate_repository} .kvgate",
+                f"git -C .kvgate checkout --quiet --detach {run.kvgate_ref}",
+                *_KVGATE_PYTHON,
+                'nox -f .kvgate/noxfile.py -s matrix -- --format buildkite --matrix-dir "$$work/.kvgate/matrix" '
+                '--vllm-git "$$checkout" --vllm-base "$$MERGE_BASE" --vllm-head "$$BUILDKITE_COMMIT" '
                 f"{archs} --kvgate-repository {run.kvgate_repository} --kvgate-ref {run.kvgate_ref} "
                 "> kvgate-pipeline.json",
                 "buildkite-agent pipeline upload kvgate-pipeline.json",

@@ -8,12 +8,14 @@ blocks a PR comment may fold out to fit its size (ci/pr_comment.py) are the `<de
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from kvgate.gate import rerun
 from kvgate.gate.verdict import STATUSES, Check, Verdict, sort_key
 from kvgate.report import grid, words
+from kvgate.report.inert_text import escape_text, start_of_line
 
 MULTIPLICITY = {
     "holm": "Holm (family-wise error rate ≤ alpha over the whole run)",
@@ -136,7 +138,7 @@ def neutral_reasons(verdict: Verdict, *, whole: bool = False) -> str:
 
 
 def render_markdown(verdict: Verdict) -> str:
-    lines = [headline(verdict), ""]
+    lines = [start_of_line(_escape(headline(verdict))), ""]
     lines.append(_context(verdict))
     lines.append("")
     lines.append(totals_line(verdict))
@@ -156,7 +158,7 @@ def render_markdown(verdict: Verdict) -> str:
         for check in attention[:ATTENTION_LINES]:
             lines.append(_attention_line(check))
             lines += [f"  {line}" for line in follow_up(check, verdict.run_info)]
-        lines += [f"- {words.icon_label(e.word)} `{e.cell}` accuracy: {' and '.join(e.zero_filters)} 0.0000, no "
+        lines += [f"- {words.icon_label(e.word)} {_code(e.cell)} accuracy: {' and '.join(e.zero_filters)} 0.0000, no "
                   "question answered right, and no check failed it (no accuracy floor holds this workload)"
                   for e in silent]
         if len(attention) > ATTENTION_LINES:
@@ -189,15 +191,16 @@ def render_markdown(verdict: Verdict) -> str:
                  "Throughput: fails only when the upper bound of the ratio is below 1 - tolerance.")
     if any(c.kind == "fp8_kv_cache" for c in verdict.checks):
         lines.append("- KV cache: each FP8 cell's accuracy engine must have held an FP8 cache (status.json "
-                     "`accuracy.kv_cache`): 1-byte cache elements, attention layers built for an FP8 dtype, and "
-                     "about twice the auto cell's tokens in its KV cache; 2-byte elements or the auto cell's size mean "
-                     "the FP8 setting was ignored.")
+                     "`accuracy.kv_cache`): 1-byte cache elements, attention layers built for an FP8 dtype, and about "
+                     "half the auto cell's bytes a token in the engine's KV cache spec; 2-byte elements or the auto "
+                     "cell's bytes a token mean the FP8 setting was ignored. The cache's size in tokens is reported, "
+                     "not judged: it is what the memory free at engine start allowed.")
     if verdict.baseline:
-        lines.append(f"- Baseline: `{verdict.baseline}` (accuracy with the baseline margin; throughput as the "
+        lines.append(f"- Baseline: {_code(verdict.baseline)} (accuracy with the baseline margin; throughput as the "
                      "ratio of medians over repeats).")
     for note, names in sorted(_notes(verdict).items(), key=lambda item: -len(item[1])):
-        shown = ", ".join(f"`{n}`" for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        lines.append(f"- Note: {note} ({shown}).")
+        shown = ", ".join(_code(n) for n in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        lines.append(f"- Note: {_escape(note)} ({shown}).")
     return "\n".join(lines) + "\n"
 
 
@@ -218,9 +221,9 @@ def multiplicity_text(verdict: Verdict) -> str:
 
 
 def _context(verdict: Verdict) -> str:
-    parts = [f"Run `{verdict.run}`", *run_facts(verdict.run_info)]
+    parts = [f"Run {_code(verdict.run)}", *(_escape(fact) for fact in run_facts(verdict.run_info))]
     if verdict.baseline:
-        parts.append(f"baseline `{verdict.baseline}`")
+        parts.append(f"baseline {_code(verdict.baseline)}")
     parts.append(f"judged {verdict.today}")
     if verdict.required_stages:
         parts.append(f"required stages: {', '.join(verdict.required_stages)}")
@@ -338,16 +341,16 @@ def grid_markdown(verdict: Verdict) -> list[str]:
     references = {c.reference for e in entries for c in (*e.accuracy_changes, *e.throughput_changes)}
     against = {"base": "the base side", "auto": "the auto cell"}
     shown = [r for r in against if r in references]
-    legend = [f"accuracy {' / '.join(filters)}" if filters else "",
+    legend = [f"accuracy {' / '.join(_escape(name) for name in filters)}" if filters else "",
               f"{', '.join(f'Δ{r}' for r in shown)}: points against {', '.join(against[r] for r in shown)}, with the "
               "tested bounds" if shown else "",
               "throughput: median req/s, output tok/s" + "".join(f", x{r}: the ratio to {against[r]}" for r in shown)]
     lines = ["_Each entry: its word; " + "; ".join(part for part in legend if part) + "._", ""]
     for arch_grid in grids:
-        lines += [f"| **{arch_grid.arch}** | " + " | ".join(f"`{c}`" for c in arch_grid.columns) + " |",
+        lines += [f"| **{_escape(arch_grid.arch)}** | " + " | ".join(_code(c) for c in arch_grid.columns) + " |",
                   "|---" * (len(arch_grid.columns) + 1) + "|"]
         for row in arch_grid.rows:
-            label = f"`{row.backend}`" + (f" {_escape(row.model)}" if row.model else "")
+            label = _code(row.backend) + (f" {_escape(row.model)}" if row.model else "")
             lines.append(f"| {label} | " + " | ".join(
                 entry_text(row.entries[c]) if c in row.entries else "" for c in arch_grid.columns) + " |")
         lines.append("")
@@ -382,7 +385,7 @@ def _points(value: float) -> str:
 
 def _attention_line(check: Check) -> str:
     subject = f" [{check.subject}]" if check.subject else ""
-    return (f"- {words.icon_label(words.word_of(check))} `{check.cell}` {check.kind}{subject}: "
+    return (f"- {words.icon_label(words.word_of(check))} {_code(check.cell)} {check.kind}{subject}: "
             f"{_escape(shorten(check.headline or check.detail, HEADLINE_WHAT + 50))}")
 
 
@@ -405,7 +408,7 @@ def _cells(check: Check) -> list[str]:
         adjusted_p = check.adjusted_p_value
         p = _p(check.p_value) + (f" ({_p(adjusted_p)})" if adjusted_p is not None and adjusted_p != check.p_value
                                  else "")
-    return [words.icon_label(words.word_of(check)), f"`{check.cell}`", kind, _escape(check.detail),
+    return [words.icon_label(words.word_of(check)), _code(check.cell), kind, _escape(check.detail),
             interval, _escape(check.threshold_text), p]
 
 
@@ -414,7 +417,17 @@ def _p(p: float) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text that may come from a results folder, as one line of inert Markdown (kvgate.report.inert_text): no link,
+    image, HTML, emphasis, mention or table cell break can form from it."""
+    return escape_text(" ".join(str(text).split()), "")
+
+
+SAFE_CODE = re.compile(r"[A-Za-z0-9_.:/+=, -]{1,300}")
+
+
+def _code(text: str) -> str:
+    """A name in a code span (cell ids, paths) when it is plainly one; else the same, escaped as text."""
+    return f"`{text}`" if SAFE_CODE.fullmatch(str(text)) else _escape(text)
 
 
 def _notes(verdict: Verdict) -> dict[str, list[str]]:

@@ -1,14 +1,16 @@
 """Verdict -> GitHub Actions workflow commands: one `::error title=<check>::<reason>` line per failing check (GitHub
 shows each as an annotation on the run and the pull request), and one `::warning` for a NEUTRAL verdict.
 
-Escaped as GitHub's actions/toolkit escapes them (`escapeData`, `escapeProperty` in packages/core/src/command.ts),
-so a reason with a newline, a colon or a percent sign stays one annotation. GitHub shows at most 10 error
+Escaped as GitHub's actions/toolkit escapes them (`escapeData`, `escapeProperty` in packages/core/src/command.ts), and
+every `::` in a message too (kvgate.report.command_escapes), so a reason with a newline, a colon or a percent sign
+stays one annotation. GitHub shows at most 10 error
 annotations per step; the first 10 are the failures the report leads with, and the last line says how many more.
 """
 
 from __future__ import annotations
 
 from kvgate.gate.verdict import Verdict, sort_key
+from kvgate.report.command_escapes import workflow_command
 from kvgate.report.markdown import headline
 
 GITHUB_ERROR_ANNOTATIONS_PER_STEP = 10  # docs.github.com: "up to 10 error annotations" per step
@@ -23,17 +25,9 @@ def workflow_commands(verdict: Verdict) -> list[str]:
         lines = [*lines[:GITHUB_ERROR_ANNOTATIONS_PER_STEP - 1],
                  error_line("kvgate", f"{more} more failing checks: see the gate's report.md")]
     if verdict.neutral:
-        lines.append(f"::warning title=kvgate::{escape_data(headline(verdict))}")
+        lines.append(workflow_command("warning", headline(verdict), title="kvgate"))
     return lines
 
 
 def error_line(title: str, message: str) -> str:
-    return f"::error title={escape_property(title)}::{escape_data(message)}"
-
-
-def escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_property(text: str) -> str:
-    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+    return workflow_command("error", message, title=title)

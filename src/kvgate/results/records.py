@@ -58,6 +58,7 @@ class KvCacheEvidence:
     tokens: int | None = None  # the KV cache size the engine log reported, in tokens
     k_scales: tuple[float, ...] = ()  # the distinct k/v scales the layers used (contract 1.7; 1.0 = none loaded)
     v_scales: tuple[float, ...] = ()
+    bytes_per_token: float | None = None  # the KV cache spec's bytes per token over all layers (contract 1.9)
     problem: str | None = None
 
     @property
@@ -92,6 +93,7 @@ class StageStatus:
     reason: str | None = None
     log_tail: str | None = None
     interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
+    interleaved_rounds: int | None = None  # and in how many rounds, as status.json says (interleaved.rounds)
     kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
     questions: QuestionsRecord | None = None  # accuracy: the design it ran under; None when not recorded
     elapsed_s: float | None = None  # how long the stage ran (seconds); None when not recorded or not a duration

@@ -14,13 +14,17 @@ from kvgate.results.records import (
     contract_version_tuple,
 )
 
+BYTES_PER_TOKEN_SINCE = (1, 9)  # from this contract version on, the evidence holds the KV cache spec's bytes per token
+
 
 def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunResults, policy: Policy) -> Check:
     """Was the FP8 cell's KV cache FP8? The accuracy stage's evidence (status.json accuracy.kv_cache): the cache
     tensors' element size (1 byte; 2 means the FP8 setting was ignored), the layers' cache dtype (an FP8 one), and
-    the KV cache size in tokens against the auto cell's (an FP8 cache holds about twice as many in the same
-    memory; below the policy's ratio fails). Without evidence: an error for results of contract 1.4 on (their
-    writers must record it), not judged for older ones."""
+    the bytes a token takes in the engine's KV cache spec against the auto cell's (an FP8 cache holds about twice
+    the tokens in a byte; fewer than the policy's ratio fails). The KV cache's size in tokens is reported, never
+    judged: it is what the free memory at engine start allowed (on a GPU other engines share, a fraction). Without
+    evidence: an error for results of contract 1.4 on (their writers must record it), not judged for older ones; a
+    writer of 1.9 on must record the bytes per token."""
     base = dict(cell=cell.identity.id, kind="fp8_kv_cache", model=cell.identity.model, reference="auto cell")
     dtype = cell.identity.kv_cache_dtype
     own = cell.stage("accuracy")
@@ -34,11 +38,12 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
         return Check(**base, status="error", detail=f"{what} ({cell.folder}/status.json)", headline=what)
     minimum = policy.kv_cache.fp8_min_token_ratio
     threshold = {"element_bytes": 1, "min_token_ratio": minimum}
-    threshold_text = f"1-byte elements, an FP8 layer dtype, tokens ≥ {minimum:g}x auto's"
+    threshold_text = f"1-byte elements, an FP8 layer dtype, ≥ {minimum:g}x auto's tokens a byte (KV cache spec)"
     evidence = evidence or KvCacheEvidence()
     figures: dict[str, Any] = {"layers": evidence.layers, "layer_kv_cache_dtypes": list(evidence.layer_kv_cache_dtypes),
                                "tensor_dtypes": list(evidence.tensor_dtypes),
-                               "element_bytes": list(evidence.element_bytes), "tokens": evidence.tokens}
+                               "element_bytes": list(evidence.element_bytes), "tokens": evidence.tokens,
+                               "bytes_per_token": evidence.bytes_per_token}
     broken: list[str] = []
     notes: list[str] = []
     tensors = f" ({', '.join(evidence.tensor_dtypes)})" if evidence.tensor_dtypes else ""
@@ -50,30 +55,43 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
     if not_fp8:
         broken.append(f"the attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type")
     scales_text = _checkpoint_scales(cell, evidence, figures, threshold, broken)
-    # the size against the auto cell's: judged where both engine logs reported one
-    ratio_text, compared, problem = "", False, ""
+    version = _contract_version(cell, run)
+    if evidence.bytes_per_token is None and version is not None and version >= BYTES_PER_TOKEN_SINCE:
+        broken.append("accuracy.kv_cache records no bytes_per_token (the engine's KV cache spec; a writer of "
+                      f"contract {'.'.join(map(str, BYTES_PER_TOKEN_SINCE))} records it)")
+    # the layout against the auto cell's: judged where both engines said their KV cache spec
+    layout_text, compared, problem = "", False, ""
     auto = partner.stage("accuracy") if partner is not None else None
     auto_evidence = auto.status.kv_cache if auto is not None and auto.health == "ok" and auto.status else None
     if auto_evidence is not None and auto_evidence.problem:
         problem = (f"the auto cell's KV cache evidence is unreadable: {auto_evidence.problem} "
                    f"({partner.folder}/status.json)")
-    elif evidence.tokens is not None and auto_evidence is not None and auto_evidence.tokens is not None:
-        ratio = evidence.tokens / auto_evidence.tokens
-        figures.update({"auto_tokens": auto_evidence.tokens, "token_ratio": ratio,
-                        "auto_element_bytes": list(auto_evidence.element_bytes)})
+    elif evidence.bytes_per_token is not None and auto_evidence is not None and auto_evidence.bytes_per_token:
+        ratio = auto_evidence.bytes_per_token / evidence.bytes_per_token
+        figures.update({"auto_bytes_per_token": auto_evidence.bytes_per_token, "bytes_ratio": ratio})
         compared = True
-        ratio_text = f"{evidence.tokens:,} tokens = {ratio:.2f}x the auto cell's"
+        layout_text = (f"{evidence.bytes_per_token:,.6g} bytes a token in the KV cache spec, {ratio:.2f}x fewer "
+                       f"than the auto cell's {auto_evidence.bytes_per_token:,.6g}")
         if ratio < minimum:
-            broken.append(f"{ratio_text} ({auto_evidence.tokens:,}), below {minimum:g}x (an FP8 cache holds about "
-                          "2x in the same memory)")
+            broken.append(f"{evidence.bytes_per_token:,.6g} bytes a token in the KV cache spec against the auto "
+                          f"cell's {auto_evidence.bytes_per_token:,.6g}: {ratio:.2f}x fewer, below {minimum:g}x (an "
+                          "FP8 cache takes about half the bytes)")
     else:
         why = ("no auto cell of the same backend, arch and model in this run" if partner is None else
                f"the auto cell's accuracy stage is {auto.health.replace('_', ' ')}" if auto.health != "ok" else
-               "the auto cell recorded no KV cache size" if evidence.tokens is not None else
-               "this cell recorded no KV cache size")
-        notes.append(f"KV cache size not compared with the auto cell's: {why}")
-        if evidence.tokens is not None:
-            ratio_text = f"{evidence.tokens:,} tokens"
+               "the auto cell recorded no bytes_per_token" if evidence.bytes_per_token is not None else
+               "this cell recorded no bytes_per_token")
+        notes.append(f"KV cache layout not compared with the auto cell's: {why}")
+        if evidence.bytes_per_token is not None:
+            layout_text = f"{evidence.bytes_per_token:,.6g} bytes a token in the KV cache spec"
+    if auto_evidence is not None and not auto_evidence.problem:
+        figures["auto_element_bytes"] = list(auto_evidence.element_bytes)
+    if evidence.tokens is not None:
+        size = f"KV cache size {evidence.tokens:,} tokens"
+        if auto_evidence is not None and auto_evidence.tokens:
+            figures.update({"auto_tokens": auto_evidence.tokens, "token_ratio": evidence.tokens / auto_evidence.tokens})
+            size += f" = {evidence.tokens / auto_evidence.tokens:.2f}x the auto cell's ({auto_evidence.tokens:,})"
+        notes.append(f"{size}: reported, not judged (the size is what the free memory at engine start allowed)")
     if broken:
         return Check(**base, status="fail", figures=figures, threshold=threshold, threshold_text=threshold_text,
                      notes=tuple(notes), detail="; ".join(broken) + f" ({source})", headline="; ".join(broken))
@@ -82,9 +100,8 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
                      detail=problem, headline=problem)
     if not evidence.has_layer_facts and not compared:
         declared = cell.extra.get("contract_version", run.run_info.get("contract_version"))
-        version = (1, 0) if declared is None else contract_version_tuple(declared)
         lacking = ("accuracy has no kv_cache" if own.status is None or own.status.kv_cache is None else
-                   "accuracy.kv_cache has no element_bytes or layer_kv_cache_dtypes, and no KV cache size to "
+                   "accuracy.kv_cache has no element_bytes or layer_kv_cache_dtypes, and no bytes_per_token to "
                    "compare with the auto cell's")
         since = ".".join(map(str, KV_CACHE_EVIDENCE_SINCE))
         if version is not None and version < KV_CACHE_EVIDENCE_SINCE:
@@ -102,8 +119,8 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
         parts.append(f"1-byte cache elements{tensors}")
     elif evidence.layer_kv_cache_dtypes:
         notes.append("the cache tensors' element size was not recorded")
-    if ratio_text:
-        parts.append(ratio_text)
+    if layout_text:
+        parts.append(layout_text)
     if evidence.layer_kv_cache_dtypes:
         layers = f"{evidence.layers} layers" if evidence.layers is not None else "layers"
         parts.append(f"{layers} built for {', '.join(evidence.layer_kv_cache_dtypes)}")
@@ -111,6 +128,11 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
         parts.append(scales_text)
     return Check(**base, status="pass", figures=figures, threshold=threshold, threshold_text=threshold_text,
                  notes=tuple(notes), detail=", ".join(parts))
+
+
+def _contract_version(cell: CellResults, run: RunResults) -> tuple[int, int] | None:
+    declared = cell.extra.get("contract_version", run.run_info.get("contract_version"))
+    return (1, 0) if declared is None else contract_version_tuple(declared)
 
 
 def _checkpoint_scales(cell: CellResults, evidence: KvCacheEvidence, figures: dict[str, Any],

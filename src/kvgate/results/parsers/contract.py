@@ -95,7 +95,9 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         retries = tuple(f"{r['run']}: {r['reason']}" for r in entry.get("infra_retries", ()))  # the schema checked them
         engines = parse_engines(entry["engines"], source, f"{stage}.engines") if stage == "throughput" and \
             "engines" in entry else None
+        rounds = interleaved.get("rounds") if interleaved is not None else None  # the schema checked its type
         out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
+                                 interleaved_rounds=rounds if isinstance(rounds, int) else None,
                                  kv_cache=kv_cache, questions=questions, elapsed_s=stage_duration(
                                      entry.get("elapsed_s", entry.get("seconds") if stage == "kernels" else None)),
                                  infra_retries=retries, engines=engines)
@@ -140,7 +142,7 @@ _DTYPE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 def parse_kv_cache(value: Any, where: str) -> KvCacheEvidence:
     """status.json accuracy.kv_cache -> KvCacheEvidence. Never raises: the evidence is optional and judged by one
     check, so a malformed value becomes `problem` (every fault, each with its key path) and that check errors,
-    while the rest of the cell is still read. Keys beyond the seven known ones are ignored (a newer minor)."""
+    while the rest of the cell is still read. Keys beyond the eight known ones are ignored (a newer minor)."""
     if not isinstance(value, Mapping):
         return KvCacheEvidence(problem=f"{where}: expected an object, got {_describe(value)}")
     problems: list[str] = []
@@ -161,6 +163,8 @@ def parse_kv_cache(value: Any, where: str) -> KvCacheEvidence:
         if key in value:
             items = _list(value[key], f"{where}.{key}", problems, KV_CACHE_MAX_SCALES)
             fields[key] = tuple(_scale(item, f"{where}.{key}[{i}]", problems) for i, item in enumerate(items))
+    if "bytes_per_token" in value:  # 1.9
+        fields["bytes_per_token"] = _bytes_per_token(value["bytes_per_token"], f"{where}.bytes_per_token", problems)
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         return KvCacheEvidence(problem="; ".join(problems[:3]) + more)
@@ -172,6 +176,19 @@ def _scale(value: Any, where: str, problems: list[str]) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not 0 < value <= KV_SCALE_MAX:
         problems.append(f"{where}: expected a scale in (0, {KV_SCALE_MAX:g}], got {_describe(value)}")
+        return 0.0
+    return float(value)
+
+
+KV_CACHE_MAX_BYTES_PER_TOKEN = 10**9  # a token's KV cache over all layers: about 10^5 bytes for the largest models
+
+
+def _bytes_per_token(value: Any, where: str, problems: list[str]) -> float:
+    """A KV cache spec's bytes per token: a finite number in (0, KV_CACHE_MAX_BYTES_PER_TOKEN]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= KV_CACHE_MAX_BYTES_PER_TOKEN:
+        problems.append(f"{where}: expected a number of bytes in (0, {KV_CACHE_MAX_BYTES_PER_TOKEN:,}], got "
+                        f"{_describe(value)}")
         return 0.0
     return float(value)
 

@@ -65,12 +65,44 @@ def layer_kv_cache_facts(model: Any) -> dict[str, Any]:
             **{key: sorted(values) for key, values in scales.items()}}
 
 
+def worker_kv_cache_spec_facts(worker: Any) -> dict[str, Any]:
+    """The KV cache the worker's engine laid out, from its own KV cache spec (`Worker.get_kv_cache_spec()`, vLLM's
+    v1/kv_cache_interface.py: one spec per attention layer, `page_size_bytes` for `block_size` tokens): the bytes one
+    token takes over all the attention layers, and the dtypes the specs hold. Unlike the cache's size in tokens,
+    which is what the free memory at engine start allows, this depends only on the cache's layout: an FP8 cache
+    takes about half the bytes of a bf16 one (vLLM's fp8_ds_mla 656 of 1,152 a layer). Runs in the worker
+    (`LLM.collective_rpc`)."""
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    per_token = 0.0
+    dtypes: set[str] = set()
+    layers = 0
+    for spec in worker.get_kv_cache_spec().values():
+        if not isinstance(spec, AttentionSpec) or not spec.block_size:
+            continue  # e.g. a Mamba layer's state: per request, not per token
+        layers += 1
+        per_token += spec.page_size_bytes / spec.block_size
+        dtypes.add(str(spec.dtype).removeprefix("torch."))
+    return {"spec_layers": layers, "bytes_per_token": per_token, "spec_dtypes": sorted(dtypes)}
+
+
 def engine_kv_cache_facts(llm: Any) -> dict[str, Any]:
-    """Every worker's layer KV cache facts, merged."""
+    """Every worker's layer KV cache facts, merged; with the bytes per token of its KV cache spec (the largest of
+    the workers': tensor-parallel ranks each hold their share) where the engine can say it."""
     listed = ("layer_kv_cache_dtypes", "tensor_dtypes", "element_bytes", "k_scales", "v_scales")
     merged: dict[str, Any] = {"layers": 0, **{key: set() for key in listed}}
     for per_worker in llm.apply_model(layer_kv_cache_facts):
         merged["layers"] += per_worker["layers"]
         for key in listed:
             merged[key].update(per_worker.get(key, ()))
-    return {key: sorted(value) if isinstance(value, set) else value for key, value in merged.items()}
+    facts = {key: sorted(value) if isinstance(value, set) else value for key, value in merged.items()}
+    try:
+        specs = [s for s in llm.collective_rpc(worker_kv_cache_spec_facts) if s.get("spec_layers")]
+    except Exception as error:  # an engine whose workers cannot say it: the gate then has no figure to judge
+        print(f"kvgate: cannot ask the engine for its KV cache spec ({type(error).__name__}: {error})", flush=True)
+        specs = []
+    if specs:
+        per_token = max(s["bytes_per_token"] for s in specs)
+        facts["bytes_per_token"] = int(per_token) if float(per_token).is_integer() else round(per_token, 3)
+        facts["spec_dtypes"] = sorted({d for s in specs for d in s["spec_dtypes"]})
+    return facts

@@ -84,7 +84,8 @@ def read_kv_cache_tokens(log_text: str) -> list[int]:
     return sizes
 
 
-_EXCEPTION = re.compile(r"\b(?P<name>[A-Z]\w*(?:Error|Exception))\b(?::\s*(?P<message>.*))?$")
+# an exception line, its class qualified or not (PyTorch raises `torch.OutOfMemoryError: CUDA out of memory. ...`)
+_EXCEPTION = re.compile(r"(?:[a-z_]\w*\.)*\b(?P<name>[A-Z]\w*(?:Error|Exception))\b(?::\s*(?P<message>.*))?$")
 
 
 def failure_cause(log_text: str) -> str | None:

@@ -18,8 +18,14 @@ from typing import Any
 from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine.backend_check import backend_mismatch
-from kvgate.runners.engine.infrastructure import infrastructure_failure, retry_header, twice_failed_reason
+from kvgate.runners.engine.infrastructure import (
+    infrastructure_failure,
+    is_free_memory,
+    retry_header,
+    twice_failed_reason,
+)
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
+from kvgate.runners.environment.memory_holders import other_gpu_processes
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import lm_eval_arguments
 from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
@@ -81,7 +87,8 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         elif result.returncode == EXIT_BACKEND_MISMATCH or (result.ok and mismatch):
             status, reason = "error", f"wrong attention backend: {mismatch or 'the engine ran another backend'}"
         elif infrastructure_again:
-            status, reason = "error", twice_failed_reason(infrastructure_again)
+            status, reason = "error", twice_failed_reason(infrastructure_again, other_gpu_processes(
+                ctx.env) if is_free_memory(infrastructure_again) else None)
         elif not result.ok:
             cause = failure_cause(_read_text(log))
             status, reason = "error", (f"the accuracy run {describe_exit(result.returncode)} ({_last_step(report)})"
@@ -177,6 +184,8 @@ def kv_cache_evidence(layers: Any, logged_tokens: list[int]) -> dict[str, Any]:
         for key in ("k_scales", "v_scales"):  # 1.7: what the layers write and read their cache with
             if layers.get(key):
                 evidence[key] = layers[key]
+        if layers.get("bytes_per_token"):  # 1.9: from the engine's KV cache spec
+            evidence["bytes_per_token"] = layers["bytes_per_token"]
     if logged_tokens:
         evidence["tokens"] = logged_tokens[-1]
     return evidence

@@ -18,9 +18,15 @@ from kvgate.results import cell_folder
 from kvgate.runners.context import CellContext
 from kvgate.runners.engine.backend_check import backend_mismatch
 from kvgate.runners.engine.bench_output import BenchFigures, read_bench_figures
-from kvgate.runners.engine.infrastructure import infrastructure_failure, retry_header, twice_failed_reason
+from kvgate.runners.engine.infrastructure import (
+    infrastructure_failure,
+    is_free_memory,
+    retry_header,
+    twice_failed_reason,
+)
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence
 from kvgate.runners.engine.throughput_repeats import EXIT_INFRASTRUCTURE, INFRASTRUCTURE_PREFIX
+from kvgate.runners.environment.memory_holders import other_gpu_processes
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import ThroughputDesign, throughput_repeats_argv
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
@@ -100,7 +106,8 @@ class ThroughputSession:
             text = engine_log.read_text(encoding="utf-8", errors="replace")
             again = None if result.ok or result.timed_out else infrastructure_failure(text)
             if again:
-                raise _StageFailed("error", f"{label}: {twice_failed_reason(again)}", result.log_tail)
+                processes = other_gpu_processes(ctx.env) if is_free_memory(again) else None
+                raise _StageFailed("error", f"{label}: {twice_failed_reason(again, processes)}", result.log_tail)
         summary = _read_summary(summary_path)
         self.engines.append({"engine": number, "repeats": list(range(first, first + design.repeats)),
                              **{key: summary[key] for key in ("engine_start_s", "warmup_s") if key in summary},
