@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import archives
+from cpu_run_fixture import copy_of_the_matrix, without_checkpoint_kv_scales
 from kvgate import InputErrors
 from kvgate.change.patch import classify, parse_patch
 from kvgate.cli.canaries_command import CANARIES_FILE, REPO_ROOT, judge, load_canaries

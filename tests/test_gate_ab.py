@@ -266,7 +266,7 @@ def test_attack_an_ab_run_not_interleaved_cannot_pick_the_unpaired_test(tmp_path
     refused = checks(run, "cell")[(AUTO, None)]
     assert refused["status"] == "error"
     assert f"{run}/{AUTO}/status.json throughput.interleaved is absent, but an A/B run's throughput runs both sides " \
-           "by turns in at least 7 rounds (matrix/policy.toml throughput.rounds)" in refused["detail"]
+           "by turns" in refused["detail"]
     assert not checks(run, "throughput")  # nothing of the refused cell is judged
     assert capsys.readouterr().out.startswith(f"❌ kvgate: 1 of 1 checks failed — {AUTO} cell disagrees with the "
                                               "trusted side")

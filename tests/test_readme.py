@@ -38,6 +38,8 @@ def test_try_the_gate_judges_the_sample_runs_the_tests_judge_under_the_default_p
     session = noxfile.split("def try_gate(", 1)[1].split("\n@nox.session", 1)[0]
     assert 'SAMPLE_RUNS = ROOT / "tests" / "fixtures" / "canaries" / "ci-canaries.tar.xz"' in noxfile
     assert '(("harmless-refactor", 0), ("fp8-scale-mismatch", 1))' in session and "--policy" not in session
+    # the matrix the runs were made with: today's without the CPU FP8 cell's checkpoint scales (as the tests judge them)
+    assert 'replace(\'\\nfp8_kv_scales = "checkpoint"\\n\', "\\n")' in session
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert ("✅ kvgate: all 7 checks passed; 3 stages ran with nothing to judge them\n❌ kvgate: 4 of 7 checks failed — "
             "cpu_attn-fp8-cpu fp8_accuracy [strict-match] drop 82.9 pts, lower bound 70.8 > margin 3.0 … (+3 more)"

@@ -178,7 +178,7 @@ def test_an_engine_start_without_memory_for_its_kv_cache_is_an_infrastructure_fa
 
     entry = status(ctx)["throughput"]
     assert (outcome.status, entry["status"]) == ("ok", "ok")
-    assert [retry["run"] for retry in entry["infra_retries"]] == ["warm-up 1/1"]
+    assert [retry["run"] for retry in entry["infra_retries"]] == ["engine 1/1"]
     assert entry["infra_retries"][0]["reason"].startswith(
         f"too little free memory at engine start: no memory was left for the KV cache: {NO_CACHE_CAUSE}")
 
@@ -202,7 +202,7 @@ def test_a_second_start_without_memory_is_the_stages_error_naming_the_other_proc
 
     entry = stage_entry(ctx, stage)
     assert starts(python) == 2 and entry["status"] == "error"
-    prefix = "warm-up 1/1: " if stage == "throughput" else ""
+    prefix = "engine 1/1: " if stage == "throughput" else ""
     assert entry["reason"].startswith(
         f"{prefix}infrastructure: the engine found too little free memory to start, twice (too little free memory at "
         f"engine start: no memory was left for the KV cache: {NO_CACHE_CAUSE}")

@@ -218,13 +218,20 @@ def test_attack_the_base_side_of_an_ab_run_is_held_to_the_matrix_too(tmp_path):
     assert baseline["status"] == "missing"  # the head has no base side to be compared with
 
 
-def test_every_shipped_workload_repeats_the_policys_rounds():
-    """An A/B run of the shipped matrix interleaves each workload's `repeats` rounds (kvgate.runners.stages.throughput),
-    and the trusted side refuses fewer than the policy's: so no workload may declare fewer (the CPU default's tiny
-    models included, whose throughput ran 3 repeats before)."""
+def test_every_measured_workload_design_catches_a_ten_percent_slowdown():
+    """The trusted side holds each folder to its workload's throughput design (engines and repeats a side). A design
+    of fewer engines than the policy's rounds cannot pair its A/B engines, so it rests on the engine-to-engine SD
+    measured for its cells: every measured cell of the shipped matrix must then catch a 10 % slowdown at least 90 % of
+    the time at that noise (the unmeasured ones state their weak power in every check)."""
+    from kvgate.statistics import power
     from synthetic_run import shipped_matrix, shipped_policy
 
-    rounds = shipped_policy().throughput.rounds
-    short = {name: w.throughput.get("repeats") for name, w in shipped_matrix().workloads.items()
-             if int(w.throughput.get("repeats", 3)) < rounds}
-    assert short == {}, f"fewer repeats than policy.toml throughput.rounds ({rounds})"
+    tput, workloads = shipped_policy().throughput, shipped_matrix().workloads
+    measured = [n for n in tput.measured_noise if n.workload in workloads and n.engine_sd is not None]
+    assert {n.cell for n in measured} == {"flashmla-fp8-sm90", "flashmla-auto-sm90"}
+    for noise in measured:
+        design = workloads[noise.workload].throughput
+        caught = power.engine_ab_power(int(design.get("engines", 1)), int(design["repeats"]), repeat_sd=noise.repeat_sd,
+                                       engine_sd=noise.engine_sd, tolerance=tput.tolerance, slowdown=0.10,
+                                       alpha=tput.alpha)
+        assert caught >= 0.9, (noise.cell, caught)
