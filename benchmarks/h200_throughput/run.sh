@@ -11,7 +11,10 @@
 #                                            --base-vllm release (an A/B of a throughput canary)
 #                             slower-N-fp8   the fp8 cell alone, the same A/B
 #                             llama          flash_attn fp8 + auto cells, one side (the release)
-#   run.sh wait SECONDS       until the queue ended or failed, or SECONDS; prints what each engine measured
+#                             llama-fp8-aa   the flash_attn fp8 cell, --vllm release --base-vllm release (A/A)
+#   run.sh wait SECONDS       until the queue ended or failed, or SECONDS; prints what each engine measured, and
+#                             leaves what the queue wrote so far in $OUT/partial.tar.xz (a session's device time
+#                             may end before `collect`)
 #   run.sh collect            kvgate gate on every run (--require-baseline for the A/B ones), the figures
 #                             (figures.py) and the raw results to $OUT
 set -uo pipefail
@@ -29,6 +32,7 @@ job_args() {  # JOB -> the arguments of its `kvgate run throughput`
                   echo "$fp8 --vllm patch:$HERE/patches/flashmla-fp8-decode-slower-$n.patch --base-vllm release" ;;
     slower-*) echo "$fp8 $auto --vllm patch:$HERE/patches/flashmla-fp8-decode-slower-${1#slower-}.patch --base-vllm release" ;;
     llama) echo "--cell flash_attn-fp8-sm90 --cell flash_attn-auto-sm90 --vllm release" ;;
+    llama-fp8-aa) echo "--cell flash_attn-fp8-sm90 --vllm release --base-vllm release" ;;
     *) echo "unknown job $1" >&2; return 2 ;;
   esac
 }
@@ -61,10 +65,11 @@ args)
   job_args "$2" ;;
 wait)
   end=$((SECONDS + ${2:-300}))
+  failed_before=$(grep -c " exit [1-9]" "$H/queue.status" 2>/dev/null)
   while [ $SECONDS -lt $end ]; do
     grep -q "^queue done" "$H/queue.status" 2>/dev/null && break
-    # a job that failed to start an engine: stop waiting, say so
-    if grep -q " exit [1-9]" "$H/queue.status" 2>/dev/null; then
+    # a job that ended badly while this call waited: stop waiting, say so (the queue goes on with the next job)
+    if [ "$(grep -c " exit [1-9]" "$H/queue.status" 2>/dev/null)" -gt "${failed_before:-0}" ]; then
       last=$(grep " exit [1-9]" "$H/queue.status" | tail -1); echo "a job ended badly: $last"; break
     fi
     sleep 5
@@ -74,7 +79,8 @@ wait)
     [ "$(basename "$log")" = queue.log ] && continue
     echo "== $(basename "$log")"
     grep -E "^kvgate: (\[|.*repeat [0-9]+: Throughput|engine started|warm-up of)|^kvgate-(infrastructure|machine)|Error|error:" "$log" | tail -14
-  done ;;
+  done
+  [ -n "${OUT:-}" ] && tar cf - -C "$H" runs logs queue.status 2>/dev/null | xz -T8 -6 > "$OUT/partial.tar.xz" ;;
 collect)
   for dir in "$H"/runs/*/; do
     job=$(basename "$dir")
