@@ -20,7 +20,11 @@ from kvgate.statistics.margins import run_to_run_sd_estimate
 
 def engines_of(cell_dir: Path) -> list[dict]:
     """[{engine, repeats: [req/s...], start_s, warmup_s, clocks}] of one cell side's throughput stage."""
-    status = json.loads((cell_dir / "status.json").read_text())["throughput"]
+    status_file = cell_dir / "status.json"
+    if not status_file.is_file():  # a side the device time cut short: no status written
+        return [{"engine": None, "rps": [], "status": "unfinished", "reason": "no status.json (the run was cut short)",
+                 "elapsed_s": None}]
+    status = json.loads(status_file.read_text())["throughput"]
     out = []
     for engine in status.get("engines", []):
         values = []

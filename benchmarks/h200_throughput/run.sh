@@ -64,6 +64,8 @@ start)
 args)
   job_args "$2" ;;
 wait)
+  # no queue on this machine (a fresh one: the lent machine went back between calls): say so at once, never wait
+  [ -f "$H/queue.status" ] || { echo "no queue here ($H/queue.status is missing): this is a fresh machine"; exit 2; }
   end=$((SECONDS + ${2:-300}))
   failed_before=$(grep -c " exit [1-9]" "$H/queue.status" 2>/dev/null)
   while [ $SECONDS -lt $end ]; do

@@ -194,10 +194,13 @@ def _measured_table(tput: policy_module.ThroughputPolicy, policy_path: Path | No
             "|---|---|---|---|---|---|---|---|---|---|"]
     for noise in tput.measured_noise:
         workload = workloads.get(noise.workload)
-        if noise.engine_sd is not None and workload is not None:
+        if workload is not None and (noise.engine_sd is not None or "repeats" in workload.throughput):
+            # the design the workload runs; where no engine SD is measured, the gate's stand-in
+            # (ThroughputPolicy.engine_sd_for: the policy's run-to-run SD) is what the test assumes
             engines = int(workload.throughput.get("engines", 1))
             repeats = int(workload.throughput["repeats"])
-            repeat_sd, engine_sd = noise.repeat_sd, noise.engine_sd
+            repeat_sd = noise.repeat_sd
+            engine_sd = noise.engine_sd if noise.engine_sd is not None else tput.run_to_run_sd
             design = f"{engines} engine{'s' if engines > 1 else ''} x {repeats} repeats"
         else:  # each repeat its own engine: the paired design of the policy's rounds
             engines, repeats = tput.rounds, 1
@@ -215,7 +218,8 @@ def _measured_table(tput: policy_module.ThroughputPolicy, policy_path: Path | No
                                     run_to_run_sd=tput.run_to_run_sd, tolerance=tput.tolerance, slowdown=0.10,
                                     alpha=tput.alpha_unpaired)
         where = noise.workload + ("" if workload is not None else " (not in this matrix)")
-        engine_text = "-" if noise.engine_sd is None else f"{100 * noise.engine_sd:.3g} %"
+        engine_text = ("-" if workload is None else f"{100 * engine_sd:.3g} % (run_to_run_sd stands in)") \
+            if noise.engine_sd is None else f"{100 * noise.engine_sd:.3g} %"
         rows.append(f"| {noise.cell} | {where} | {100 * noise.repeat_sd:.3g} % | {engine_text} | {design} | "
                     f"{' / '.join(_percent(caught(s)) for s in slowdowns)} | {_percent(caught(0.0))} | "
                     f"{_percent(caught(tput.tolerance))} | {_percent(stored)} | {noise.date}, {noise.engines} engines, "
