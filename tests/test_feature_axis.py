@@ -207,3 +207,31 @@ def test_a_run_naming_an_unknown_feature_fails_that_cell_naming_why(tmp_path, ca
     err = capsys.readouterr().err
     assert code == 1, err
     assert "flashmla-fp8-sm90-spec_decode/cell.json: unknown feature 'eagle' in feature. Known: spec_decode, tp2" in err
+
+
+def test_the_trusted_side_holds_feature_engine_args_to_the_matrix(real_matrix):
+    from kvgate.gate.trusted import identity_problems, trusted_cells
+    from kvgate.results.records import CellIdentity, CellResults
+
+    trusted = trusted_cells(real_matrix)
+    identity = CellIdentity(backend="FLASHMLA", kv_cache_dtype="fp8", arch="sm90", feature="tp2",
+                            model="deepseek-ai/DeepSeek-V2-Lite-Chat", task="kvgate_gsm8k_test_train")
+
+    def problems(**extra):
+        return identity_problems(CellResults(identity=identity, folder="run/c", stages={}, extra=extra), trusted)
+
+    assert problems(feature_engine_args={"tensor_parallel_size": 2}) == []
+    assert problems(feature_engine_args={"tensor_parallel_size": 1}) == [
+        "run/c/cell.json feature_engine_args is {'tensor_parallel_size': 1}, but the matrix says "
+        "{'tensor_parallel_size': 2} for flashmla-fp8-sm90-tp2 (matrix/axes.toml features.tp2.engine_args)"]
+    plain = CellIdentity(backend="FLASHMLA", kv_cache_dtype="auto", arch="sm90",
+                         model="deepseek-ai/DeepSeek-V2-Lite-Chat", task="kvgate_gsm8k_test_train")
+    said = identity_problems(CellResults(identity=plain, folder="run/p", stages={},
+                                         extra={"feature_engine_args": {"tensor_parallel_size": 2}}), trusted)
+    assert said == ["run/p/cell.json feature_engine_args is {'tensor_parallel_size': 2}, but the matrix says none for "
+                    "flashmla-auto-sm90 (a plain cell turns no feature on)"]
+    # a feature the matrix does not give this backend: no cell of the matrix
+    other = CellIdentity(backend="TRITON_MLA", kv_cache_dtype="fp8", arch="sm90", feature="tp2",
+                         model="deepseek-ai/DeepSeek-V2-Lite-Chat", task="kvgate_gsm8k_test_train")
+    [refusal] = identity_problems(CellResults(identity=other, folder="run/t", stages={}, extra={}), trusted)
+    assert "names cell triton_mla-fp8-sm90-tp2, which is no cell of the matrix" in refusal
