@@ -57,14 +57,15 @@ def shipped_policy() -> Policy:
 
 
 def write_cell(run_dir: Path, *, backend: str, kv_cache_dtype: str, arch: str, model: str | None = None,
-               task: str | None = None, folder: str | None = None, extra: Mapping[str, Any] | None = None) -> Path:
+               task: str | None = None, folder: str | None = None, extra: Mapping[str, Any] | None = None,
+               feature: str = "") -> Path:
     """cell.json as kvgate's runners write it for the shipped matrix's cell (model, task, workload, the FP8 cell's
     k/v scale settings: what the gate holds a folder to); `model`, `task` and `extra` write something else. A cell
     the matrix does not have gets the model and task of its backend on its arch, else SEED_MODEL on gsm8k."""
-    cell_dir = Path(run_dir) / (folder or cell_id(backend, kv_cache_dtype, arch))
+    cell_dir = Path(run_dir) / (folder or cell_id(backend, kv_cache_dtype, arch, feature))
     cell_dir.mkdir(parents=True, exist_ok=True)
     cells = shipped_matrix().cells
-    declared = next((c for c in cells if c.id == cell_id(backend, kv_cache_dtype, arch)), None)
+    declared = next((c for c in cells if c.id == cell_id(backend, kv_cache_dtype, arch, feature)), None)
     sibling = next((c for c in cells if (c.backend, c.arch) == (backend, arch)), None)  # another dtype of the cell
     record = {"contract_version": 1, **(declared.as_record() if declared is not None else
                                         {"backend": backend, "kv_cache_dtype": kv_cache_dtype, "arch": arch,

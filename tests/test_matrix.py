@@ -85,19 +85,21 @@ def test_cuda_runs_fp8_once_per_backend_not_its_e4m3_alias(real_matrix):
     assert alias.link == "https://github.com/vllm-project/vllm/blob/v0.26.0/vllm/config/cache.py"
 
 
-def test_the_matrix_counts_59_cells(real_matrix):
-    """README says how many cells there are; 77 before fp8_e4m3 left CUDA (18 cells)."""
+def test_the_matrix_counts_67_cells(real_matrix):
+    """README says how many cells there are; 77 before fp8_e4m3 left CUDA (18 cells); 59 plain ones and 8 of the
+    feature axis (spec_decode and tp2: FLASHMLA and FLASH_ATTN on sm90, auto and fp8 each)."""
     counts = {arch: len(cells) for arch, cells in real_matrix.cells_by_arch().items()}
-    assert counts == {"sm80": 7, "sm89": 10, "sm90": 14, "sm100": 15, "sm120": 10, "cpu": 3}
-    assert len(real_matrix.cells) == 59
-    assert "(59 today)" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert counts == {"sm80": 7, "sm89": 10, "sm90": 22, "sm100": 15, "sm120": 10, "cpu": 3}
+    assert len(real_matrix.cells) == 67
+    assert len([c for c in real_matrix.cells if c.feature is None]) == 59
+    assert "(67 today)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_every_fp8_cell_has_an_auto_partner(real_matrix):
     all_ids = ids(real_matrix.cells)
     for cell in real_matrix.cells:
         if cell.is_fp8:
-            assert kvmatrix.cell_id(cell.backend, "auto", cell.arch) in all_ids, cell.id
+            assert kvmatrix.cell_id(cell.backend, "auto", cell.arch, cell.feature_name) in all_ids, cell.id
 
 
 def test_cell_ids_are_unique_and_models_follow_mla(real_matrix):
@@ -228,7 +230,7 @@ def test_missing_file(matrix_copy):
 
 
 def test_workload_may_not_set_what_the_cell_sets(matrix_copy):
-    edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 16384 }",
+    edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 16384, enforce_eager = false }",
          'model_args = { max_model_len = 16384, kv_cache_dtype = "fp8" }')
     assert load_errors(matrix_copy) == [
         f"{matrix_copy}/workloads.toml: 'kv_cache_dtype' is set by kvgate from the cell in "

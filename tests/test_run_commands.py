@@ -29,6 +29,7 @@ def test_model_args_select_the_backend_by_engine_argument(cells):
         "attention_backend": "FLASHINFER_MLA",
         "trust_remote_code": True,
         "max_model_len": 16384,
+        "enforce_eager": False,  # CUDA graphs, as users run (matrix/workloads.toml)
     }
 
 

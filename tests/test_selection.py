@@ -235,7 +235,7 @@ def test_sizes_and_hostile_paths(matrix):
     assert graph.changed({"vllm/b.py": None}).edges("vllm.a") == {"vllm"}
     for path in ("vllm/../etc/passwd.py", "vllm/a b.py", "vllm/\u202eevil.py", "vllmx/a.py", "vllm/a.pyc"):
         assert import_graph.module_of(path) is None
-    assert set(VERDICTS) == {"loaded", "unloaded", "inert", "compiled", "unknown", "no_graph"}
+    assert set(VERDICTS) == {"loaded", "unloaded", "inert", "compiled", "feature", "unknown", "no_graph"}
 
 
 @needs_vllm

@@ -14,8 +14,13 @@ Each changed path then gets one verdict:
     inert     a path of [selection] inert (docs, examples, vLLM's own tests, CI files): no cell
     compiled  what the graph cannot see (csrc/, CMake, build files): the backends whose `sources` globs claim it,
               every cell for [shared] sources
+    feature   a path that only a feature's vllm_paths claim (matrix/axes.toml [features]): that feature's cells
     unknown   anything else: every cell, with the reason (never silently none)
     no_graph  a module of the package when no vLLM source was given to read the graph from: every cell
+
+A path a feature's vllm_paths claim (vllm/v1/spec_decode/** for spec_decode, vllm/distributed/... and the all-reduce
+kernels for tp2) selects that feature's cells besides whatever its verdict selects: the change implies the feature,
+whether or not the import graph reaches it (vLLM loads some of it lazily, and kernels are not in the graph).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from kvgate.change.import_graph import ImportGraph, chain, module_of, reach
 from kvgate.matrix.cells import Cell, Matrix, glob_matches
 
-VERDICTS = ("loaded", "unloaded", "inert", "compiled", "unknown", "no_graph")
+VERDICTS = ("loaded", "unloaded", "inert", "compiled", "feature", "unknown", "no_graph")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +112,7 @@ class CellReason:
     path: str
     chain: tuple[str, ...] = ()
     side: str = ""  # base | head: the side whose graph holds the chain
+    feature: str = ""  # the feature the path implies (matrix/axes.toml features.<name>.vllm_paths), when that selected it
 
 
 @dataclass(slots=True)
@@ -125,7 +131,8 @@ class Selection:
             if reason is None:
                 continue
             via = f" via {' -> '.join(reason.chain)}" if len(reason.chain) > 1 else ""
-            lines.append(f"{cell.id}: {reason.path}{via}" + (f" ({reason.side})" if reason.side and via else ""))
+            implies = f" (implies feature {reason.feature})" if reason.feature else ""
+            lines.append(f"{cell.id}: {reason.path}{via}{implies}" + (f" ({reason.side})" if reason.side and via else ""))
         lines += [f"{v.path}: {v.verdict}, {len(v.cells)} cells: {v.reason}" for v in self.paths]
         return lines
 
@@ -142,6 +149,8 @@ class Selection:
                 reason = self.reasons.get(cell.id)
                 if reason is not None:
                     chain = " → ".join(f"`{p}`" for p in reason.chain) if len(reason.chain) > 1 else ""
+                    if reason.feature:
+                        chain = f"implies feature `{reason.feature}`"
                     out.append(f"| `{cell.id}` | `{reason.path}` | {chain} |")
             out.append("")
         counts = {v: sum(1 for p in self.paths if p.verdict == v) for v in VERDICTS}
@@ -163,7 +172,8 @@ def select(matrix: Matrix, changed: Sequence[str], candidates: Sequence[Cell], *
     selected: dict[str, CellReason] = {}
     verdicts = []
     for path in dict.fromkeys(p for p in changed if p):
-        judged = _judge_path(matrix, path, candidates, closures, sides, every, rules.inert)
+        judged = _with_features(matrix, path, candidates,
+                                _judge_path(matrix, path, candidates, closures, sides, every, rules.inert))
         verdicts.append(judged.result)
         for cell_id in judged.result.cells:
             if cell_id not in selected:
@@ -176,6 +186,27 @@ def select(matrix: Matrix, changed: Sequence[str], candidates: Sequence[Cell], *
 class _Judged:
     result: PathVerdict
     reasons: dict[str, CellReason]
+
+
+def implied_features(matrix: Matrix, path: str) -> list[str]:
+    """The features whose vllm_paths claim this path (matrix/axes.toml [features]); pure."""
+    return [name for name, feature in matrix.features.items()
+            if any(glob_matches(pattern, path) for pattern in feature.vllm_paths)]
+
+
+def _with_features(matrix: Matrix, path: str, candidates: Sequence[Cell], judged: _Judged) -> _Judged:
+    """The path's verdict, and the cells of the features it implies besides. A path the graph selects nothing for,
+    or an unknown path, that a feature claims: that feature's cells alone (verdict `feature`)."""
+    names = implied_features(matrix, path)
+    if not names or judged.result.verdict == "inert":
+        return judged
+    mine = {c.id: CellReason(path=path, feature=c.feature_name) for c in candidates if c.feature_name in names}
+    claims = f"implies {', '.join(names)} (matrix/axes.toml features.<name>.vllm_paths)"
+    if judged.result.verdict in ("unloaded", "unknown"):
+        return _Judged(PathVerdict(path, "feature", tuple(mine), f"{claims}: {len(mine)} cells"), mine)
+    cells = tuple(dict.fromkeys([*judged.result.cells, *mine]))
+    reasons = {**judged.reasons, **mine}
+    return _Judged(PathVerdict(path, judged.result.verdict, cells, f"{judged.result.reason}; {claims}"), reasons)
 
 
 def _judge_path(matrix: Matrix, path: str, candidates: Sequence[Cell], closures, sides, every: tuple[str, ...],

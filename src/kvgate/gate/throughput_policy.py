@@ -14,6 +14,7 @@ from kvgate.gate.value_readers import read_choice as _choice
 from kvgate.gate.value_readers import read_count as _count
 from kvgate.gate.value_readers import read_number as _number
 from kvgate.matrix.cells import Match, Matrix, parse_match
+from kvgate.matrix.declarations import PLAIN, split_cell_id
 from kvgate.matrix.toml_reading import TomlReader
 from kvgate.statistics.margins import MULTIPLICITY_METHODS
 
@@ -58,7 +59,8 @@ class MeasuredNoise:
 
     @property
     def arch(self) -> str:
-        return self.cell.rsplit("-", 1)[-1]
+        parts = split_cell_id(self.cell)
+        return parts[2] if parts else self.cell.rsplit("-", 1)[-1]
 
     @property
     def per_engine_sd(self) -> float:
@@ -129,7 +131,7 @@ def parse_throughput(reader: TomlReader, table: Any, matrix: Matrix | None) -> T
                     reader.error(f"unknown FP8 cell '{cell_id}'", f"{sub}.cell", unknown_name_hint(cell_id, fp8_cells))
         elif matrix is not None:
             match = parse_match(reader, entry["match"], f"{sub}.match", matrix.kv_cache_dtypes, matrix.archs,
-                                 matrix.backends)
+                                 matrix.backends, [*matrix.features, PLAIN])
             if match is not None and not any(match.matches(c) for c in matrix.cells if c.is_fp8):
                 reader.error("matches no FP8 cell", f"{sub}.match", "Fix its names or delete it")
         model = None

@@ -5,7 +5,8 @@ already determines is a claim to check, never an input to the gate:
 
     cell.json    model and task, workload, cell_id (the matrix's cell of that backend, dtype and arch), and for an
                  FP8 cell checkpoint_kv_scales and calculate_kv_scales (its workload's; cell.json's absent
-                 checkpoint_kv_scales means false, as the contract says)
+                 checkpoint_kv_scales means false, as the contract says); a cell of a feature (1.10): the
+                 feature is part of its id, and feature_engine_args where written are the feature's (axes.toml)
     the tools'   lm-eval's shots (results n-shot: the workload's num_fewshot) and each throughput repeat's prompts
     outputs      (num_requests: its num_prompts)
     status.json  accuracy.question_plan: the design, questions and looks the policy plans for the cell
@@ -50,6 +51,8 @@ class TrustedCell:
     engines: int = 1  # the workload's throughput design: engine starts a side, measured repeats in each
     repeats: int = 1
     source: str = WORKLOADS_FILE  # the workloads file that declares it, as messages name it
+    feature: str = ""  # its value of the feature axis; "": a plain cell
+    feature_engine_args: Mapping[str, Any] | None = None  # the engine arguments its feature turns on (axes.toml)
 
 
 def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, TrustedCell]:
@@ -62,7 +65,9 @@ def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, Tru
                                  num_fewshot=_count(cell.workload.gsm8k.get("num_fewshot")),
                                  num_prompts=_count(cell.workload.throughput.get("num_prompts")),
                                  engines=_count(cell.workload.throughput.get("engines", 1)) or 1,
-                                 repeats=_count(cell.workload.throughput.get("repeats")) or 1, source=source)
+                                 repeats=_count(cell.workload.throughput.get("repeats")) or 1, source=source,
+                                 feature=cell.feature_name,
+                                 feature_engine_args=cell.engine_args if cell.feature is not None else None)
             for cell in matrix.cells}
 
 
@@ -108,10 +113,17 @@ def identity_problems(cell: CellResults, trusted: Mapping[str, TrustedCell]) -> 
             said.append(("calculate_kv_scales", extra["calculate_kv_scales"], expected.calculate_kv_scales))
     elif extra.get("checkpoint_kv_scales", False) is not False:
         said.append(("checkpoint_kv_scales", extra["checkpoint_kv_scales"], False))
+    if "feature_engine_args" in extra:  # a plain cell turns no feature on (the matrix: axes.toml [features])
+        said.append(("feature_engine_args", extra["feature_engine_args"], expected.feature_engine_args))
     for field, value, wanted in said:
         if value != wanted or type(value) is not type(wanted):
             shown_value = "absent (false)" if field == "checkpoint_kv_scales" and field not in extra else shown(value)
-            problems.append(f"{source} {field} is {shown_value}, but the matrix says {shown(wanted)} for "
+            said_by = (f"matrix/axes.toml features.{expected.feature}.engine_args" if expected.feature
+                       else "a plain cell turns no feature on") if field == "feature_engine_args" else where
+            problems.append(f"{source} {field} is {shown_value}, but the matrix says "
+                            f"{shown(wanted) if wanted is not None else 'none'} for {expected.id} ({said_by})"
+                            if field == "feature_engine_args" else
+                            f"{source} {field} is {shown_value}, but the matrix says {shown(wanted)} for "
                             f"{expected.id} {where}")
     return problems + workload_problems(cell, expected, where)
 

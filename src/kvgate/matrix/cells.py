@@ -21,11 +21,13 @@ from kvgate.matrix.declarations import (
     GSM8K_FILTERS,
     LOCAL_MODEL_PREFIX,
     MATCH_KEYS,
+    PLAIN,
     Arch,
     Backend,
     Cell,
     Exclusion,
     ExpectedAccuracy,
+    Feature,
     Match,
     Matrix,
     SelectionRules,
@@ -34,12 +36,15 @@ from kvgate.matrix.declarations import (
     cell_id,
     glob_matches,
 )
+from kvgate.matrix.features import arch_gpus as _arch_gpus
+from kvgate.matrix.features import feature_cells as _feature_cells
+from kvgate.matrix.features import parse_features as _parse_features_with
 from kvgate.matrix.host_requirements import parse_host_requirements
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
 # The matrix's public names: the loader here, its records from kvgate.matrix.declarations.
 __all__ = ["GSM8K_FILTERS", "LOCAL_MODEL_PREFIX", "MATRIX_DIR_ENV", "MATRIX_FILES", "Arch", "Backend", "Cell",
-           "Exclusion", "ExpectedAccuracy", "Match", "Matrix", "SelectionRules", "Waiver", "Workload", "cell_id",
+           "Exclusion", "ExpectedAccuracy", "Feature", "Match", "Matrix", "SelectionRules", "Waiver", "Workload", "cell_id",
            "default_matrix_dir", "glob_matches", "load", "parse", "parse_match"]
 
 MATRIX_FILES = ("axes.toml", "backends.toml", "exclusions.toml", "waivers.toml", "workloads.toml")
@@ -93,15 +98,19 @@ def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]
                                                kv_cache_dtypes, archs)
     selection = _parse_selection(readers["backends.toml"], documents.get("backends.toml", {}).get("selection", {}))
     workloads = _parse_workloads(readers["workloads.toml"], documents.get("workloads.toml", {}), archs)
+    features = _parse_features_with(readers["axes.toml"], axes.get("features", {}), kv_cache_dtypes, archs, backends,
+                                    parse_match, _globs)
+    feature_names = [*features, PLAIN]
     exclusions = _parse_exclusions(readers["exclusions.toml"], documents.get("exclusions.toml", {}),
-                                   kv_cache_dtypes, archs, backends)
+                                   kv_cache_dtypes, archs, backends, feature_names)
     waivers = _parse_waivers(readers["waivers.toml"], documents.get("waivers.toml", {}),
-                             kv_cache_dtypes, archs, backends)
+                             kv_cache_dtypes, archs, backends, feature_names)
     problems = [p for r in readers.values() for p in r.problems]
     if problems:
         raise InputErrors(problems)
 
     cells = _expand(backends, kv_cache_dtypes, archs, workloads, readers["workloads.toml"])
+    cells += _feature_cells(cells, features, archs, readers["axes.toml"])
     excluded = set()
     for exclusion in exclusions:
         hits = {c.id for c in cells if exclusion.match.matches(c)}
@@ -126,11 +135,12 @@ def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]
         shared_sources=shared_sources,
         cells=tuple(c for c in cells if c.id not in excluded),
         selection=selection,
+        features=features,
     )
 
 
 def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Arch]]:
-    if not reader.keys(doc, "axes", ["kv_cache_dtypes", "archs"]):
+    if not reader.keys(doc, "axes", ["kv_cache_dtypes", "archs"], ["features"]):
         return (), {}
     dtypes = doc["kv_cache_dtypes"]
     if not isinstance(dtypes, list) or not dtypes or not all(isinstance(d, str) for d in dtypes):
@@ -151,14 +161,16 @@ def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, 
         if not re.fullmatch(r"sm\d{2,3}|cpu", name):
             reader.error(f"bad arch name '{name}'", where, "Write smNN (e.g. sm90) or cpu")
             continue
-        if not reader.keys(spec, where, ["description", "runner"], ["compute_capability"]):
+        if not reader.keys(spec, where, ["description", "runner"], ["compute_capability", "gpus", "multi_gpu_runners"]):
             continue
         capability = spec.get("compute_capability")
         if name != "cpu" and not (isinstance(capability, str) and re.fullmatch(r"\d+\.\d+", capability)):
             reader.error(f"expected a compute capability like \"9.0\", got {describe_value(capability)}",
                          f"{where}.compute_capability")
+        gpus, runners = _arch_gpus(reader, spec, where, name)
         archs[name] = Arch(name=name, description=reader.string(spec, "description", where),
-                           runner=reader.string(spec, "runner", where), compute_capability=capability)
+                           runner=reader.string(spec, "runner", where), compute_capability=capability, gpus=gpus,
+                           multi_gpu_runners=runners)
     return tuple(dtypes), archs
 
 
@@ -464,17 +476,20 @@ def _settings(reader: TomlReader, table: Any, where: str, keys: Sequence[str], r
 
 
 def parse_match(reader: TomlReader, value: Any, where: str, dtypes: Sequence[str], archs: Mapping[str, Arch],
-                 backends: Mapping[str, Backend]) -> Match | None:
+                 backends: Mapping[str, Backend], features: Sequence[str] | None = None) -> Match | None:
+    """A match table; `features`: the feature names it may name ("plain": the cells without one)."""
     if not reader.keys(value, where, [], MATCH_KEYS):
         return None
     if not value:
-        reader.error("empty match would select every cell", where, "Name a backend, kv_cache_dtype or arch")
+        reader.error("empty match would select every cell", where, "Name a backend, kv_cache_dtype, arch or feature")
         return None
     match = Match(
         backend=reader.names(value.get("backend", []), f"{where}.backend", backends, "backend", allow_one=True),
         kv_cache_dtype=reader.names(value.get("kv_cache_dtype", []), f"{where}.kv_cache_dtype", dtypes,
                                     "kv_cache_dtype", allow_one=True),
         arch=reader.names(value.get("arch", []), f"{where}.arch", archs, "arch", allow_one=True),
+        feature=reader.names(value.get("feature", []), f"{where}.feature", features if features is not None else (),
+                             "feature", allow_one=True) if "feature" in value else (),
     )
     for backend_name in match.backend:
         backend = backends[backend_name]
@@ -497,7 +512,7 @@ def _link(reader: TomlReader, table: Mapping[str, Any], key: str, where: str) ->
 
 
 def _parse_exclusions(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
-                      backends: Mapping[str, Backend]) -> list[Exclusion]:
+                      backends: Mapping[str, Backend], features: Sequence[str] = ()) -> list[Exclusion]:
     out: list[Exclusion] = []
     if not reader.keys(doc, "exclusions.toml", [], ["exclude"]):
         return out
@@ -509,7 +524,7 @@ def _parse_exclusions(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequen
         where = f"exclude[{index}]"
         if not reader.keys(entry, where, ["match", "reason", "link"]):
             continue
-        match = parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
+        match = parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends, features)
         reason, link = reader.string(entry, "reason", where), _link(reader, entry, "link", where)
         if match is not None:
             out.append(Exclusion(match=match, reason=reason, link=link, where=where))
@@ -517,7 +532,7 @@ def _parse_exclusions(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequen
 
 
 def _parse_waivers(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[str], archs: Mapping[str, Arch],
-                   backends: Mapping[str, Backend]) -> list[Waiver]:
+                   backends: Mapping[str, Backend], features: Sequence[str] = ()) -> list[Waiver]:
     out: list[Waiver] = []
     if not reader.keys(doc, "waivers.toml", [], ["waiver"]):
         return out
@@ -529,7 +544,7 @@ def _parse_waivers(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence[
         where = f"waiver[{index}]"
         if not reader.keys(entry, where, ["match", "checks", "reason", "issue", "expires"]):
             continue
-        match = parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends)
+        match = parse_match(reader, entry["match"], f"{where}.match", dtypes, archs, backends, features)
         checks = entry["checks"]
         if not isinstance(checks, list) or not checks or not all(isinstance(c, str) and c for c in checks):
             reader.error(f"expected a list of check names (or [\"*\"]), got {describe_value(checks)}", f"{where}.checks")

@@ -14,7 +14,8 @@ from typing import Any
 from kvgate import InputError, InputErrors, did_you_mean, unknown_name_hint
 from kvgate.matrix.host_requirements import HostRequirement
 
-MATCH_KEYS = ("backend", "kv_cache_dtype", "arch")
+MATCH_KEYS = ("backend", "kv_cache_dtype", "arch", "feature")
+PLAIN = "plain"  # a match's `feature` value for the cells without one
 LOCAL_MODEL_PREFIX = "kvgate:"
 GSM8K_FILTERS = ("strict-match", "flexible-extract")  # lm-eval's gsm8k filters (the gate's policy names them too)
 
@@ -25,6 +26,15 @@ class Arch:
     description: str
     runner: str
     compute_capability: str | None = None
+    gpus: int = 0  # GPUs one host of `runner` has (axes.toml; 1 for a GPU arch unless it says)
+    multi_gpu_runners: Mapping[str, int] = field(default_factory=dict)  # label -> GPUs, for cells that need more
+
+    def runner_with(self, gpus: int) -> str | None:
+        """The label of this arch's smallest runner with at least `gpus` GPUs; None when none has them."""
+        if gpus <= self.gpus:
+            return self.runner
+        fits = sorted((count, label) for label, count in self.multi_gpu_runners.items() if count >= gpus)
+        return fits[0][1] if fits else None
 
     @property
     def is_gpu(self) -> bool:
@@ -90,18 +100,33 @@ class Workload:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Feature:
+    """A value of the feature axis (matrix/axes.toml [features.<name>]): an engine feature users run FP8 with, which
+    its cells turn on over the workload's engine arguments. A plain cell has none."""
+
+    name: str
+    description: str
+    engine_args: Mapping[str, Any]  # what its cells pass to the engine, in every stage, over the workload's
+    gpus: int = 1  # GPUs one engine of its cells needs (tensor_parallel_size)
+    cells: tuple[Match, ...] = ()  # which plain cells take it (each taken cell gets a variant with the feature)
+    vllm_paths: tuple[str, ...] = ()  # vLLM path globs whose change implies the feature (kvgate.change.selection)
+    where: str = ""  # "features.spec_decode"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Match:
     """A selector over cells: each key holds the allowed values, or is absent (any)."""
 
     backend: tuple[str, ...] = ()
     kv_cache_dtype: tuple[str, ...] = ()
     arch: tuple[str, ...] = ()
+    feature: tuple[str, ...] = ()  # feature names, "plain" for the cells without one
 
     def matches(self, cell: Cell) -> bool:
         return all(
-            not allowed or getattr(cell, key) in allowed
-            for key, allowed in (("backend", self.backend), ("kv_cache_dtype", self.kv_cache_dtype),
-                                 ("arch", self.arch))
+            not allowed or value in allowed
+            for value, allowed in ((cell.backend, self.backend), (cell.kv_cache_dtype, self.kv_cache_dtype),
+                                   (cell.arch, self.arch), (cell.feature_name or PLAIN, self.feature))
         )
 
 
@@ -129,9 +154,30 @@ class Waiver:
         return today > self.expires
 
 
-def cell_id(backend: str, kv_cache_dtype: str, arch: str) -> str:
-    """The one name of a cell: nox parameter id, GitHub job name, results folder and report row."""
-    return f"{backend.lower()}-{kv_cache_dtype}-{arch}"
+def cell_id(backend: str, kv_cache_dtype: str, arch: str, feature: str = "") -> str:
+    """The one name of a cell: nox parameter id, GitHub job name, results folder and report row. A cell of the
+    feature axis ends in its feature: flashmla-fp8-sm90-spec_decode."""
+    return f"{backend.lower()}-{kv_cache_dtype}-{arch}" + (f"-{feature}" if feature else "")
+
+
+ARCH_NAME = re.compile(r"sm\d{2,3}|cpu")
+FEATURE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+def split_cell_id(cell: str) -> tuple[str, str, str, str] | None:
+    """(backend as in the id, kv_cache_dtype, arch, feature or "") of a cell id; None when it is not one."""
+    parts = cell.split("-")
+    if len(parts) >= 4 and ARCH_NAME.fullmatch(parts[-2]) and FEATURE_NAME.fullmatch(parts[-1]):
+        *head, dtype, arch, feature = parts
+    elif len(parts) >= 3 and ARCH_NAME.fullmatch(parts[-1]):
+        *head, dtype, arch = parts
+        feature = ""
+    else:
+        return None
+    backend = "-".join(head)
+    if not backend or not dtype:
+        return None
+    return backend, dtype, arch, feature
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -142,10 +188,26 @@ class Cell:
     workload: Workload
     mla: bool
     host_requirements: tuple[HostRequirement, ...] = ()  # what this cell needs from the host beyond its arch
+    feature: Feature | None = None  # its value of the feature axis; None: a plain cell
 
     @property
     def id(self) -> str:
-        return cell_id(self.backend, self.kv_cache_dtype, self.arch)
+        return cell_id(self.backend, self.kv_cache_dtype, self.arch, self.feature_name)
+
+    @property
+    def feature_name(self) -> str:
+        """"" for a plain cell."""
+        return self.feature.name if self.feature is not None else ""
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        """What the cell passes to the engine in every stage over its workload's: its feature's (none when plain)."""
+        return dict(self.feature.engine_args) if self.feature is not None else {}
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine of the cell needs (0 on the CPU)."""
+        return 0 if self.arch == "cpu" else (self.feature.gpus if self.feature is not None else 1)
 
     @property
     def model(self) -> str:
@@ -174,6 +236,8 @@ class Cell:
             **({"calculate_kv_scales": self.workload.calculate_kv_scales} if self.is_fp8 else {}),
             # FP8 cells: whether the engine loaded k/v scales shipped with the checkpoint (1.7)
             **({"checkpoint_kv_scales": self.loads_checkpoint_kv_scales} if self.is_fp8 else {}),
+            # cells of the feature axis: the feature and the engine arguments it adds (1.10; absent: a plain cell)
+            **({"feature": self.feature_name, "feature_engine_args": self.engine_args} if self.feature else {}),
         }
 
 
@@ -199,6 +263,7 @@ class Matrix:
     shared_sources: tuple[str, ...]
     cells: tuple[Cell, ...]
     selection: SelectionRules = field(default_factory=SelectionRules)
+    features: Mapping[str, Feature] = field(default_factory=dict)
 
     def cell(self, cell_id_: str, source: str = "--cell") -> Cell:
         for cell in self.cells:
@@ -246,7 +311,7 @@ class Matrix:
 
     def runner_for(self, cell: Cell) -> str:
         """The CI runner label of hosts that can run the cell: its host requirement's, else its arch's."""
-        labels = [r.runner for r in cell.host_requirements if r.cpu_isa_any]
+        labels = [r.runner for r in cell.host_requirements if r.routes]
         return labels[0] if labels else self.archs[cell.arch].runner
 
     def waiver_for(self, cell: Cell, check: str) -> Waiver | None:

@@ -40,6 +40,7 @@ class HostRequirement:
     kv_cache_dtypes: tuple[str, ...]
     cpu_isa_any: tuple[str, ...] = ()
     head_size_multiple: int | None = None
+    gpus: int | None = None  # GPUs one engine of the cell needs (a feature's, matrix/axes.toml features.<name>.gpus)
     runner: str
     reason: str
     source: str
@@ -48,13 +49,22 @@ class HostRequirement:
     def applies_to(self, kv_cache_dtype: str) -> bool:
         return kv_cache_dtype in self.kv_cache_dtypes
 
-    def unmet_by(self, cpu_isa: Collection[str]) -> bool:
-        """True when a CPU with these ISA names cannot run the cell (pure)."""
+    def unmet_by(self, cpu_isa: Collection[str], gpus: int | None = None) -> bool:
+        """True when a CPU with these ISA names (and `gpus` GPUs; None: not counted) cannot run the cell (pure)."""
+        if self.gpus is not None and gpus is not None and gpus < self.gpus:
+            return True
         return bool(self.cpu_isa_any) and not set(self.cpu_isa_any) & set(cpu_isa)
 
     @property
+    def routes(self) -> bool:
+        """It sends its cells to a runner label of their own (a CPU's instruction sets, a number of GPUs)."""
+        return bool(self.cpu_isa_any) or self.gpus is not None
+
+    @property
     def needs(self) -> str:
-        """'a CPU with AVX-512 or AMX'."""
+        """'a CPU with AVX-512 or AMX', '2 GPUs'."""
+        if self.gpus is not None:
+            return f"{self.gpus} GPUs"
         return "a CPU with " + " or ".join(CPU_ISA_NAMES.get(name, name) for name in self.cpu_isa_any)
 
     def head_size_problem(self, head_size: int | None) -> str | None:
@@ -105,5 +115,6 @@ def parse_host_requirements(reader: TomlReader, value: Any, where: str, backend_
 
 def requirement_records(requirements: Sequence[HostRequirement]) -> list[Mapping[str, Any]]:
     """For run.json and `kvgate matrix --format gha`: what each requirement asks."""
-    return [{"cpu_isa_any": list(r.cpu_isa_any), "head_size_multiple": r.head_size_multiple, "runner": r.runner,
-             "reason": r.reason} for r in requirements]
+    return [{"cpu_isa_any": list(r.cpu_isa_any), "head_size_multiple": r.head_size_multiple,
+             **({"gpus": r.gpus} if r.gpus is not None else {}), "runner": r.runner, "reason": r.reason}
+            for r in requirements]

@@ -1,4 +1,6 @@
-"""The report's first screen: per arch, one row per backend (and model) and one column per kv_cache_dtype.
+"""The report's first screen: per arch, one row per backend (and model, and feature) and one column per
+kv_cache_dtype. A cell of the feature axis (flashmla-fp8-sm90-spec_decode) is a row of its own under its backend's
+plain row: `FLASHMLA · spec_decode`.
 
 Each entry is one cell in the seed PR's own terms: its word (kvgate.report.words), its accuracy on each lm-eval
 filter (gsm8k strict-match / flexible-extract), its change in points against the base side of an A/B run (or,
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvgate.gate.verdict import Check, Verdict
+from kvgate.matrix.declarations import split_cell_id
 from kvgate.report import words
 
 DTYPE_ORDER = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -50,6 +53,12 @@ class Row:
     backend: str
     model: str  # shown only where one backend runs more than one model on the arch
     entries: Mapping[str, Entry]  # kv_cache_dtype -> entry
+    feature: str = ""  # the cells' value of the feature axis; "": the plain cells
+
+    @property
+    def label(self) -> str:
+        """'flashmla', 'flashmla · spec_decode' (the backend as the cell id spells it)."""
+        return self.backend + (f" · {self.feature}" if self.feature else "")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,12 +68,14 @@ class ArchGrid:
     rows: tuple[Row, ...]
 
 
-def split_cell(cell: str) -> tuple[str, str, str] | None:
-    """(backend, kv_cache_dtype, arch) of a cell id (kvgate.matrix.declarations.cell_id); None for "(run)"."""
-    parts = cell.split("-")
-    if len(parts) < 3 or not all(parts):
-        return None
-    return "-".join(parts[:-2]), parts[-2], parts[-1]
+def split_cell(cell: str) -> tuple[str, str, str, str] | None:
+    """(backend, kv_cache_dtype, arch, feature or "") of a cell id (kvgate.matrix.declarations.cell_id); None for
+    "(run)" and anything else that is no cell id."""
+    parts = split_cell_id(cell)
+    if parts is None:  # an id of an arch this kvgate does not name (a matrix folder of one's own): its last part
+        pieces = cell.split("-")
+        return ("-".join(pieces[:-2]), pieces[-2], pieces[-1], "") if len(pieces) >= 3 and all(pieces) else None
+    return parts
 
 
 def build(verdict: Verdict) -> tuple[ArchGrid, ...]:
@@ -72,21 +83,22 @@ def build(verdict: Verdict) -> tuple[ArchGrid, ...]:
     for check in verdict.checks:
         if split_cell(check.cell) is not None:
             by_cell.setdefault((check.cell, check.model), []).append(check)
-    models: dict[tuple[str, str], set[str]] = {}  # (arch, backend) -> models
+    models: dict[tuple[str, str, str], set[str]] = {}  # (arch, backend, feature) -> models
     for cell, model in by_cell:
-        backend, _, arch = split_cell(cell)  # type: ignore[misc]
-        models.setdefault((arch, backend), set()).add(model)
-    grids: dict[str, dict[tuple[str, str], dict[str, Entry]]] = {}
+        backend, _, arch, feature = split_cell(cell)  # type: ignore[misc]
+        models.setdefault((arch, backend, feature), set()).add(model)
+    grids: dict[str, dict[tuple[str, str, str], dict[str, Entry]]] = {}
     for (cell, model), checks in by_cell.items():
-        backend, dtype, arch = split_cell(cell)  # type: ignore[misc]
-        shown_model = model if len(models[(arch, backend)]) > 1 else ""
-        grids.setdefault(arch, {}).setdefault((backend, shown_model), {})[dtype] = entry_of(cell, checks)
+        backend, dtype, arch, feature = split_cell(cell)  # type: ignore[misc]
+        shown_model = model if len(models[(arch, backend, feature)]) > 1 else ""
+        grids.setdefault(arch, {}).setdefault((backend, feature, shown_model), {})[dtype] = entry_of(cell, checks)
     out = []
     for arch in sorted(grids, key=_arch_key):
         rows = grids[arch]
         columns = sorted({dtype for entries in rows.values() for dtype in entries}, key=_dtype_key)
         out.append(ArchGrid(arch=arch, columns=tuple(columns), rows=tuple(
-            Row(backend=backend, model=model, entries=rows[(backend, model)]) for backend, model in sorted(rows))))
+            Row(backend=backend, model=model, feature=feature, entries=rows[(backend, feature, model)])
+            for backend, feature, model in sorted(rows))))
     return tuple(out)
 
 

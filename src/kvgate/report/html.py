@@ -439,7 +439,8 @@ def grid_html(verdict: Verdict) -> str:
                 title = f' title="{_e(entry.reason)}"' if entry.reason else ""
                 cells.append(f'<td class="grid-entry" data-cell="{_e(entry.cell)}" data-word="{entry.word}"{title}>'
                              + "<br>".join(_entry_lines(entry)) + "</td>")
-            label = f"<code>{_e(row.backend)}</code>" + (f" {_e(row.model)}" if row.model else "")
+            label = f"<code>{_e(row.backend)}</code>" + (f" · <code>{_e(row.feature)}</code>" if row.feature else "") \
+                + (f" {_e(row.model)}" if row.model else "")
             rows.append(f"<tr><th>{label}</th>{''.join(cells)}</tr>")
         out.append('<div class="scroll"><table class="grid">' + "".join(rows) + "</table></div>")
     entries = [e for g in grids for r in g.rows for e in r.entries.values()]

@@ -350,7 +350,8 @@ def grid_markdown(verdict: Verdict) -> list[str]:
         lines += [f"| **{_escape(arch_grid.arch)}** | " + " | ".join(_code(c) for c in arch_grid.columns) + " |",
                   "|---" * (len(arch_grid.columns) + 1) + "|"]
         for row in arch_grid.rows:
-            label = _code(row.backend) + (f" {_escape(row.model)}" if row.model else "")
+            label = _code(row.backend) + (f" · {_code(row.feature)}" if row.feature else "") + \
+                (f" {_escape(row.model)}" if row.model else "")
             lines.append(f"| {label} | " + " | ".join(
                 entry_text(row.entries[c]) if c in row.entries else "" for c in arch_grid.columns) + " |")
         lines.append("")

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.9"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.10"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe")
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -30,10 +30,16 @@ class CellIdentity:
     arch: str
     model: str
     task: str = DEFAULT_TASK
+    feature: str = ""  # its value of the feature axis (cell.json `feature`, contract 1.10); "": a plain cell
 
     @property
     def id(self) -> str:
-        return cell_id(self.backend, self.kv_cache_dtype, self.arch)
+        return cell_id(self.backend, self.kv_cache_dtype, self.arch, self.feature)
+
+    @property
+    def feature_name(self) -> str:
+        """As a matrix Cell says it (a Match reads either)."""
+        return self.feature
 
     @property
     def is_fp8(self) -> bool:
@@ -41,7 +47,7 @@ class CellIdentity:
 
     def with_dtype(self, kv_cache_dtype: str) -> CellIdentity:
         return CellIdentity(backend=self.backend, kv_cache_dtype=kv_cache_dtype, arch=self.arch,
-                            model=self.model, task=self.task)
+                            model=self.model, task=self.task, feature=self.feature)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

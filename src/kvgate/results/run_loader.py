@@ -51,11 +51,12 @@ class KnownNames:
     backends: Collection[str]
     kv_cache_dtypes: Collection[str]
     archs: Collection[str]
+    features: Collection[str] = ()  # the feature axis (matrix/axes.toml [features]); a plain cell names none
 
     @classmethod
     def from_matrix(cls, matrix: Any) -> KnownNames:
         return cls(backends=tuple(matrix.backends), kv_cache_dtypes=tuple(matrix.kv_cache_dtypes),
-                   archs=tuple(matrix.archs))
+                   archs=tuple(matrix.archs), features=tuple(getattr(matrix, "features", ())))
 
 
 def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_METRIC,
@@ -180,7 +181,7 @@ def _os_problem(error: OSError, shown: str) -> InputError:
 def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> CellResults | UnreadableCell:
     identity, extra = contract.parse_cell(
         read_text(folder / "cell.json", f"{shown}/cell.json"), f"{shown}/cell.json",
-        backends=known.backends, kv_cache_dtypes=known.kv_cache_dtypes, archs=known.archs)
+        backends=known.backends, kv_cache_dtypes=known.kv_cache_dtypes, archs=known.archs, features=known.features)
     side = extra.get("side", HEAD)
     statuses: dict[str, StageStatus] = {}
     if (folder / "status.json").exists():

@@ -42,8 +42,9 @@ def check_contract_version(data: Mapping[str, Any], source: str) -> None:
 
 
 def parse_cell(text: str, source: str, *, backends: Collection[str], kv_cache_dtypes: Collection[str],
-               archs: Collection[str]) -> tuple[CellIdentity, dict[str, Any]]:
-    """cell.json -> (identity, the other keys). Names are checked against the matrix's axes."""
+               archs: Collection[str], features: Collection[str] = ()) -> tuple[CellIdentity, dict[str, Any]]:
+    """cell.json -> (identity, the other keys). Names are checked against the matrix's axes; `feature` (1.10) is
+    part of the identity, and a folder without it is a plain cell (what every folder before 1.10 is)."""
     data = expect_object(loads(text, source), source, "")
     check_contract_version(data, source)
     schema.validate(data, "cell", source)
@@ -61,8 +62,16 @@ def parse_cell(text: str, source: str, *, backends: Collection[str], kv_cache_dt
     if side not in SIDES:
         raise InputError(source, f"unknown side {side!r}", "side",
                          f"An A/B run writes side \"{BASE}\" or \"{HEAD}\"; leave it out for a run of one side")
-    identity = CellIdentity(task=task, **values)
-    extra = {k: v for k, v in data.items() if k not in (*IDENTITY_KEYS, "task")}
+    feature = data.get("feature", "")
+    if feature != "":
+        feature = expect_string(feature, source, "feature")
+        if feature not in features:
+            raise InputError(source, f"unknown feature {feature[:60]!r}", "feature",
+                             unknown_name_hint(feature, features) if features else
+                             "This matrix declares no feature axis (matrix/axes.toml [features]); leave `feature` out "
+                             "for a plain cell")
+    identity = CellIdentity(task=task, feature=feature, **values)
+    extra = {k: v for k, v in data.items() if k not in (*IDENTITY_KEYS, "task", "feature")}
     return identity, extra
 
 

@@ -3,7 +3,8 @@
     read_host_cpu()          HostCpu: machine, model, instruction sets (kvgate's names: avx2, avx512, amx, neon,
                              ...) and where they were read: torch (what vLLM asks: torch.cpu._is_avx512_supported(),
                              _is_amx_tile_supported()) in the engine environment, else /proc/cpuinfo's flags
-    plan_for_host(cells, ...) HostPlan: the cells this host runs, and those planned out with the reason
+    plan_for_host(cells, ...) HostPlan: the cells this host runs, and those planned out with the reason (a CPU
+                             without the instruction sets a cell needs, fewer GPUs than its feature needs)
 
 Always read on the host that runs, never taken from a results folder or a flag. One variable may take
 instruction sets away, to try what a smaller CPU gets on a bigger one: KVGATE_HOST_CPU_WITHOUT=avx512,amx. It
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,13 @@ class HostCpu:
     isa: frozenset[str]  # kvgate's names (matrix.host_requirements.CPU_ISA_NAMES)
     read_from: str  # "torch 2.13.0+cpu" or "/proc/cpuinfo"
     without: tuple[str, ...] = ()  # taken away by KVGATE_HOST_CPU_WITHOUT (a simulation)
+    gpus: int | None = None  # GPUs this process may use, counted when a cell needs more than one; None: not counted
 
     def describe(self) -> str:
         """'AMD EPYC 7B13 (x86_64; AVX2)' and, when simulated, what was taken away."""
         shown = f"{self.model or 'an unnamed CPU'} ({self.machine}; {isa_words(self.isa)})"
+        if self.gpus is not None:
+            shown += f", {self.gpus} GPU{'s' if self.gpus != 1 else ''}"
         if self.without:
             shown += f", simulated without {', '.join(CPU_ISA_NAMES[n] for n in self.without)} ({WITHOUT_ENV})"
         return shown
@@ -51,7 +55,7 @@ class HostCpu:
     def as_record(self) -> dict[str, Any]:
         """run.json `host_cpu`."""
         return {"machine": self.machine, "model": self.model, "isa": sorted(self.isa), "read_from": self.read_from,
-                "simulated_without": list(self.without)}
+                "simulated_without": list(self.without), **({"gpus": self.gpus} if self.gpus is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,6 +93,9 @@ class HostPlan:
         ids = ", ".join(p.cell.id for p in self.planned_out)
         needs = "; ".join(sorted({p.requirement.needs for p in self.planned_out}))
         labels = ", ".join(sorted({p.requirement.runner for p in self.planned_out}))
+        if all(p.requirement.gpus is not None for p in self.planned_out):
+            return [f"kvgate: some cells were not run here ({ids}): they need {needs}, which this host lacks. Run them "
+                    f"on such a host (CI runner label {labels})."]
         return [f"kvgate: {'FP8 was' if fp8 else 'some cells were'} not run here ({ids}): they need {needs}, which "
                 f"this host lacks. Run them on such a host (CI runner label {labels}) or run the GPU cells on a GPU "
                 "(`nox -t sm90` on an H100/H200)."]
@@ -172,25 +179,34 @@ def _cpuinfo() -> tuple[frozenset[str], str | None]:
 
 
 def unmet(cell: Cell, host: HostCpu) -> HostRequirement | None:
-    """The first of the cell's host requirements this host's CPU does not meet (pure)."""
-    return next((r for r in cell.host_requirements if r.unmet_by(host.isa)), None)
+    """The first of the cell's host requirements this host (its CPU, its GPUs where counted) does not meet (pure)."""
+    return next((r for r in cell.host_requirements if r.unmet_by(host.isa, host.gpus)), None)
 
 
 def plan_for_host(cells: Sequence[Cell], local_arch: str | None, host: HostCpu | None = None,
-                  read: Any = read_host_cpu) -> HostPlan:
+                  read: Any = read_host_cpu, count_gpus: Any = None) -> HostPlan:
     """Split the cells this host would run (those of its arch) into runnable and planned out. Cells of other
     archs are left to the caller (they are skipped as another machine's). The host is read once, when a cell of
-    its arch was selected (run.json records it)."""
+    its arch was selected (run.json records it); its GPUs are counted (count_gpus, default
+    kvgate.runners.environment.gpu.visible_gpu_count) when a cell of its arch needs more than one."""
     local = [c for c in cells if local_arch is None or c.arch == local_arch]
     if not local:
         return HostPlan(host=host, runnable=tuple(cells))
     host = host or read()
+    if host.gpus is None and any(r.gpus is not None for c in local for r in c.host_requirements):
+        if count_gpus is None:
+            from kvgate.runners.environment.gpu import visible_gpu_count as count_gpus
+        host = replace(host, gpus=count_gpus())
     out: list[PlannedOut] = []
     for cell in local:
         requirement = unmet(cell, host)
         if requirement is not None:
-            reason = (f"needs {requirement.needs}; this CPU has {isa_words(host.isa)} "
-                      f"({requirement.source})")
+            if requirement.gpus is not None and host.gpus is not None and host.gpus < requirement.gpus:
+                reason = (f"needs {requirement.needs}; this host has {host.gpus} "
+                          f"({requirement.reason}; {requirement.source})")
+            else:
+                reason = (f"needs {requirement.needs}; this CPU has {isa_words(host.isa)} "
+                          f"({requirement.source})")
             out.append(PlannedOut(cell=cell, requirement=requirement, reason=reason))
     skipped = {p.cell.id for p in out}
     return HostPlan(host=host, runnable=tuple(c for c in cells if c.id not in skipped), planned_out=tuple(out))
@@ -241,4 +257,6 @@ def plan_or_refuse(cells: Sequence[Cell], local_arch: str | None, command: str,
 def misrouted_reason(planned: PlannedOut, label: str) -> str:
     """The stage error of a cell that CI sent to a host it cannot run on."""
     return (f"runner label {label!r} sent this cell to a host that cannot run it: {planned.reason}; its runner label "
-            f"is {planned.requirement.runner!r} (matrix/backends.toml {planned.requirement.where})")
+            f"is {planned.requirement.runner!r} ("
+            + (planned.requirement.source if planned.requirement.gpus is not None
+               else f"matrix/backends.toml {planned.requirement.where}") + ")")

@@ -1,6 +1,7 @@
 """This machine's GPU, as kvgate needs to know it. Stdlib only: the noxfile imports it before anything is installed.
 
     local_arch()        the matrix arch (sm90, cpu, ...) of the first GPU this process may use
+    visible_gpu_count() how many GPUs this process may use (a cell of tensor parallel 2 needs 2)
     check_gpu_driver()  refuse, with one line, a driver too old for kvgate's CUDA 13 engine
 
 CUDA_VISIBLE_DEVICES is honoured the way CUDA reads it: a comma-separated list of GPU indices or UUIDs
@@ -66,6 +67,21 @@ def local_arch(environ: Mapping[str, str] | None = None) -> str:
         every = _query_gpus("compute_cap", None)
         capabilities = every[:1] if len(set(every)) == 1 else []
     return compute_capability_to_arch(capabilities[0]) if capabilities else "cpu"
+
+
+def visible_gpu_count(environ: Mapping[str, str] | None = None) -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES's entries when set (up to a -1, which hides the rest, as CUDA
+    reads it), else every GPU nvidia-smi lists; 0 without either."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(VISIBLE_DEVICES_ENV)
+    if value is not None:
+        entries = []
+        for entry in (part.strip() for part in value.split(",")):
+            if not entry or entry == "-1":
+                break
+            entries.append(entry)
+        return len(entries)
+    return len(_query_gpus("uuid", None))
 
 
 def driver_version(environ: Mapping[str, str] | None = None) -> str | None:

@@ -25,7 +25,8 @@ def engine_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool 
 
     The backend is chosen by the engine argument `attention_backend`, never the environment variable
     VLLM_ATTENTION_BACKEND, which vLLM >= 0.26 silently ignores. calculate_kv_scales is passed when given
-    (FP8 cells, against a vLLM that has the option: kvgate.runners.environment.engine_options).
+    (FP8 cells, against a vLLM that has the option: kvgate.runners.environment.engine_options). A cell of the
+    feature axis adds its feature's engine arguments last (matrix/axes.toml features.<name>.engine_args).
     """
     workload_args = dict(cell.workload.model_args)
     args: dict[str, Any] = {
@@ -38,6 +39,7 @@ def engine_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool 
     if calculate_kv_scales is not None:
         args["calculate_kv_scales"] = calculate_kv_scales
     args.update(workload_args)
+    args.update(cell.engine_args)
     return args
 
 
