@@ -20,12 +20,14 @@ from kvgate.matrix.declarations import (
     FP8_KV_SCALES,
     GSM8K_FILTERS,
     LOCAL_MODEL_PREFIX,
+    LONG_CONTEXT_SEED,
     MATCH_KEYS,
     Arch,
     Backend,
     Cell,
     Exclusion,
     ExpectedAccuracy,
+    LongContext,
     Match,
     Matrix,
     SelectionRules,
@@ -312,7 +314,7 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
                            ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy",
-                            "architectures", "fp8_kv_scales", "measured_minutes"]):
+                            "architectures", "fp8_kv_scales", "measured_minutes", "long_context"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -343,8 +345,41 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             fp8_kv_scales=_fp8_kv_scales(reader, spec, where),
             measured_minutes=_measured_minutes(reader, spec.get("measured_minutes", {}), f"{where}.measured_minutes",
                                                spec.get("archs", [])),
+            long_context=_long_context(reader, spec["long_context"], f"{where}.long_context")
+            if "long_context" in spec else None,
         )
     return workloads
+
+
+LONG_CONTEXT_KEYS = ("lengths", "depths", "keys_per_depth", "seed")
+
+
+def _long_context(reader: TomlReader, table: Any, where: str) -> LongContext | None:
+    """{ lengths = [tokens, ...], depths = [fractions], keys_per_depth = N, seed = S }: the passkey task."""
+    if not reader.keys(table, where, ["lengths", "depths"], ["keys_per_depth", "seed"]):
+        return None
+    lengths, depths = table["lengths"], table["depths"]
+    keys, seed = table.get("keys_per_depth", 1), table.get("seed", LONG_CONTEXT_SEED)
+    ok = True
+    if (not isinstance(lengths, list) or not lengths or len(set(map(repr, lengths))) != len(lengths)
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 256 for n in lengths)):
+        reader.error(f"expected distinct whole numbers of tokens >= 256, got {describe_value(lengths)}",
+                     f"{where}.lengths", "Write e.g. lengths = [4096, 8192, 16384, 32768]")
+        ok = False
+    if (not isinstance(depths, list) or not depths
+            or not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in depths)):
+        reader.error(f"expected fractions in [0, 1], got {describe_value(depths)}", f"{where}.depths",
+                     "Write e.g. depths = [0.1, 0.3, 0.5, 0.7, 0.9]")
+        ok = False
+    for name, value, least in (("keys_per_depth", keys, 1), ("seed", seed, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            reader.error(f"expected a whole number >= {least}, got {describe_value(value)}", f"{where}.{name}",
+                         f"Write e.g. {name} = 5")
+            ok = False
+    if not ok:
+        return None
+    return LongContext(lengths=tuple(sorted(lengths)), depths=tuple(float(d) for d in depths), keys_per_depth=keys,
+                       seed=seed)
 
 
 def _measured_minutes(reader: TomlReader, table: Any, where: str, archs: Any) -> dict[str, dict[str, float]]:

@@ -64,6 +64,29 @@ class ExpectedAccuracy:
 FP8_KV_SCALES = ("none", "checkpoint")  # workloads.toml fp8_kv_scales
 
 
+LONG_CONTEXT_SEED = 20261202  # workloads.toml long_context.seed's default (kvgate.workloads.passkey's keys)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LongContext:
+    """A workload's long-context task (workloads.toml `long_context`; kvgate.workloads.passkey writes it): context
+    lengths in tokens, needle depths (0 = right after the instruction, 1 = right before the question), keys per
+    (length, depth) and the keys' seed."""
+
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    keys_per_depth: int
+    seed: int = LONG_CONTEXT_SEED
+
+    @property
+    def per_length(self) -> int:
+        return len(self.depths) * self.keys_per_depth
+
+    def as_record(self) -> dict[str, Any]:
+        return {"lengths": list(self.lengths), "depths": list(self.depths), "keys_per_depth": self.keys_per_depth,
+                "seed": self.seed}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
     name: str
@@ -82,6 +105,7 @@ class Workload:
     architectures: tuple[str, ...] = ()  # the model's architectures (config.json), for the import-graph selection
     # GPU-minutes one side of a stage took where it was measured: arch -> stage -> minutes (the plan's estimate)
     measured_minutes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    long_context: LongContext | None = None  # the passkey task beside gsm8k (kvgate.workloads.passkey)
 
     @property
     def is_local_model(self) -> bool:

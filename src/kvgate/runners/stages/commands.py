@@ -41,6 +41,11 @@ def engine_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool 
     return args
 
 
+def engine_max_model_len(cell: Cell) -> int:
+    """The max_model_len the cell's accuracy engine runs with."""
+    return int(cell.workload.model_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
+
+
 def lm_eval_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool | None = None) -> dict[str, Any]:
     """lm-eval's `vllm` model arguments: the engine's, plus lm-eval's own where the workload sets them
     (add_bos_token, as vLLM's CI passes it for hub models; it is not an engine argument)."""
