@@ -351,7 +351,12 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     return workloads
 
 
-LONG_CONTEXT_KEYS = ("lengths", "depths", "keys_per_depth", "seed")
+def _listed(value: Any) -> str:
+    """A list as it was written (shortened), anything else described."""
+    if isinstance(value, list) and all(isinstance(v, (int, float, str, bool)) for v in value):
+        text = "[" + ", ".join(repr(v) for v in value) + "]"
+        return text if len(text) <= 80 else text[:77] + "..."
+    return describe_value(value)
 
 
 def _long_context(reader: TomlReader, table: Any, where: str) -> LongContext | None:
@@ -363,12 +368,12 @@ def _long_context(reader: TomlReader, table: Any, where: str) -> LongContext | N
     ok = True
     if (not isinstance(lengths, list) or not lengths or len(set(map(repr, lengths))) != len(lengths)
             or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 256 for n in lengths)):
-        reader.error(f"expected distinct whole numbers of tokens >= 256, got {describe_value(lengths)}",
+        reader.error(f"expected distinct whole numbers of tokens >= 256, got {_listed(lengths)}",
                      f"{where}.lengths", "Write e.g. lengths = [4096, 8192, 16384, 32768]")
         ok = False
     if (not isinstance(depths, list) or not depths
             or not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in depths)):
-        reader.error(f"expected fractions in [0, 1], got {describe_value(depths)}", f"{where}.depths",
+        reader.error(f"expected fractions in [0, 1], got {_listed(depths)}", f"{where}.depths",
                      "Write e.g. depths = [0.1, 0.3, 0.5, 0.7, 0.9]")
         ok = False
     for name, value, least in (("keys_per_depth", keys, 1), ("seed", seed, 0)):
