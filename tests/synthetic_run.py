@@ -91,19 +91,22 @@ def cell_record(cell_dir: Path) -> dict[str, Any]:
 def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, task: str | None = None,
                    model: str | None = None, samples: bool = True, prompt_chars: int = 400,
                    prompt_salt: str = "", stamp: str = "2026-11-30T10-00-00.000000",
-                   question_ids: Sequence[int] | None = None, without_doc_hash: Collection[int] = ()) -> Path:
+                   question_ids: Sequence[int] | None = None, without_doc_hash: Collection[int] = (),
+                   stage: str = "accuracy") -> Path:
     """accuracy/<model folder>/results_<stamp>.json (+ samples_<task>_<stamp>.jsonl) from outcomes per filter.
 
     question_ids: which questions the outcomes belong to, in the order asked (default 0 .. n-1): the question
     decides doc_hash and the prompt, the position doc_id (lm-eval numbers the documents it was given).
     without_doc_hash: questions whose records carry no doc_hash (readers then key them by doc_id).
-    task and model: the cell.json's (else gsm8k, SEED_MODEL)."""
+    task and model: the cell.json's (else gsm8k, SEED_MODEL). stage: the stage folder (long_context: kvgate's passkey
+    task, contract 1.10, whose n-shot is 0)."""
     record = cell_record(cell_dir)
     task = task or str(record.get("task", "gsm8k"))
     model = model or str(record.get("model", SEED_MODEL))
     declared = matrix_cell(record)
     shots = int(declared.workload.gsm8k["num_fewshot"]) if declared is not None else 5
-    folder = Path(cell_dir) / "accuracy" / model.replace("/", "__")
+    shots = 0 if stage == "long_context" else shots
+    folder = Path(cell_dir) / stage / model.replace("/", "__")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(next(iter(outcomes.values())))
     block: dict[str, Any] = {"name": task, "alias": task, "sample_len": n}

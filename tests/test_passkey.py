@@ -94,7 +94,7 @@ def matrix_with(tmp_path: Path, table: str) -> Path:
     shutil.copytree(ROOT / "matrix", folder)
     path = folder / "workloads.toml"
     text = path.read_text()
-    old = "long_context = { lengths = [4096, 8192], depths = [0.1, 0.5, 0.9], keys_per_depth = 4 }"
+    old = "long_context = { lengths = [4096, 8192], depths = [0.1, 0.3, 0.5, 0.7, 0.9], keys_per_depth = 20 }"
     assert old in text
     path.write_text(text.replace(old, table))
     return folder
@@ -104,7 +104,7 @@ def test_the_shipped_matrix_declares_the_task_and_the_cpu_default_plans_it_out()
     matrix = matrix_cells.load(ROOT / "matrix")
     declared = {name: w.long_context for name, w in matrix.workloads.items()}
     assert declared["llama-3_1-8b"].lengths == (4096, 8192, 16384, 32768)
-    assert declared["llama-3_1-8b"].per_length == 25
+    assert declared["llama-3_1-8b"].per_length == 50  # 200 documents: policy.toml min_n
     assert int(matrix.workloads["llama-3_1-8b"].model_args["max_model_len"]) >= 32768 + passkey.ANSWER_TOKENS
     tiny = matrix.workloads["tiny-llama"]
     assert passkey.fitting_lengths(tiny.long_context, int(tiny.model_args["max_model_len"]))[0] == ()
