@@ -4,7 +4,7 @@ kvgate's gsm8k models end their positions at 1024, so its long-context task (kvg
 tokens) needs a model of its own. This one is a Hugging Face LlamaForCausalLM (what vLLM's Llama loads on every
 backend) with tiny-llama's tokenizer (digits are single tokens), trained only on passkey documents: the task's
 exact format (instruction, repeated filler, the needle at a random depth, the question), answer " <key>.\\n</s>",
-loss on the answer tokens only. Training lengths are drawn up to --train-tokens; the model is asked at longer
+loss on the answer tokens and on the needle's second mention of the key (a copy at short distance). Training lengths are drawn up to --train-tokens; the model is asked at longer
 lengths afterwards, so what it learns has to hold at distances it never saw:
 
 - rope_theta is 1e7: with head size 64 the slowest third of the rotary pairs turn less than half a radian over
@@ -95,7 +95,14 @@ class Examples:
             prompt_ids = self.tok(passkey.prompt(units, self.rng.random(), key)).input_ids
             answer_ids = [*self.tok(f" {key}.\n", add_special_tokens=False).input_ids, EOS_ID]
             rows.append(prompt_ids + answer_ids)
-            labels.append([-100] * len(prompt_ids) + answer_ids)
+            label = [-100] * len(prompt_ids) + answer_ids
+            # the needle says the key twice: its second mention is the same retrieval at a few tokens' distance, a
+            # dense signal for the copying circuit the answer needs at thousands
+            digits = self.tok(key, add_special_tokens=False).input_ids
+            starts = [i for i in range(len(prompt_ids) - len(digits) + 1) if prompt_ids[i:i + len(digits)] == digits]
+            if len(starts) >= 2:
+                label[starts[1]:starts[1] + len(digits)] = digits
+            labels.append(label)
         width = max(map(len, rows))
         ids = torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows])
         target = torch.tensor([r + [-100] * (width - len(r)) for r in labels])

@@ -140,9 +140,10 @@ def main(argv: list[str]) -> int:
         after = None
     save("accuracy", kv_cache=after or report.get("kv_cache"), questions=answered)
 
+    long_prompts: list[str] = []
     if options.long_context is not None:
         try:
-            _long_context(lm, cfg, options.long_context)
+            long_prompts = _long_context(lm, cfg, options.long_context)
         except Exception as error:  # the long-context task failing must not lose the gsm8k results
             traceback.print_exc()
             save("long-context-failed", long_context_error=f"{type(error).__name__}: {error}")
@@ -155,7 +156,7 @@ def main(argv: list[str]) -> int:
             from kvgate.runners.stages import probe
 
             options.probe_dir.mkdir(parents=True, exist_ok=True)
-            probe_file.write(probe.collect(engine), options.probe_dir)
+            probe_file.write(probe.collect(engine, long_context=long_prompts), options.probe_dir)
         except Exception as error:  # the probe failing must not lose the accuracy results
             traceback.print_exc()
             save("probe-failed", probe_error=f"{type(error).__name__}: {error}")
@@ -164,9 +165,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _long_context(lm: Any, cfg: Any, plan_path: Path) -> None:
+def _long_context(lm: Any, cfg: Any, plan_path: Path) -> list[str]:
     """The passkey task on the engine that answered gsm8k: its documents sized with the engine's tokenizer (as
-    lm-eval encodes the prompt), written next to its lm-eval outputs, answered greedily, saved in lm-eval's layout."""
+    lm-eval encodes the prompt), written next to its lm-eval outputs, answered greedily, saved in lm-eval's layout.
+    Returns the probe's long prompts: per length, the document whose needle is nearest the middle."""
     import tempfile
 
     from lm_eval import simple_evaluate
@@ -195,6 +197,8 @@ def _long_context(lm: Any, cfg: Any, plan_path: Path) -> None:
         tracker.save_results_aggregated(results=found, samples=samples)
         tracker.save_results_samples(task_name=task, samples=samples[task])
     print(make_table(found), flush=True)
+    return [min((d for d in docs if d["length"] == n), key=lambda d: abs(d["depth"] - 0.5))["prompt"]
+            for n in plan["lengths"]]
 
 
 ENGINE_START_LOCK_ENV = "KVGATE_ENGINE_START_LOCK"
