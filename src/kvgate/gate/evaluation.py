@@ -109,7 +109,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         if cell.identity.is_fp8:
             partner = run.find(cell.identity.with_dtype("auto"))
             for item in [*fp8_accuracy_checks(cell, partner, policy, plans=plans, strict=require_baseline),
-                         *fp8_long_context_checks(cell, partner, policy)]:
+                         *fp8_long_context_checks(cell, partner, policy, declared=declared_long_context(
+                             trusted, cell))]:
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
             item = fp8_throughput_check(cell, partner, policy)
             if isinstance(item, Pending):
@@ -124,7 +125,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         if baseline is not None:
             old = baseline.find(cell.identity)
             for item in [*baseline_accuracy_checks(cell, old, policy, ab=ab, plans=plans, strict=require_baseline),
-                         *baseline_long_context_checks(cell, old, policy, ab=ab)]:
+                         *baseline_long_context_checks(cell, old, policy, ab=ab,
+                                                       declared=declared_long_context(trusted, cell))]:
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
     if baseline is not None:
         unreadable_here = {u.cell for u in run.unreadable} | {r.cell.identity.id for r in refused}
@@ -273,6 +275,19 @@ def no_baseline_check(required: bool) -> Check:
                      headline="no baseline: the change was compared with nothing")
     return Check(cell=RUN, kind="baseline", status="not_run",
                  detail=f"{what}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)")
+
+
+def declared_long_context(trusted: Mapping[str, TrustedCell] | None, cell: Any) -> tuple[int, ...]:
+    """The passkey lengths the matrix's cell runs, which a folder of contract 1.10 or later whose accuracy stage ran
+    must hold (none without a trusted side or a declaration; an older folder was written before the task existed)."""
+    declared = (trusted or {}).get(cell.identity.id)
+    version = contract_version_tuple(cell.extra.get("contract_version", 1))
+    if declared is None or version is None or version < LONG_CONTEXT_CONTRACT:
+        return ()
+    return declared.long_context_lengths
+
+
+LONG_CONTEXT_CONTRACT = (1, 10)  # the contract that added long_context/
 
 
 KIND_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "fp8_kv_cache": "accuracy", "accuracy_floor": "accuracy",

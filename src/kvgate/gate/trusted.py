@@ -49,6 +49,7 @@ class TrustedCell:
     num_prompts: int | None = None  # the workload's `vllm bench throughput` prompts (each repeat's num_requests)
     engines: int = 1  # the workload's throughput design: engine starts a side, measured repeats in each
     repeats: int = 1
+    long_context_lengths: tuple[int, ...] = ()  # the passkey lengths its accuracy engine runs (workloads long_context)
     source: str = WORKLOADS_FILE  # the workloads file that declares it, as messages name it
 
 
@@ -62,8 +63,10 @@ def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, Tru
                                  num_fewshot=_count(cell.workload.gsm8k.get("num_fewshot")),
                                  num_prompts=_count(cell.workload.throughput.get("num_prompts")),
                                  engines=_count(cell.workload.throughput.get("engines", 1)) or 1,
-                                 repeats=_count(cell.workload.throughput.get("repeats")) or 1, source=source)
+                                 repeats=_count(cell.workload.throughput.get("repeats")) or 1,
+                                 long_context_lengths=cell.workload.long_context_lengths[0], source=source)
             for cell in matrix.cells}
+
 
 
 def _count(value: Any) -> int | None:

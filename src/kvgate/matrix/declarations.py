@@ -65,6 +65,8 @@ FP8_KV_SCALES = ("none", "checkpoint")  # workloads.toml fp8_kv_scales
 
 
 LONG_CONTEXT_SEED = 20261202  # workloads.toml long_context.seed's default (kvgate.workloads.passkey's keys)
+DEFAULT_MAX_MODEL_LEN = 4096  # a workload's engine max_model_len where its model_args set none
+LONG_CONTEXT_ANSWER_TOKENS = 16  # the passkey task's generation cap: " 71432" is 1-6 tokens in every tokenizer
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +88,11 @@ class LongContext:
         return {"lengths": list(self.lengths), "depths": list(self.depths), "keys_per_depth": self.keys_per_depth,
                 "seed": self.seed}
 
+    def fitting(self, max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(lengths an engine of max_model_len runs, lengths it cannot): a prompt of the length and its answer fit."""
+        fit = tuple(n for n in self.lengths if n + LONG_CONTEXT_ANSWER_TOKENS <= max_model_len)
+        return fit, tuple(n for n in self.lengths if n not in fit)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
@@ -106,6 +113,17 @@ class Workload:
     # GPU-minutes one side of a stage took where it was measured: arch -> stage -> minutes (the plan's estimate)
     measured_minutes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     long_context: LongContext | None = None  # the passkey task beside gsm8k (kvgate.workloads.passkey)
+
+    @property
+    def max_model_len(self) -> int:
+        """The max_model_len its engines run with (model_args, else kvgate's default)."""
+        return int(self.model_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
+
+    @property
+    def long_context_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the passkey lengths its accuracy engine runs, those its max_model_len cannot hold); both empty without
+        the task."""
+        return self.long_context.fitting(self.max_model_len) if self.long_context is not None else ((), ())
 
     @property
     def is_local_model(self) -> bool:

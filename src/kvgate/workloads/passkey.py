@@ -23,6 +23,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from kvgate.matrix.declarations import LONG_CONTEXT_ANSWER_TOKENS
 from kvgate.matrix.declarations import LongContext as Design
 
 TASK_NAME = "kvgate_passkey"  # kvgate.results.records.LONG_CONTEXT_TASK (a test holds them equal)
@@ -33,14 +34,13 @@ INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant tex
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\nWhat is the pass key? The pass key is"
-ANSWER_TOKENS = 16  # generation cap: " 71432" is 1-6 tokens in every tokenizer kvgate knows
+ANSWER_TOKENS = LONG_CONTEXT_ANSWER_TOKENS  # generation cap
 MIN_FILLER = 2      # a document shorter than this many filler paragraphs is no long-context question
 
 
 def fitting_lengths(design: Design, max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(lengths the model runs, lengths it cannot): a length runs when its prompt and the answer fit max_model_len."""
-    fit = tuple(n for n in design.lengths if n + ANSWER_TOKENS <= max_model_len)
-    return fit, tuple(n for n in design.lengths if n not in fit)
+    return design.fitting(max_model_len)
 
 
 def keys(design: Design) -> list[str]:

@@ -22,16 +22,17 @@ LARGE_DROP_POINTS = 20.0
 KINDS = {"fp8_long_context": "fp8_accuracy", "baseline_long_context": "baseline_accuracy"}  # kind -> gsm8k's
 
 
-def fp8_long_context_checks(cell: CellResults, partner: CellResults | None, policy: Policy) -> list[Any]:
+def fp8_long_context_checks(cell: CellResults, partner: CellResults | None, policy: Policy, *,
+                            declared: tuple[int, ...] = ()) -> list[Any]:
     return long_context_comparisons(cell, partner, policy, kind="fp8_long_context", reference="auto cell",
-                                    margin=policy.fp8_tax_points(cell.identity.model),
+                                    margin=policy.fp8_tax_points(cell.identity.model), declared=declared,
                                     partner_absent="no auto cell of the same backend, arch, model and task in this "
                                                    "run")
 
 
 def baseline_long_context_checks(cell: CellResults, old: CellResults | None, policy: Policy, *,
-                                 ab: bool = False) -> list[Any]:
-    return long_context_comparisons(cell, old, policy, kind="baseline_long_context",
+                                 ab: bool = False, declared: tuple[int, ...] = ()) -> list[Any]:
+    return long_context_comparisons(cell, old, policy, kind="baseline_long_context", declared=declared,
                                     reference="base side" if ab else "baseline",
                                     margin=policy.accuracy.baseline_margin_points,
                                     partner_absent="the base side of this A/B run has no long-context results" if ab
@@ -41,14 +42,19 @@ def baseline_long_context_checks(cell: CellResults, old: CellResults | None, pol
 
 def long_context_comparisons(cell: CellResults, partner: CellResults | None, policy: Policy, *, kind: str,
                              reference: str, margin: float, partner_absent: str,
-                             absent_status: str = "missing") -> list[Any]:
+                             absent_status: str = "missing", declared: tuple[int, ...] = ()) -> list[Any]:
     """One decision per comparison on the primary filter, the other filters reported; nothing when the cell did not
-    run the task (its workload declares none, or its model's positions hold none of the lengths: status.json says
-    which)."""
+    run the task and the matrix asks none of it (its workload declares none, or its model's positions hold none of
+    the lengths). declared: the lengths the matrix's cell runs (kvgate.gate.trusted): a cell that ran none of them
+    is a missing comparison (fail closed), never a silent pass."""
     own = cell.stage(STAGE)
-    if own.health in ("not_run", "skipped"):
-        return []
     base = dict(cell=cell.identity.id, kind=kind, model=cell.identity.model, reference=reference)
+    if own.health in ("not_run", "skipped"):
+        if not declared or cell.stage("accuracy").health != "ok":
+            return []  # no task asked of it, or its engine did not run (the accuracy check says so)
+        return [Check(**base, status="missing", detail=(
+            f"the matrix declares the passkey task at {', '.join(map(str, declared))} tokens for this cell, but its "
+            f"long-context stage is {own.health.replace('_', ' ')}: rerun the cell's accuracy stage"))]
     if own.health != "ok":
         return [Check(**base, status="error" if own.health in ("error", "timeout") else "missing",
                       detail=f"cannot compare: this cell's long-context stage is {own.health.replace('_', ' ')}")]

@@ -171,13 +171,7 @@ def _wrong_vllm(ctx: CellContext, vllm_file: str | None) -> str | None:
 
 def long_context_lengths(cell: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(the long-context lengths this cell runs, those its max_model_len cannot hold); both empty without the task."""
-    from kvgate.runners.stages.commands import engine_max_model_len
-    from kvgate.workloads.passkey import fitting_lengths
-
-    design = cell.workload.long_context
-    if design is None:
-        return (), ()
-    return fitting_lengths(design, engine_max_model_len(cell))
+    return cell.workload.long_context_lengths
 
 
 def long_context_skip_reason(cell: Any, lengths: tuple[int, ...]) -> str:
