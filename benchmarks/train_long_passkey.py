@@ -4,8 +4,9 @@ kvgate's gsm8k models end their positions at 1024, so its long-context task (kvg
 tokens) needs a model of its own. This one is a Hugging Face LlamaForCausalLM (what vLLM's Llama loads on every
 backend) with tiny-llama's tokenizer (digits are single tokens), trained only on passkey documents: the task's
 exact format (instruction, repeated filler, the needle at a random depth, the question), answer " <key>.\\n</s>",
-loss on the answer tokens and on the needle's second mention of the key (a copy at short distance). Training lengths are drawn up to --train-tokens; the model is asked at longer
-lengths afterwards, so what it learns has to hold at distances it never saw:
+loss on the answer tokens and on the needle's second mention of the key (a copy at short distance). Training lengths
+are drawn up to --train-tokens; the model is asked at longer lengths afterwards, so what it learns has to hold at
+distances it never saw:
 
 - rope_theta is 1e7: with head size 64 the slowest third of the rotary pairs turn less than half a radian over
   32k positions, so a content match (the needle's "pass key is" against the question's) can use dimensions that

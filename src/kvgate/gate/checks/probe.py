@@ -61,11 +61,13 @@ def context_length_notes(agreement: Any) -> tuple[str, ...]:
     buckets = getattr(agreement, "by_context_length", ())
     if not buckets:
         return ()
-    shown = "; ".join(f"{b['bucket']} tokens: {b['prompts']} prompts, decode |dlogprob| {b['decode_mean_abs_logprob_diff']}"
-                      if isinstance(b["decode_mean_abs_logprob_diff"], str) else
-                      f"{b['bucket']} tokens: {b['prompts']} prompts, decode |dlogprob| "
-                      f"{b['decode_mean_abs_logprob_diff']:.4f}, greedy prefix {b['greedy_prefix_match']:.3f}"
-                      for b in buckets)
+    def one(bucket: Mapping[str, Any]) -> str:
+        diff = bucket["decode_mean_abs_logprob_diff"]
+        shown_diff = diff if isinstance(diff, str) else f"{diff:.4f}"
+        return (f"{bucket['bucket']} tokens: {bucket['prompts']} prompts, decode |dlogprob| {shown_diff}, greedy "
+                f"prefix {bucket['greedy_prefix_match']:.3f}")
+
+    shown = "; ".join(one(b) for b in buckets)
     return (f"decode divergence from the auto cell by context length (reported): {shown}",)
 
 

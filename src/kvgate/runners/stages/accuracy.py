@@ -211,9 +211,13 @@ def _long_context_outcome(ctx: CellContext, accuracy_status: str, report: dict, 
     figures = accuracy_figures(out, passkey.TASK_NAME)
     commit_stage(cell_dir, "long_context", out)
     cell_folder.write_status(cell_dir, "long_context", "ok", **extra, **figures, buckets=buckets)
-    shown = ", ".join(f"{int(n) // 1024}k {b['correct']}/{b['n']}" for n, b in buckets.items())
+    shown = ", ".join(f"{_tokens(int(n))} {b['correct']}/{b['n']}" for n, b in buckets.items())
     return StageOutcome(cell_id=ctx.label, stage="long_context", status="ok", elapsed=elapsed,
                         headline=f"passkey strict {figures.get('strict_match', float('nan')):.3f} ({shown})")
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
 def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,
