@@ -88,8 +88,10 @@ class Examples:
             if key not in self.excluded:
                 return key
 
-    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        units = self.rng.randint(passkey.MIN_FILLER, self.max_units)
+    def batch(self, size: int, reach: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """`size` documents of one random length up to `reach` x the longest (a curriculum grows it)."""
+        most = max(passkey.MIN_FILLER, round(reach * self.max_units))
+        units = self.rng.randint(passkey.MIN_FILLER, most)
         rows, labels = [], []
         for _ in range(size):
             key = self.key()
@@ -143,6 +145,10 @@ def main() -> int:
     parser.add_argument("--eval-lengths", default="512,1024,2048,4096")
     parser.add_argument("--eval-per-length", type=int, default=10)
     parser.add_argument("--minutes", type=float, default=0, help="stop training after this long (0: no limit)")
+    parser.add_argument("--curriculum", type=float, default=0.0, metavar="SHARE",
+                        help="grow the longest training document from about 200 tokens to --train-tokens over this "
+                             "share of the steps (0: every length from the start). Retrieval is learned within a few "
+                             "hundred steps at ~200 tokens and not at all in 2,000 steps drawn up to 768 (CPU, 2026-12-02)")
     args = parser.parse_args()
 
     from safetensors.torch import save_file
@@ -164,7 +170,9 @@ def main() -> int:
     log, started, tokens = [], time.monotonic(), 0
     step = 0
     for step in range(1, args.steps + 1):
-        ids, labels = examples.batch(args.batch)
+        start = min(1.0, 200 / args.train_tokens)
+        reach = 1.0 if not args.curriculum else min(1.0, start + (1 - start) * step / (args.curriculum * args.steps))
+        ids, labels = examples.batch(args.batch, reach)
         ids, labels = ids.to(device), labels.to(device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             loss = model(input_ids=ids, labels=labels).loss
