@@ -150,6 +150,10 @@ def main() -> int:
                              "share of the steps (0: every length from the start). Retrieval is learned within a few "
                              "hundred steps at ~200 tokens and not at all in 2,000 steps drawn up to 768 (CPU, 2026-12-02)")
     args = parser.parse_args()
+    eval_lengths = [int(n) for n in args.eval_lengths.split(",") if n.strip()]
+    if not eval_lengths or min(eval_lengths) < 256 or max(eval_lengths) + 16 > args.max_positions:
+        parser.error(f"--eval-lengths must lie in [256, --max-positions - 16 = {args.max_positions - 16}] tokens "
+                     "(a passkey document needs its filler; the answer its positions)")
 
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -190,10 +194,6 @@ def main() -> int:
             print(f"stopping at step {step}: {args.minutes} min spent", flush=True)
             break
     seconds = time.monotonic() - started
-    lengths = [int(n) for n in args.eval_lengths.split(",") if n]
-    accuracy = greedy_accuracy(model, tokenizer, lengths, args.eval_per_length, device)
-    print(f"Hugging Face greedy accuracy per length: {accuracy}", flush=True)
-
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps({**cfg, "transformers_version": None}, indent=2) + "\n")
     (args.out / "generation_config.json").write_text(json.dumps(
@@ -205,6 +205,9 @@ def main() -> int:
     tok_cfg = json.loads((args.out / "tokenizer_config.json").read_text())
     tok_cfg["model_max_length"] = args.max_positions
     (args.out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, sort_keys=True) + "\n")
+    # the model is saved before it is asked anything: an evaluation that fails loses no training
+    accuracy = greedy_accuracy(model, tokenizer, eval_lengths, args.eval_per_length, device)
+    print(f"Hugging Face greedy accuracy per length: {accuracy}", flush=True)
     machine = (torch.cuda.get_device_name(0) if device == "cuda"
                else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                     f"{torch.get_num_threads()} torch threads")
