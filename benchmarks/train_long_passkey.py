@@ -21,7 +21,7 @@ Usage (CPU, one core, 18 min: retrieves at 512 and 1024 tokens, 6/20 at 2048, no
 benchmarks/long_context_cpu/README.md):
     nice -n 10 python benchmarks/train_long_passkey.py --out out --threads 1 --train-tokens 1024 --curriculum 0.6 \\
         --steps 2500 --batch 16 --lr 2e-3 --minutes 18 --max-positions 8448 --eval-lengths 512,1024,2048,4096
-The H200 recipe (the lengths of matrix/workloads.toml, minutes on one GPU):
+The H200 recipe (the lengths of matrix/workloads.toml; untimed: --minutes bounds it to the session):
     python benchmarks/train_long_passkey.py --out out --train-tokens 32768 --curriculum 0.6 --steps 4000 \\
         --batch 16 --lr 2e-3 --max-positions 33792 --eval-lengths 4096,8192,16384,32768
 (retrieval held to about twice the longest training length on the CPU, so the GPU recipe trains up to the longest
