@@ -92,19 +92,22 @@ def cell_record(cell_dir: Path) -> dict[str, Any]:
 def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, task: str | None = None,
                    model: str | None = None, samples: bool = True, prompt_chars: int = 400,
                    prompt_salt: str = "", stamp: str = "2026-11-30T10-00-00.000000",
-                   question_ids: Sequence[int] | None = None, without_doc_hash: Collection[int] = ()) -> Path:
+                   question_ids: Sequence[int] | None = None, without_doc_hash: Collection[int] = (),
+                   stage: str = "accuracy") -> Path:
     """accuracy/<model folder>/results_<stamp>.json (+ samples_<task>_<stamp>.jsonl) from outcomes per filter.
 
     question_ids: which questions the outcomes belong to, in the order asked (default 0 .. n-1): the question
     decides doc_hash and the prompt, the position doc_id (lm-eval numbers the documents it was given).
     without_doc_hash: questions whose records carry no doc_hash (readers then key them by doc_id).
-    task and model: the cell.json's (else gsm8k, SEED_MODEL)."""
+    task and model: the cell.json's (else gsm8k, SEED_MODEL). stage: the stage folder (long_context: kvgate's passkey
+    task, contract 1.10, whose n-shot is 0)."""
     record = cell_record(cell_dir)
     task = task or str(record.get("task", "gsm8k"))
     model = model or str(record.get("model", SEED_MODEL))
     declared = matrix_cell(record)
     shots = int(declared.workload.gsm8k["num_fewshot"]) if declared is not None else 5
-    folder = Path(cell_dir) / "accuracy" / model.replace("/", "__")
+    shots = 0 if stage == "long_context" else shots
+    folder = Path(cell_dir) / stage / model.replace("/", "__")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(next(iter(outcomes.values())))
     block: dict[str, Any] = {"name": task, "alias": task, "sample_len": n}
@@ -216,7 +219,7 @@ def planned_questions(backend: str, kv_cache_dtype: str, arch: str) -> int:
 
 def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, samples: bool = True,
                    backend: str = "FLASHINFER_MLA", arch: str = "sm100", probes: bool = False,
-                   contract: str | None = None, n: int = SEED_N) -> Path:
+                   contract: str | None = None, n: int = SEED_N, long_context: bool | None = None) -> Path:
     """The seed PR's case: auto vs fp8 on gsm8k (n=1319) and 3.22 -> 3.55 req/s (medians of 7 repeats), one cell each.
 
     fp8_drop_points, when given, replaces the FP8 figures by a drop of about that many points on both filters.
@@ -225,6 +228,8 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
     contract records (the FP8 cell's KV cache evidence).
     n: the questions (default the seed's 1319, all of lm-eval's gsm8k; the counts scale with it): a run compared under
     --require-baseline needs planned_questions() of the matrix's cell.
+    long_context: also the passkey task's long_context/ (200 documents, the two sides agreeing but on 2 each way), as a
+    runner of contract 1.10 writes it for a workload that declares the task (default: from contract 1.10 on).
     """
     run_dir = Path(run_dir)
     # the policy's 7 repeats a cell (throughput.rounds: what --require-baseline holds a run to)
@@ -237,7 +242,10 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
                         "layer_kv_cache_dtypes": [dtype], "tokens": 200_000 if dtype == "fp8" else 100_000}
             if tuple(map(int, contract.split("."))) >= (1, 9):  # DeepSeek-V2-Lite: 27 MLA layers of 576 a token
                 evidence["bytes_per_token"] = 27 * 576 * (1 if dtype == "fp8" else 2)
-            write_status(cell, {"accuracy": {"status": "ok", "kv_cache": evidence}})
+            entries: dict[str, Any] = {"accuracy": {"status": "ok", "kv_cache": evidence}}
+            if long_context is not False and tuple(map(int, contract.split("."))) >= (1, 10):
+                entries["long_context"] = {"status": "ok", "lengths": [4096, 8192, 16384, 32768]}
+            write_status(cell, entries)
         outcomes = {}
         for index, (name, counts) in enumerate(SEED_COUNTS.items()):
             auto_right, only_auto, only_fp8 = (round(count * n / SEED_N) for count in counts)
@@ -249,6 +257,13 @@ def write_seed_run(run_dir: Path, *, fp8_drop_points: float | None = None, sampl
                                         only_candidate=only_fp8, seed=index)
             outcomes[name] = auto if dtype == "auto" else fp8
         write_accuracy(cell, outcomes, samples=samples)
+        with_task = long_context if long_context is not None else bool(
+            contract and contract != "1" and tuple(map(int, contract.split("."))) >= (1, 10))
+        if with_task:
+            auto_passkey, fp8_passkey = paired_outcomes(200, reference_correct=180, only_reference=2, only_candidate=2)
+            passkey = auto_passkey if dtype == "auto" else fp8_passkey
+            write_accuracy(cell, {name: passkey for name in GSM8K_FILTERS}, task="kvgate_passkey",
+                           stage="long_context")
         write_throughput(cell, rps)
         write_kernels(cell)
         if probes:

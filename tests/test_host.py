@@ -191,7 +191,7 @@ def test_in_ci_a_misrouted_cell_is_an_error_naming_the_runner_label_and_the_gate
                   env={cpu.WITHOUT_ENV: "avx512,amx", cpu.RUNNER_LABEL_ENV: "ubuntu-latest"})
     assert done.returncode == 1, done.stdout + done.stderr
     status = json.loads((run_dir / "cpu_attn-fp8-cpu" / "status.json").read_text())
-    assert set(status) == {"kernels", "accuracy", "probe", "throughput"}
+    assert set(status) == {"kernels", "accuracy", "probe", "throughput", "long_context"}
     assert all(entry["status"] == "error" for entry in status.values())
     assert status["accuracy"]["reason"].startswith("runner label 'ubuntu-latest' sent this cell to a host that cannot "
                                                    "run it: needs a CPU with AVX-512 or AMX")
@@ -297,7 +297,7 @@ def test_the_canaries_say_which_ones_this_host_cannot_run(monkeypatch):
     monkeypatch.setenv("KVGATE_ARCH", "cpu")
     cannot = cannot_run_here(canaries)
     gpu = {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless",
-           "triton-mla-context-dequant-x2"}
+           "triton-mla-context-dequant-x2", "flash-attn-long-context-k-x05"}
     assert set(cannot) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "fp8-decode-extra-work", "harmless-refactor",
                            "fp8-kv-scale-loader-twice-normalised", "fp8-cached-context-scale", *gpu}
     assert cannot["fp8-scale-mismatch"].startswith("cpu_attn-fp8-cpu needs a CPU with AVX-512 or AMX")

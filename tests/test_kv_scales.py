@@ -82,7 +82,7 @@ def test_it_cannot_hide_in_model_args(tmp_path):
     folder = tmp_path / "matrix"
     shutil.copytree(ROOT / "matrix", folder)
     path = folder / "workloads.toml"
-    path.write_text(path.read_text().replace("model_args = { trust_remote_code = true, max_model_len = 16384 }",
+    path.write_text(path.read_text().replace("model_args = { trust_remote_code = true, max_model_len = 32784, enforce_eager = false }",
                                              "model_args = { trust_remote_code = true, calculate_kv_scales = true }"))
     with pytest.raises(InputErrors) as info:
         kvmatrix.load(folder)

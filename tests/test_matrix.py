@@ -230,8 +230,8 @@ def test_missing_file(matrix_copy):
 
 
 def test_workload_may_not_set_what_the_cell_sets(matrix_copy):
-    edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 16384, enforce_eager = false }",
-         'model_args = { max_model_len = 16384, kv_cache_dtype = "fp8" }')
+    edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 32784, enforce_eager = false }",
+         'model_args = { max_model_len = 32784, kv_cache_dtype = "fp8" }')
     assert load_errors(matrix_copy) == [
         f"{matrix_copy}/workloads.toml: 'kv_cache_dtype' is set by kvgate from the cell in "
         "workloads.llama-3_1-8b.model_args.kv_cache_dtype. Delete it",

@@ -93,7 +93,7 @@ def test_a_runner_without_the_model_starts_no_engine(real_matrix, tmp_path, monk
     status, outcomes = run_cells([real_matrix.cell("flash_attn-fp8-sm90")], options)
 
     assert status == 1
-    assert [o.status for o in outcomes] == ["error", "error"]  # accuracy and its probe
+    assert [o.status for o in outcomes] == ["error", "error", "error"]  # accuracy, its probe and its passkey task
     assert outcomes[0].reason.startswith(f"model {LLAMA} is not in the Hugging Face cache {tmp_path}/empty-hf/hub")
     assert read_calls(fake) == []
 

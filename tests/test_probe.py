@@ -45,6 +45,8 @@ def test_identical_records_agree_exactly() -> None:
         "top1_agreement": 1.0, "generated_positions": 8, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
         "decode_positions": 8, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
         "identical": True, "cached_context_prompts": 0, "cached_tokens": 0,
+        "by_context_length": [{"bucket": "<=1k", "prompts": 2, "decode_positions": 8,
+                               "decode_mean_abs_logprob_diff": 0.0, "greedy_prefix_match": 1.0}],
     }
 
 
@@ -314,3 +316,49 @@ def test_the_fresh_prefill_of_a_cached_context_prompt_is_read_and_checked() -> N
     with pytest.raises(InputError, match=re.escape("1 positions for 4 generated tokens in "
                                                    "cached_context[0].fresh_generated_logprobs")):
         from_dict(record)
+
+
+def with_long_context(record: dict, lengths=(5000, 9000), logprob: float = -0.3, diverge_at: int | None = None) -> dict:
+    """The record plus one long prompt per length (4 generated tokens each; diverge_at: the token that differs)."""
+    entries = []
+    for n in lengths:
+        ids = [600, 601, 602, 603]
+        if diverge_at is not None:
+            ids[diverge_at] = 700
+        entries.append({"prompt": f"passkey document of {n} tokens", "prompt_token_ids": [7] * n, "cached_tokens": 0,
+                        "generated_token_ids": ids, "generated_logprobs": [logprob] * 4,
+                        "generated_top": [[[i, logprob], [400, -1.5]] for i in ids], "generated_text": "1234"})
+    record["long_context"] = entries
+    return record
+
+
+def test_decode_divergence_is_reported_by_context_length_and_long_prompts_leave_the_judged_figures_alone() -> None:
+    short_only = probe_agreement.compare(make_record(), make_record())
+    agreement = probe_agreement.compare(with_long_context(make_record()),
+                                        with_long_context(make_record(), logprob=-0.8, diverge_at=2))
+    buckets = {b["bucket"]: b for b in agreement.as_record()["by_context_length"]}
+    assert list(buckets) == ["<=1k", "<=8k", "<=16k"]
+    assert buckets["<=1k"]["decode_mean_abs_logprob_diff"] == 0.0
+    for name in ("<=8k", "<=16k"):
+        assert buckets[name]["prompts"] == 1 and buckets[name]["decode_positions"] == 2  # the common greedy prefix
+        assert buckets[name]["decode_mean_abs_logprob_diff"] == pytest.approx(0.5)
+        assert buckets[name]["greedy_prefix_match"] == 0.5
+    # the thresholds' figures are those of the fixed prompts, as before the long prompts existed
+    assert agreement.decode_mean_abs_logprob_diff == short_only.decode_mean_abs_logprob_diff
+    assert agreement.greedy_prefix_match == short_only.greedy_prefix_match
+
+
+def test_long_context_prompts_that_differ_cannot_be_compared() -> None:
+    with pytest.raises(InputError, match="long-context probe prompts differ"):
+        probe_agreement.compare(with_long_context(make_record()), with_long_context(make_record(), lengths=(5000,)))
+    with pytest.raises(InputError, match="long-context probe prompts differ"):
+        probe_agreement.compare(make_record(), with_long_context(make_record()))
+
+
+def test_a_malformed_long_context_entry_is_refused_with_its_place() -> None:
+    record = with_long_context(make_record())
+    record["long_context"][1]["generated_logprobs"].pop()
+    with pytest.raises(InputError, match=r"long_context\[1\]"):
+        probe_file.from_dict(record, "run/x/probe/probe.json")
+    with pytest.raises(InputError, match="expected a list, got dict in 'long_context'"):
+        probe_file.from_dict({**make_record(), "long_context": {}}, "run/x/probe/probe.json")

@@ -28,7 +28,7 @@ def test_model_args_select_the_backend_by_engine_argument(cells):
         "kv_cache_dtype": "fp8",
         "attention_backend": "FLASHINFER_MLA",
         "trust_remote_code": True,
-        "max_model_len": 16384,
+        "max_model_len": 32784,  # the 32k passkey documents
         "enforce_eager": False,  # CUDA graphs, as users run (matrix/workloads.toml)
     }
 

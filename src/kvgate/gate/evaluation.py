@@ -36,6 +36,7 @@ from kvgate.gate.checks.accuracy import (
 )
 from kvgate.gate.checks.health import accuracy_check, kernels_check
 from kvgate.gate.checks.kv_cache import fp8_kv_cache_check
+from kvgate.gate.checks.long_context import baseline_long_context_checks, fp8_long_context_checks
 from kvgate.gate.checks.pending import Pending, decide
 from kvgate.gate.checks.probe import probe_ab_check, probe_check
 from kvgate.gate.checks.throughput import fp8_throughput_check, throughput_check
@@ -47,9 +48,11 @@ from kvgate.results.records import BASE, HEAD, RunResults, contract_version_tupl
 from kvgate.statistics import margins
 
 # A cell whose outputs are wrong (one of these failed or errored): its speed is not evidence of anything
-OUTPUT_KINDS = ("accuracy", "fp8_accuracy", "baseline_accuracy", "accuracy_floor", "fp8_kv_cache", "probe", "probe_ab")
+OUTPUT_KINDS = ("accuracy", "fp8_accuracy", "baseline_accuracy", "accuracy_floor", "fp8_kv_cache", "probe", "probe_ab",
+                "fp8_long_context", "baseline_long_context")
 KIND_ORDER = ("baseline", "contract", "host", "cell", "kernels", "accuracy", "fp8_kv_cache", "accuracy_floor",
-              "fp8_accuracy", "baseline_accuracy", "throughput", "fp8_throughput", "probe", "probe_ab")
+              "fp8_accuracy", "baseline_accuracy", "fp8_long_context", "baseline_long_context", "throughput",
+              "fp8_throughput", "probe", "probe_ab")
 
 
 def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = None,
@@ -105,7 +108,9 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
         plans = cell_plans(cell, policy, compared=ab or require_baseline)
         if cell.identity.is_fp8:
             partner = run.find(cell.identity.with_dtype("auto"))
-            for item in fp8_accuracy_checks(cell, partner, policy, plans=plans, strict=require_baseline):
+            for item in [*fp8_accuracy_checks(cell, partner, policy, plans=plans, strict=require_baseline),
+                         *fp8_long_context_checks(cell, partner, policy, declared=declared_long_context(
+                             trusted, cell))]:
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
             item = fp8_throughput_check(cell, partner, policy)
             if isinstance(item, Pending):
@@ -118,8 +123,10 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
             if moved is not None:
                 checks.append(moved)
         if baseline is not None:
-            for item in baseline_accuracy_checks(cell, baseline.find(cell.identity), policy, ab=ab, plans=plans,
-                                                 strict=require_baseline):
+            old = baseline.find(cell.identity)
+            for item in [*baseline_accuracy_checks(cell, old, policy, ab=ab, plans=plans, strict=require_baseline),
+                         *baseline_long_context_checks(cell, old, policy, ab=ab,
+                                                       declared=declared_long_context(trusted, cell))]:
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
     if baseline is not None:
         unreadable_here = {u.cell for u in run.unreadable} | {r.cell.identity.id for r in refused}
@@ -270,9 +277,23 @@ def no_baseline_check(required: bool) -> Check:
                  detail=f"{what}; the verdict is NEUTRAL (CI passes --require-baseline, which fails it)")
 
 
+def declared_long_context(trusted: Mapping[str, TrustedCell] | None, cell: Any) -> tuple[int, ...]:
+    """The passkey lengths the matrix's cell runs, which a folder of contract 1.10 or later whose accuracy stage ran
+    must hold (none without a trusted side or a declaration; an older folder was written before the task existed)."""
+    declared = (trusted or {}).get(cell.identity.id)
+    version = contract_version_tuple(cell.extra.get("contract_version", 1))
+    if declared is None or version is None or version < LONG_CONTEXT_CONTRACT:
+        return ()
+    return declared.long_context_lengths
+
+
+LONG_CONTEXT_CONTRACT = (1, 10)  # the contract that added long_context/
+
+
 KIND_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "fp8_kv_cache": "accuracy", "accuracy_floor": "accuracy",
               "fp8_accuracy": "accuracy", "baseline_accuracy": "accuracy", "throughput": "throughput",
-              "fp8_throughput": "throughput", "probe": "probe", "probe_ab": "probe"}  # the stage each kind judges
+              "fp8_throughput": "throughput", "probe": "probe", "probe_ab": "probe", "fp8_long_context": "long_context",
+              "baseline_long_context": "long_context"}  # the stage each kind judges
 
 
 def with_stage_facts(checks: list[Check], run: RunResults) -> list[Check]:

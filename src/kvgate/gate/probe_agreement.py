@@ -41,6 +41,10 @@ class ProbeAgreement:
     identical: bool = False  # every logprob and every token the same as the reference
     cached_context_prompts: int = 0  # prompts that continued a cached prefix (their generated positions count above)
     cached_tokens: int = 0  # the candidate's prompt tokens served from vLLM's prefix cache, over those prompts
+    # decode divergence by the context length a prompt's decoding starts at (every prompt, cached-context and
+    # long-context ones included; 1.10): ({"bucket", "prompts", "decode_positions", "decode_mean_abs_logprob_diff",
+    # "greedy_prefix_match"}, ...), shortest first
+    by_context_length: tuple[dict[str, Any], ...] = ()
 
     def as_record(self) -> dict[str, Any]:
         return {
@@ -58,6 +62,7 @@ class ProbeAgreement:
             "identical": self.identical,
             "cached_context_prompts": self.cached_context_prompts,
             "cached_tokens": self.cached_tokens,
+            "by_context_length": [dict(b) for b in self.by_context_length],
         }
 
 
@@ -80,6 +85,19 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
     identical = True
     pairs = [*zip(reference.prompts, candidate.prompts, strict=True),
              *zip(reference.cached_context, candidate.cached_context, strict=True)]
+    if len(reference.long_context) != len(candidate.long_context) or any(
+            a.prompt_token_ids != b.prompt_token_ids for a, b in zip(reference.long_context, candidate.long_context,
+                                                                     strict=False)):
+        raise InputError(candidate.source, "the long-context probe prompts differ from the reference's "
+                         f"({len(candidate.long_context)} and {len(reference.long_context)} prompts)", "'long_context'",
+                         "Run both cells with the same matrix (workloads.toml long_context)")
+    buckets: dict[int, list[tuple[int, int, list[float]]]] = {}
+    for ref, cand in [*pairs, *zip(reference.long_context, candidate.long_context, strict=True)]:
+        same = [a == b for a, b in zip(ref.generated_token_ids, cand.generated_token_ids, strict=False)]
+        common = same.index(False) if False in same else len(same)
+        length = max(len(ref.generated_token_ids), len(cand.generated_token_ids))
+        buckets.setdefault(context_bucket(len(ref.prompt_token_ids)), []).append(
+            (length, common, [_abs_diff(ref.generated_logprobs[j], cand.generated_logprobs[j]) for j in range(common)]))
     for ref, cand in pairs:
         for i in range(1, len(getattr(ref, "prompt_logprobs", ()))):  # cached-context prompts have none
             diffs.append(_abs_diff(ref.prompt_logprobs[i], cand.prompt_logprobs[i]))
@@ -109,7 +127,24 @@ def compare(reference: ProbeRecord | dict, candidate: ProbeRecord | dict) -> Pro
         identical=identical,
         cached_context_prompts=len(candidate.cached_context),
         cached_tokens=sum(p.cached_tokens for p in candidate.cached_context),
+        by_context_length=tuple(_bucket_record(bound, rows) for bound, rows in sorted(buckets.items())),
     )
+
+
+CONTEXT_BUCKETS = (1024, 4096, 8192, 16384, 32768, 65536, 131072)  # upper bounds in tokens
+
+
+def context_bucket(tokens: int) -> int:
+    """The smallest bound of CONTEXT_BUCKETS that holds a context of `tokens` (past the last: the last, doubled)."""
+    return next((bound for bound in CONTEXT_BUCKETS if tokens <= bound), 2 * CONTEXT_BUCKETS[-1])
+
+
+def _bucket_record(bound: int, rows: list[tuple[int, int, list[float]]]) -> dict[str, Any]:
+    generated = sum(length for length, _, _ in rows)
+    decode = [d for _, _, diffs in rows for d in diffs]
+    return {"bucket": f"<={bound // 1024}k", "prompts": len(rows), "decode_positions": len(decode),
+            "decode_mean_abs_logprob_diff": encode_float(math.fsum(decode) / len(decode)) if decode else "nan",
+            "greedy_prefix_match": sum(common for _, common, _ in rows) / generated if generated else 1.0}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -21,6 +21,7 @@ STAGE_OF_KIND = {
     "kernels": "kernels",
     "accuracy": "accuracy", "accuracy_floor": "accuracy", "fp8_accuracy": "accuracy", "baseline_accuracy": "accuracy",
     "probe": "accuracy", "probe_ab": "accuracy", "fp8_kv_cache": "accuracy",
+    "fp8_long_context": "accuracy", "baseline_long_context": "accuracy",  # the passkey task runs in its engine
     "throughput": "throughput", "fp8_throughput": "throughput",
     "cell": None, "host": None,  # every stage of the cell
 }

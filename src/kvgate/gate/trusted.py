@@ -50,6 +50,7 @@ class TrustedCell:
     num_prompts: int | None = None  # the workload's `vllm bench throughput` prompts (each repeat's num_requests)
     engines: int = 1  # the workload's throughput design: engine starts a side, measured repeats in each
     repeats: int = 1
+    long_context_lengths: tuple[int, ...] = ()  # the passkey lengths its accuracy engine runs (workloads long_context)
     source: str = WORKLOADS_FILE  # the workloads file that declares it, as messages name it
     feature: str = ""  # its value of the feature axis; "": a plain cell
     feature_engine_args: Mapping[str, Any] | None = None  # the engine arguments its feature turns on (axes.toml)
@@ -65,10 +66,12 @@ def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, Tru
                                  num_fewshot=_count(cell.workload.gsm8k.get("num_fewshot")),
                                  num_prompts=_count(cell.workload.throughput.get("num_prompts")),
                                  engines=_count(cell.workload.throughput.get("engines", 1)) or 1,
-                                 repeats=_count(cell.workload.throughput.get("repeats")) or 1, source=source,
+                                 repeats=_count(cell.workload.throughput.get("repeats")) or 1,
+                                 long_context_lengths=cell.workload.long_context_lengths[0], source=source,
                                  feature=cell.feature_name,
                                  feature_engine_args=cell.engine_args if cell.feature is not None else None)
             for cell in matrix.cells}
+
 
 
 def _count(value: Any) -> int | None:

@@ -40,6 +40,7 @@ from kvgate.matrix.features import arch_gpus as _arch_gpus
 from kvgate.matrix.features import feature_cells as _feature_cells
 from kvgate.matrix.features import parse_features as _parse_features_with
 from kvgate.matrix.host_requirements import parse_host_requirements
+from kvgate.matrix.long_context import parse_long_context
 from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml, shown_path
 
 # The matrix's public names: the loader here, its records from kvgate.matrix.declarations.
@@ -324,7 +325,7 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
                            ["model_args", "gsm8k", "throughput", "timeouts", "calculate_kv_scales", "expected_accuracy",
-                            "architectures", "fp8_kv_scales", "measured_minutes"]):
+                            "architectures", "fp8_kv_scales", "measured_minutes", "long_context"]):
             continue
         model_args = spec.get("model_args", {})
         if not isinstance(model_args, dict):
@@ -355,6 +356,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
             fp8_kv_scales=_fp8_kv_scales(reader, spec, where),
             measured_minutes=_measured_minutes(reader, spec.get("measured_minutes", {}), f"{where}.measured_minutes",
                                                spec.get("archs", [])),
+            long_context=parse_long_context(reader, spec["long_context"], f"{where}.long_context")
+            if "long_context" in spec else None,
         )
     return workloads
 

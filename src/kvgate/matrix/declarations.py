@@ -74,6 +74,36 @@ class ExpectedAccuracy:
 FP8_KV_SCALES = ("none", "checkpoint")  # workloads.toml fp8_kv_scales
 
 
+LONG_CONTEXT_SEED = 20261202  # workloads.toml long_context.seed's default (kvgate.workloads.passkey's keys)
+DEFAULT_MAX_MODEL_LEN = 4096  # a workload's engine max_model_len where its model_args set none
+LONG_CONTEXT_ANSWER_TOKENS = 16  # the passkey task's generation cap: " 71432" is 1-6 tokens in every tokenizer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LongContext:
+    """A workload's long-context task (workloads.toml `long_context`; kvgate.workloads.passkey writes it): context
+    lengths in tokens, needle depths (0 = right after the instruction, 1 = right before the question), keys per
+    (length, depth) and the keys' seed."""
+
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    keys_per_depth: int
+    seed: int = LONG_CONTEXT_SEED
+
+    @property
+    def per_length(self) -> int:
+        return len(self.depths) * self.keys_per_depth
+
+    def as_record(self) -> dict[str, Any]:
+        return {"lengths": list(self.lengths), "depths": list(self.depths), "keys_per_depth": self.keys_per_depth,
+                "seed": self.seed}
+
+    def fitting(self, max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(lengths an engine of max_model_len runs, lengths it cannot): a prompt of the length and its answer fit."""
+        fit = tuple(n for n in self.lengths if n + LONG_CONTEXT_ANSWER_TOKENS <= max_model_len)
+        return fit, tuple(n for n in self.lengths if n not in fit)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
     name: str
@@ -92,6 +122,18 @@ class Workload:
     architectures: tuple[str, ...] = ()  # the model's architectures (config.json), for the import-graph selection
     # GPU-minutes one side of a stage took where it was measured: arch -> stage -> minutes (the plan's estimate)
     measured_minutes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    long_context: LongContext | None = None  # the passkey task beside gsm8k (kvgate.workloads.passkey)
+
+    @property
+    def max_model_len(self) -> int:
+        """The max_model_len its engines run with (model_args, else kvgate's default)."""
+        return int(self.model_args.get("max_model_len", DEFAULT_MAX_MODEL_LEN))
+
+    @property
+    def long_context_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the passkey lengths its accuracy engine runs, those its max_model_len cannot hold); both empty without
+        the task."""
+        return self.long_context.fitting(self.max_model_len) if self.long_context is not None else ((), ())
 
     @property
     def is_local_model(self) -> bool:

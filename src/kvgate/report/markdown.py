@@ -27,10 +27,11 @@ MAX_ROWS_PER_SECTION = 400
 ATTENTION_LINES = 25  # one line each up to this many; the rest in the folded table
 HEADLINE_WHAT = 110  # characters of the first failure's own words in the first line
 FILTER_SHORT = {"strict-match": "strict", "flexible-extract": "flex"}
-COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_throughput", "throughput", "probe", "probe_ab",
-                    "fp8_kv_cache")
+COMPARISON_KINDS = ("fp8_accuracy", "baseline_accuracy", "fp8_long_context", "baseline_long_context", "fp8_throughput",
+                    "throughput", "probe", "probe_ab", "fp8_kv_cache")
 # which failure the first line names: regressions first, then broken kernels, then absent or crashed stages
-HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "probe_ab", "probe", "kernels", "throughput",
+HEADLINE_PRIORITY = ("fp8_kv_cache", "fp8_accuracy", "baseline_accuracy", "fp8_long_context", "baseline_long_context",
+                     "probe_ab", "probe", "kernels", "throughput",
                      "fp8_throughput", "accuracy", "cell", "contract", "host")  # GitHub step summaries hold 1 MiB
 
 

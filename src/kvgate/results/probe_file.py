@@ -80,6 +80,9 @@ class ProbeRecord:
     engine: dict[str, Any]
     prompts: tuple[PromptProbe, ...]
     cached_context: tuple[CachedContextProbe, ...] = ()
+    # results contract 1.10: long prompts (kvgate's passkey documents, one per context length the cell ran), scored on
+    # their generated positions only, in the cached-context entries' shape
+    long_context: tuple[CachedContextProbe, ...] = ()
 
 
 # ---- the file ---------------------------------------------------------------------------------------
@@ -136,7 +139,12 @@ def from_dict(data: Any, source: str = "<memory>") -> ProbeRecord:
     if not isinstance(cached_items, list):
         raise InputError(source, f"expected a list, got {type(cached_items).__name__}", "'cached_context'")
     cached = tuple(_cached_from_dict(item, source, f"cached_context[{i}]") for i, item in enumerate(cached_items))
-    return ProbeRecord(source=source, settings=settings, engine=engine, prompts=prompts, cached_context=cached)
+    long_items = data.get("long_context", [])
+    if not isinstance(long_items, list):
+        raise InputError(source, f"expected a list, got {type(long_items).__name__}", "'long_context'")
+    long = tuple(_cached_from_dict(item, source, f"long_context[{i}]") for i, item in enumerate(long_items))
+    return ProbeRecord(source=source, settings=settings, engine=engine, prompts=prompts, cached_context=cached,
+                       long_context=long)
 
 
 def check_header(data: Any, source: str) -> None:

@@ -14,9 +14,10 @@ from kvgate.matrix.cells import cell_id
 
 CONTRACT_VERSION = "1.10"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
-STAGES = ("kernels", "accuracy", "throughput", "probe")
+STAGES = ("kernels", "accuracy", "throughput", "probe", "long_context")  # long_context: 1.10
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
 SIDES = (BASE, HEAD)
+LONG_CONTEXT_TASK = "kvgate_passkey"  # the lm-eval task of long_context/ (kvgate.workloads.passkey)
 STAGE_STATUSES = ("ok", "error", "timeout", "skipped")
 DEFAULT_TASK = "gsm8k"
 

@@ -28,6 +28,7 @@ from kvgate.results.parsers import contract, junit, lm_eval, tool_log, vllm_benc
 from kvgate.results.parsers.reading import read_bytes, read_text
 from kvgate.results.records import (
     HEAD,
+    LONG_CONTEXT_TASK,
     SIDES,
     STAGES,
     CellIdentity,
@@ -219,7 +220,8 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
     return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=side)
 
 
-LOG_OF_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "throughput": "throughput", "probe": "accuracy"}
+LOG_OF_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "throughput": "throughput", "probe": "accuracy",
+                "long_context": "accuracy"}
 
 
 def first_error(folder: Path, stage: str, status: StageStatus | None) -> LogPointer | None:
@@ -251,6 +253,13 @@ def _tests_of_broken_kernels(stage_dir: Path, shown: str) -> Any:
         return junit.parse_junit(read_text(path, f"{shown}/kernels/junit.xml"), f"{shown}/kernels/junit.xml")
     except (InputError, InputErrors):
         return None
+
+
+def _read_long_context(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
+    """long_context/ (1.10): lm-eval's outputs of kvgate's passkey task, read as the accuracy stage's are."""
+    from dataclasses import replace
+
+    return _read_accuracy(stage_dir, shown, replace(identity, task=LONG_CONTEXT_TASK), metric)
 
 
 def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
@@ -319,4 +328,4 @@ def _rel(path: Path, base: Path) -> str:
 
 
 _READERS = {"accuracy": _read_accuracy, "throughput": _read_throughput, "kernels": _read_kernels,
-            "probe": _read_probe}
+            "probe": _read_probe, "long_context": _read_long_context}

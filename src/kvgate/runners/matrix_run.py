@@ -114,6 +114,10 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
         design = options.designs.get(cell.id)
         if design is not None and "accuracy" in stage_plan[cell.id][0]:
             options.say(f"kvgate: {cell.id}: {design.questions} questions ({design.reason})")
+        if "accuracy" in stage_plan[cell.id][0]:
+            long_context = long_context_plan(cell)
+            if long_context:
+                options.say(f"kvgate: {cell.id}: {long_context}")
     warned: set[str] = set()
     outcomes: list[StageOutcome] = []
     answered: dict[tuple[str, str], Path] = {}  # (cell id, side) -> its accuracy folder, answered in this invocation
@@ -239,8 +243,9 @@ def reuse_base_stage(source_run: tuple[Path, str], cell_dir: Path, cell: Cell, s
 
     folder, side = source_run
     source = Path(folder) / cell_folder.folder_name(cell.id, side)
-    reported = [stage, "probe"] if stage == "accuracy" else [stage]
     status = json.loads((source / "status.json").read_text(encoding="utf-8"))
+    reported = reported_stages(stage, cell) + (["long_context"] if stage == "accuracy" and "long_context" in status
+                                               and cell.workload.long_context is None else [])
     out = []
     for name in reported:
         if (source / name).is_dir():
@@ -300,6 +305,20 @@ def _guarded(parts: list[_CellSide], stage: str, run: Callable[..., list[StageOu
             cell_folder.write_status(part.cell_dir, stage, "error", "interrupted (Ctrl-C or SIGTERM) before it finished")
         raise
     return outcome if isinstance(outcome, list) else [outcome]
+
+
+def long_context_plan(cell: Cell) -> str | None:
+    """What the cell's accuracy stage asks of the passkey task, said before anything runs (None: no such task)."""
+    from kvgate.runners.stages.accuracy import long_context_lengths, long_context_skip_reason
+
+    lengths, unfit = long_context_lengths(cell)
+    if not lengths and not unfit:
+        return None
+    if not lengths:
+        return f"long context {long_context_skip_reason(cell, unfit)}"
+    per_length = cell.workload.long_context.per_length
+    text = f"long context: {per_length * len(lengths)} passkey documents at {', '.join(map(str, lengths))} tokens"
+    return text + (f"; {long_context_skip_reason(cell, unfit)}" if unfit else "")
 
 
 def _terminate_like_ctrl_c():
@@ -443,6 +462,14 @@ def looks_plan(cell: Cell, side: Side, cells: Sequence[Cell], sides: Sequence[Si
     return Plan.for_candidate(design, tuple(references)) if references else None
 
 
+def reported_stages(stage: str, cell: Cell) -> list[str]:
+    """The stages one stage of the cell reports: the accuracy stage's engine also runs the probe and, where the
+    workload declares it, the long-context task."""
+    if stage != "accuracy":
+        return [stage]
+    return ["accuracy", "probe", *(["long_context"] if cell.workload.long_context is not None else [])]
+
+
 def _wrong_machine(cell: Cell, local_arch: str | None) -> str | None:
     if local_arch is None or cell.arch == local_arch:
         return None
@@ -450,7 +477,7 @@ def _wrong_machine(cell: Cell, local_arch: str | None) -> str | None:
 
 
 def _skip_stage(stage: str, cell: Cell, cell_dir: Path, reason: str, status: str = "skipped") -> list[StageOutcome]:
-    reported = [stage, "probe"] if stage == "accuracy" else [stage]
+    reported = reported_stages(stage, cell)
     for name in reported:
         cell_folder.write_status(cell_dir, name, status, reason)
     return [StageOutcome(cell_id=cell.id, stage=name, status=status, reason=reason) for name in reported]
@@ -461,7 +488,7 @@ def _run_stage(stage: str, ctx: CellContext, setup_error: str | None, cell: Cell
     if stage == "kernels":
         return [run_kernels(ctx)]
     if setup_error is not None:
-        reported = [stage, "probe"] if stage == "accuracy" else [stage]
+        reported = reported_stages(stage, cell)
         for name in reported:
             cell_folder.write_status(cell_dir, name, "error", setup_error)
         return [StageOutcome(cell_id=cell.id, stage=name, status="error", reason=setup_error) for name in reported]

@@ -51,8 +51,24 @@ def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Map
     shown = ", ".join(f"{k[4:]} {fmt(figures.get(k[4:]))}" for k in limits) or "no thresholds for this dtype"
     threshold_text = ", ".join(f"{k[4:]} {'≤' if k.startswith('max_') else '≥'} {v:g}" for k, v in limits.items())
     return Check(**base, status="fail" if broken else "pass", reference="auto cell", figures=figures,
-                 threshold=dict(limits), threshold_text=threshold_text, notes=cached_context_notes(figures),
+                 threshold=dict(limits), threshold_text=threshold_text,
+                 notes=(*cached_context_notes(figures), *context_length_notes(agreement)),
                  detail=("; ".join(broken) if broken else shown) + " vs the auto cell")
+
+
+def context_length_notes(agreement: Any) -> tuple[str, ...]:
+    """Decode divergence by context length (reported, not judged): where a long-context break shows first."""
+    buckets = getattr(agreement, "by_context_length", ())
+    if not buckets:
+        return ()
+    def one(bucket: Mapping[str, Any]) -> str:
+        diff = bucket["decode_mean_abs_logprob_diff"]
+        shown_diff = diff if isinstance(diff, str) else f"{diff:.4f}"
+        return (f"{bucket['bucket']} tokens: {bucket['prompts']} prompts, decode |dlogprob| {shown_diff}, greedy "
+                f"prefix {bucket['greedy_prefix_match']:.3f}")
+
+    shown = "; ".join(one(b) for b in buckets)
+    return (f"decode divergence from the auto cell by context length (reported): {shown}",)
 
 
 def cached_context_notes(figures: Mapping[str, Any]) -> tuple[str, ...]:

@@ -51,6 +51,13 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             argv += ["--probe-dir", str(probe_dir)]
         if ctx.design is not None:
             argv += ["--questions", str(ctx.design.questions)]
+        long_lengths, long_skipped = long_context_lengths(cell)
+        long_dir = scratch / "long_context"
+        if long_lengths:
+            long_plan = scratch / "long_context.json"
+            long_plan.write_text(json.dumps({"design": cell.workload.long_context.as_record(),
+                                             "lengths": list(long_lengths), "out": str(long_dir)}), encoding="utf-8")
+            argv += ["--long-context", str(long_plan)]
         if ctx.looks_plan is not None:
             plan_path = scratch / "looks.json"
             plan_path.write_text(json.dumps(ctx.looks_plan.as_dict(), indent=1), encoding="utf-8")
@@ -121,6 +128,14 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             cell_folder.write_status(cell_dir, "accuracy", status, reason, result.log_tail, **extra)
             outcomes.append(StageOutcome(cell_id=ctx.label, stage="accuracy", status=status, elapsed=elapsed,
                                          reason=reason))
+        if long_lengths:
+            outcomes.append(_long_context_outcome(ctx, status, report, long_dir, result.log_tail, elapsed,
+                                                  long_lengths, long_skipped))
+        elif long_skipped:
+            reason = long_context_skip_reason(cell, long_skipped)
+            cell_folder.write_status(cell_dir, "long_context", "skipped", reason)
+            outcomes.append(StageOutcome(cell_id=ctx.label, stage="long_context", status="skipped", elapsed=0.0,
+                                         reason=reason))
         if with_probe:
             outcomes.append(_probe_outcome(ctx, status, report, probe_dir, result.log_tail, elapsed))
         return outcomes
@@ -152,6 +167,57 @@ def _wrong_vllm(ctx: CellContext, vllm_file: str | None) -> str | None:
     if overlay is not None and not loaded.is_relative_to(overlay.resolve()):
         return f"the engine imported vllm from {loaded.parent}, not from the vLLM under test ({overlay})"
     return None
+
+
+def long_context_lengths(cell: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the long-context lengths this cell runs, those its max_model_len cannot hold); both empty without the task."""
+    return cell.workload.long_context_lengths
+
+
+def long_context_skip_reason(cell: Any, lengths: tuple[int, ...]) -> str:
+    from kvgate.runners.stages.commands import engine_max_model_len
+
+    return (f"planned out: the passkey lengths {', '.join(map(str, lengths))} do not fit max_model_len "
+            f"{engine_max_model_len(cell)} of {cell.workload.model} (workloads.{cell.workload.name}); "
+            f"a model with longer positions runs them (benchmarks/train_long_passkey.py)")
+
+
+def _long_context_outcome(ctx: CellContext, accuracy_status: str, report: dict, out: Path, log_tail: str,
+                          elapsed: float, lengths: tuple[int, ...], skipped: tuple[int, ...]) -> StageOutcome:
+    """The long-context task ran in the accuracy stage's engine: its outputs committed as `long_context/`, with its
+    accuracy per length bucket in status.json."""
+    from kvgate.workloads import passkey
+
+    cell_dir = ctx.cell_dir
+    if accuracy_status != "ok":
+        status, reason = accuracy_status, "not run: the accuracy stage failed (see its reason)"
+    elif report.get("long_context_error"):
+        status, reason = "error", f"the long-context task failed: {report['long_context_error']}"
+    elif "long-context" not in report.get("steps", []) or not list(out.rglob("results_*.json")):
+        status, reason = "error", "the long-context task wrote no results_*.json"
+    else:
+        status, reason = "ok", None
+    extra: dict[str, Any] = {"lengths": list(lengths)}
+    if skipped:
+        extra["lengths_planned_out"] = {"lengths": list(skipped), "reason": long_context_skip_reason(
+            ctx.cell, skipped)}
+    if status != "ok":
+        cell_folder.write_status(cell_dir, "long_context", status, reason, log_tail, **extra)
+        return StageOutcome(cell_id=ctx.label, stage="long_context", status=status, elapsed=elapsed, reason=reason)
+    records = []
+    for path in out.rglob(f"samples_{passkey.TASK_NAME}_*.jsonl"):
+        records += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    buckets = passkey.bucket_accuracy(records)
+    figures = accuracy_figures(out, passkey.TASK_NAME)
+    commit_stage(cell_dir, "long_context", out)
+    cell_folder.write_status(cell_dir, "long_context", "ok", **extra, **figures, buckets=buckets)
+    shown = ", ".join(f"{_tokens(int(n))} {b['correct']}/{b['n']}" for n, b in buckets.items())
+    return StageOutcome(cell_id=ctx.label, stage="long_context", status="ok", elapsed=elapsed,
+                        headline=f"passkey strict {figures.get('strict_match', float('nan')):.3f} ({shown})")
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
 def _probe_outcome(ctx: CellContext, accuracy_status: str, report: dict,

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.matrix.cells import Cell
+from kvgate.matrix.declarations import DEFAULT_MAX_MODEL_LEN
 
 LOCAL_GSM8K_TASK = "kvgate_gsm8k_local"  # kvgate.workloads.gsm8k_local's task: lm-eval's gsm8k over local data
 HUB_POOL_GSM8K_TASK = "kvgate_gsm8k_test_train"  # kvgate.workloads.gsm8k_pool's: gsm8k's test then train split
-DEFAULT_MAX_MODEL_LEN = 4096
 VLLM_CLI = ("-m", "vllm.entrypoints.cli.main")  # `vllm` without relying on the venv's bin/ being on PATH
 
 
@@ -41,6 +41,11 @@ def engine_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool 
     args.update(workload_args)
     args.update(cell.engine_args)
     return args
+
+
+def engine_max_model_len(cell: Cell) -> int:
+    """The max_model_len the cell's accuracy engine runs with."""
+    return cell.workload.max_model_len
 
 
 def lm_eval_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool | None = None) -> dict[str, Any]:

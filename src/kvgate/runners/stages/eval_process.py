@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
     own.add_argument("--looks-plan", type=Path, default=None,
                      help="a candidate's sequential design and references (kvgate.runners.stages.looks): stop at the "
                           "first look where every comparison is decided")
+    own.add_argument("--long-context", type=Path, default=None,
+                     help="a JSON file {design, lengths, out}: after gsm8k, the passkey task (kvgate.workloads."
+                          "passkey) at those lengths on the same engine, its lm-eval outputs into `out`")
     options = own.parse_args(argv[:split])
     report: dict[str, Any] = {"steps": []}
 
@@ -137,19 +140,65 @@ def main(argv: list[str]) -> int:
         after = None
     save("accuracy", kv_cache=after or report.get("kv_cache"), questions=answered)
 
+    long_prompts: list[str] = []
+    if options.long_context is not None:
+        try:
+            long_prompts = _long_context(lm, cfg, options.long_context)
+        except Exception as error:  # the long-context task failing must not lose the gsm8k results
+            traceback.print_exc()
+            save("long-context-failed", long_context_error=f"{type(error).__name__}: {error}")
+        else:
+            save("long-context")
+
     if options.probe_dir is not None:
         try:
             from kvgate.results import probe_file
             from kvgate.runners.stages import probe
 
             options.probe_dir.mkdir(parents=True, exist_ok=True)
-            probe_file.write(probe.collect(engine), options.probe_dir)
+            probe_file.write(probe.collect(engine, long_context=long_prompts), options.probe_dir)
         except Exception as error:  # the probe failing must not lose the accuracy results
             traceback.print_exc()
             save("probe-failed", probe_error=f"{type(error).__name__}: {error}")
         else:
             save("probe")
     return 0
+
+
+def _long_context(lm: Any, cfg: Any, plan_path: Path) -> list[str]:
+    """The passkey task on the engine that answered gsm8k: its documents sized with the engine's tokenizer (as
+    lm-eval encodes the prompt), written next to its lm-eval outputs, answered greedily, saved in lm-eval's layout.
+    Returns the probe's long prompts: per length, the document whose needle is nearest the middle."""
+    import tempfile
+
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+
+    from kvgate.matrix.declarations import LongContext
+    from kvgate.workloads import passkey
+
+    plan = json.loads(plan_path.read_text(encoding="utf-8"))
+    record = plan["design"]
+    design = LongContext(lengths=tuple(record["lengths"]), depths=tuple(record["depths"]),
+                         keys_per_depth=record["keys_per_depth"], seed=record["seed"])
+    docs = passkey.documents(design, lambda text: len(lm.tok_encode(text)), lengths=plan["lengths"])
+    print(f"kvgate: long context: {len(docs)} passkey documents at {plan['lengths']} tokens", flush=True)
+    with tempfile.TemporaryDirectory(prefix="kvgate-passkey-") as folder:
+        task = passkey.write_task(Path(folder), docs)
+        tracker = EvaluationTracker(output_path=plan["out"])
+        found = simple_evaluate(model=lm, model_args=cfg.model_args, tasks=[task], num_fewshot=0,
+                                batch_size=cfg.batch_size, log_samples=True, evaluation_tracker=tracker,
+                                task_manager=TaskManager(include_path=folder), verbosity=cfg.verbosity)
+        if found is None:
+            raise RuntimeError("lm-eval's simple_evaluate returned no results for the passkey task")
+        samples = found.pop("samples")
+        tracker.save_results_aggregated(results=found, samples=samples)
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    print(make_table(found), flush=True)
+    return [min((d for d in docs if d["length"] == n), key=lambda d: abs(d["depth"] - 0.5))["prompt"]
+            for n in plan["lengths"]]
 
 
 ENGINE_START_LOCK_ENV = "KVGATE_ENGINE_START_LOCK"

@@ -84,8 +84,11 @@ def cached_context_prompts() -> list[str]:
 # ---- collecting (needs vLLM) -----------------------------------------------------------------------
 
 
-def collect(llm: Any, prompts: Sequence[str] | None = None, max_tokens: int = 64, top_k: int = 5) -> dict:
-    """Run the probe prompts greedy through a `vllm.LLM`; returns the JSON-able probe record."""
+def collect(llm: Any, prompts: Sequence[str] | None = None, max_tokens: int = 64, top_k: int = 5,
+            long_context: Sequence[str] = ()) -> dict:
+    """Run the probe prompts greedy through a `vllm.LLM`; returns the JSON-able probe record. long_context: long
+    prompts (the passkey documents of the cell's context lengths), whose decode divergence the gate reports by
+    context length."""
     from vllm import SamplingParams
 
     prompts = list(PROMPTS if prompts is None else prompts)
@@ -117,7 +120,20 @@ def collect(llm: Any, prompts: Sequence[str] | None = None, max_tokens: int = 64
         "engine": _engine_facts(llm),
         "prompts": records,
         "cached_context": collect_cached_context(llm, max_tokens=max_tokens, top_k=top_k),
+        **({"long_context": collect_long_context(llm, long_context, max_tokens=max_tokens, top_k=top_k)}
+           if long_context else {}),
     }
+
+
+def collect_long_context(llm: Any, prompts: Sequence[str], max_tokens: int = 64, top_k: int = 5) -> list[dict]:
+    """Long prompts, greedy, their generated positions only (no prompt logprobs: tens of thousands of positions)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, seed=0, ignore_eos=True)
+    outputs = llm.generate(list(prompts), params, use_tqdm=False)
+    return [{"prompt": prompt, "prompt_token_ids": list(output.prompt_token_ids),
+             "cached_tokens": int(getattr(output, "num_cached_tokens", None) or 0), **_generated(output, top_k)}
+            for prompt, output in zip(prompts, outputs, strict=True)]
 
 
 def collect_cached_context(llm: Any, max_tokens: int = 64, top_k: int = 5) -> list[dict]:
