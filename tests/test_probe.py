@@ -291,6 +291,9 @@ def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatc
         "generated_positions": 22 * 64, "greedy_token_match": 1.0, "greedy_prefix_match": 1.0,
         "decode_positions": 22 * 64, "decode_mean_abs_logprob_diff": 0.0, "decode_max_abs_logprob_diff": 0.0,
         "identical": True, "cached_context_prompts": 6, "cached_tokens": agreement.cached_tokens,
+        # every prompt of tiny-llama's probe is under 1k tokens (its positions end at 1024): one bucket
+        "by_context_length": [{"bucket": "<=1k", "prompts": 22, "decode_positions": 22 * 64,
+                               "decode_mean_abs_logprob_diff": 0.0, "greedy_prefix_match": 1.0}],
     }
     assert agreement.cached_tokens >= 5 * 256
     # The tops are sorted, and greedy picked a most likely token (bf16 logits can tie).
