@@ -157,8 +157,10 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         session.run(python, "-m", "pytest", *session.posargs, external=True)
         return
-    # The engine-free tests on both cores, then the real-engine tests one at a time (each engine takes the cores).
-    for name, marker, extra in (("engine-free tests", "not engine", ["-n", "2"]), ("real-engine tests", "engine", [])):
+    # The engine-free tests on both cores, then the real-engine tests two files at a time: an engine start spends most
+    # of its time on one core (torch.compile), and a file's module-scoped run stays on one worker.
+    for name, marker, extra in (("engine-free tests", "not engine", ["-n", "2"]),
+                                ("real-engine tests", "engine", ["-n", "2", "--dist", "loadfile"])):
         began = time.monotonic()
         try:
             session.run(python, "-m", "pytest", "tests", "-m", marker, *extra, external=True)
