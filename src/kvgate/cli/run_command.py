@@ -48,6 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-from", type=Path, default=None, metavar="RUN_DIR",
                         help="an A/B run: reuse the base side of this earlier A/B run on this machine (same "
                              "--base-vllm, every stage ok) instead of running it again; accuracy and kernels only")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="CPU accuracy engines side by side, each on cores of its own (default 2 where the run "
+                             "is CPU accuracy only and the host lends 2 cores; GPU cells, throughput and kernels "
+                             "always one at a time); 1: one at a time")
     parser.add_argument("--allow-shared-gpu", action="store_true",
                         help="time throughput on a GPU that other processes already use (by default a throughput "
                              "engine refuses such a GPU, and a repeat that another process shared is measured once "
@@ -132,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
                                     sides[0])
 
     from kvgate.runners.matrix_run import RunOptions, run_cells
+    from kvgate.runners.side_by_side import DEFAULT_JOBS
+
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        raise InputError("--jobs", f"expected engines side by side from 1 to 64, got {args.jobs}",
+                         hint="Write --jobs 1 for one at a time")
 
     designs, questions_note = accuracy_designs(cells, args.matrix_dir, ab=len(sides) > 1 or args.powered,
                                                passthrough=passthrough) if "accuracy" in stages else ({}, None)
@@ -140,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
                          base_from=base_from, stop_early=not args.powered,
                          command=[_program(), *sys.argv[1:]], arch=None if filtered else arch_default,
                          matrix_dir=args.matrix_dir, local_arch=local_arch, host=plan,
-                         allow_shared_gpu=args.allow_shared_gpu)
+                         allow_shared_gpu=args.allow_shared_gpu,
+                         jobs=DEFAULT_JOBS if args.jobs is None else args.jobs, jobs_asked=args.jobs is not None)
     status, _ = run_cells(cells, options)
     return status
 

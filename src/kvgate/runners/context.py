@@ -26,6 +26,7 @@ class CellContext:
     include_path: Path | None = None  # folder of kvgate's local gsm8k task, when the workload uses it
     matrix_dir: Path | None = None  # a matrix other than the repository's (handed on to `kvgate kernels`)
     echo: bool = True  # stream the tools' output to the terminal too
+    heartbeat_alone: bool = False  # echo off, the heartbeat's lines still reach the terminal (engines side by side)
     side: str | None = None  # the side of an A/B run (base | head); None: a run of one side
     vllm: VllmUnderTest | None = None  # what this side runs, when kvgate was told (--vllm / --base-vllm)
     calculate_kv_scales: bool | None = None  # passed to the engine when not None (FP8 cells, kvgate.runners.environment.engine_options)

@@ -33,12 +33,14 @@ from kvgate.runners.environment.hub_cache import missing_from_cache
 from kvgate.runners.environment.process_env import engine_environment
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.run_record import now_utc, run_record, write_run_record
+from kvgate.runners.side_by_side import CPU_BIND_VARIABLE, core_groups, run_side_by_side, why_one_at_a_time
 from kvgate.runners.stage_plan import planned_stages
 from kvgate.runners.stages.accuracy import run_accuracy
 from kvgate.runners.stages.commands import HUB_POOL_GSM8K_TASK, LOCAL_GSM8K_TASK
 from kvgate.runners.stages.kernels import run_kernels
 from kvgate.runners.stages.looks import Design, Plan, Reference
 from kvgate.runners.stages.throughput import run_throughput, run_throughput_interleaved
+from kvgate.runners.stages.tool_process import stop_every_run
 
 DEFAULT_TIMEOUT_SECONDS = 3600.0  # a stage whose workload declares no timeout, and the kernels stage
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -64,6 +66,8 @@ class RunOptions:
     stop_early: bool = True  # False: a reference run (--powered), every cell answers its design's questions in full
     allow_shared_gpu: bool = False  # `--allow-shared-gpu`: time throughput on a GPU that other processes hold
     environ: dict[str, str] | None = None  # default os.environ
+    jobs: int = 1  # CPU accuracy engines side by side, each on cores of its own (kvgate.runners.side_by_side)
+    jobs_asked: bool = False  # --jobs was given: say why the engines still start one at a time, where they do
 
 
 @dataclass(kw_only=True)
@@ -126,8 +130,15 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
     index = 0
     previous_handler = _terminate_like_ctrl_c()
     try:
+        alone = options.jobs > 1 and _side_by_side_reason(cells, options, environ)
+        if alone and options.jobs_asked:
+            options.say(f"kvgate: --jobs {options.jobs}: {alone}")
+        parts_of = {}
         for cell in cells:
-            parts = [_cell_side(cell, side, run_dir, options, warned, misrouted.get(cell.id)) for side in sides]
+            parts = parts_of[cell.id] = [_cell_side(cell, side, run_dir, options, warned, misrouted.get(cell.id))
+                                         for side in sides]
+            if options.jobs > 1 and not alone:
+                continue  # side by side, below
             for stage in stage_plan[cell.id][0]:
                 if stage == "throughput" and len(parts) > 1 and all(p.ctx and not p.setup_error and not p.misrouted
                                                                     for p in parts):
@@ -148,28 +159,14 @@ def run_cells(cells: Sequence[Cell], options: RunOptions) -> tuple[int, list[Sta
                     label = part.ctx.label if part.ctx else cell.id
                     line = progress.start_line(index, total, label, stage)
                     options.say(progress.group_start(line) if grouped else line)
-                    if options.base_from is not None and part.side.name != HEAD:
-                        stage_outcomes = reuse_base_stage(options.base_from, part.cell_dir, cell, stage, label)
-                        if stage == "accuracy" and stage_outcomes[0].ok:
-                            answered[(cell.id, part.side.name)] = part.cell_dir / "accuracy"
-                    elif part.misrouted:
-                        stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.misrouted, status="error")
-                    elif part.ctx is None:
-                        stage_outcomes = _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
-                    else:
-                        ctx = _for_stage(part.ctx, stage, options)
-                        if stage == "accuracy":
-                            ctx = replace(ctx, looks_plan=looks_plan(cell, part.side, cells, sides, ctx.design,
-                                                                     answered) if options.stop_early else None)
-                        stage_outcomes = _guarded([part], stage, _run_stage, stage, ctx, part.setup_error, cell,
-                                                  part.cell_dir)
-                        if stage == "accuracy" and stage_outcomes and stage_outcomes[0].status == "ok":
-                            answered[(cell.id, part.side.name)] = part.cell_dir / "accuracy"
+                    stage_outcomes = _one_side(cell, part, stage, options, cells, sides, answered)
                     if grouped:
                         options.say(progress.GROUP_END)
                     for outcome in stage_outcomes:
                         outcomes.append(outcome)
                         options.say(progress.end_line(index, total, outcome))
+        if options.jobs > 1 and not alone:
+            outcomes += _accuracy_side_by_side(cells, sides, parts_of, options, answered, total)
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
@@ -282,6 +279,97 @@ def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warne
         return _CellSide(side=side, cell_dir=cell_dir, ctx=None, setup_error=None, wrong_machine=wrong_machine)
     ctx, setup_error = _context(cell, cell_dir, run_dir, env, options, side)
     return _CellSide(side=side, cell_dir=cell_dir, ctx=ctx, setup_error=setup_error, wrong_machine=None)
+
+
+def _one_side(cell: Cell, part: _CellSide, stage: str, options: RunOptions, cells: Sequence[Cell],
+              sides: Sequence[Side], answered: dict[tuple[str, str], Path], *,
+              cores: str | None = None) -> list[StageOutcome]:
+    """One stage of one side of a cell (reused from --base-from, an error, skipped or run); cores: the CPU cores its
+    engine computes on when engines run side by side (its output then stays in its log)."""
+    if options.base_from is not None and part.side.name != HEAD:
+        stage_outcomes = reuse_base_stage(options.base_from, part.cell_dir, cell, stage,
+                                          part.ctx.label if part.ctx else cell.id)
+    elif part.misrouted:
+        return _skip_stage(stage, cell, part.cell_dir, part.misrouted, status="error")
+    elif part.ctx is None:
+        return _skip_stage(stage, cell, part.cell_dir, part.wrong_machine)
+    else:
+        ctx = _for_stage(part.ctx, stage, options)
+        if cores is not None:
+            ctx = replace(ctx, env={**ctx.env, CPU_BIND_VARIABLE: cores}, echo=False, heartbeat_alone=True)
+        if stage == "accuracy":
+            ctx = replace(ctx, looks_plan=looks_plan(cell, part.side, cells, sides, ctx.design, answered)
+                          if options.stop_early else None)
+        stage_outcomes = _guarded([part], stage, _run_stage, stage, ctx, part.setup_error, cell, part.cell_dir)
+    if stage == "accuracy" and stage_outcomes and stage_outcomes[0].status == "ok":
+        answered[(cell.id, part.side.name)] = part.cell_dir / "accuracy"
+    return stage_outcomes
+
+
+def _side_by_side_reason(cells: Sequence[Cell], options: RunOptions, environ: Mapping[str, str]) -> str | None:
+    """Why --jobs cannot run this run's engines side by side (None: it can)."""
+    return why_one_at_a_time(jobs=options.jobs, archs={c.arch for c in cells}, stages=options.stages,
+                             environ=environ, allowed=_allowed_cores())
+
+
+def _allowed_cores() -> set[int]:
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _accuracy_side_by_side(cells: Sequence[Cell], sides: Sequence[Side], parts_of: Mapping[str, list[_CellSide]],
+                           options: RunOptions, answered: dict[tuple[str, str], Path],
+                           total: int) -> list[StageOutcome]:
+    """The accuracy stage of every cell-side, options.jobs engines at a time on cores of their own
+    (kvgate.runners.side_by_side); the outcomes in the order one at a time would give them."""
+    units = [(cell, part) for cell in cells for part in parts_of[cell.id]]
+    order = {(cell.id, part.side.name): n for n, (cell, part) in enumerate(units)}
+    numbers: dict[tuple[str, str], int] = {}
+    results: dict[tuple[str, str], list[StageOutcome]] = {}
+
+    def key(unit) -> tuple[str, str]:
+        return unit[0].id, unit[1].side.name
+
+    def label(unit) -> str:
+        return unit[1].ctx.label if unit[1].ctx else unit[0].id
+
+    def started(unit) -> None:
+        numbers[key(unit)] = len(numbers) + 1
+        options.say(progress.start_line(numbers[key(unit)], total, label(unit), "accuracy")
+                    + f" (its engine's output: {unit[1].cell_dir / 'logs'})")
+
+    def finished(unit, stage_outcomes) -> None:
+        results[key(unit)] = stage_outcomes
+        for outcome in stage_outcomes:
+            options.say(progress.end_line(numbers[key(unit)], total, outcome))
+
+    def interrupted(running) -> None:
+        stop_every_run()
+        for _, part in running:
+            cell_folder.write_status(part.cell_dir, "accuracy", "error",
+                                     "interrupted (Ctrl-C or SIGTERM) before it finished")
+
+    run_side_by_side(units, key=key, after=_compared_with(cells, sides, options), cores=core_groups(
+        _allowed_cores(), options.jobs), run=lambda unit, cores: _one_side(
+        unit[0], unit[1], "accuracy", options, cells, sides, answered, cores=cores),
+        started=started, finished=finished, interrupted=interrupted)
+    return [outcome for k in sorted(results, key=order.__getitem__) for outcome in results[k]]
+
+
+def _compared_with(cells: Sequence[Cell], sides: Sequence[Side],
+                   options: RunOptions) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """The cell-sides each one's accuracy stage is compared with, so it starts after them (looks_plan's references:
+    the base side of its cell, the auto cell of its group for an FP8 cell)."""
+    after: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    base = next((s.name for s in sides if s.name != HEAD), None) if len(sides) > 1 else None
+    for cell in cells:
+        for side in sides:
+            wants = after.setdefault((cell.id, side.name), set())
+            if base is not None and side.name != base and options.base_from is None:
+                wants.add((cell.id, base))
+            if cell.is_fp8:
+                wants |= {(c.id, side.name) for c in cells
+                          if c.kv_cache_dtype == "auto" and comparison_group(c) == comparison_group(cell)}
+    return after
 
 
 def stage_timeout(cell: Cell, stage: str, override: float | None) -> float:
@@ -429,6 +517,11 @@ def _pool_task_folder(run_dir: Path, env: Mapping[str, str]) -> tuple[Path | Non
     return folder, None
 
 
+def comparison_group(cell: Cell) -> tuple:
+    """What an FP8 cell shares with the auto cell it is compared with."""
+    return cell.backend, cell.arch, cell.model, str(cell.workload.gsm8k["task"])
+
+
 def looks_plan(cell: Cell, side: Side, cells: Sequence[Cell], sides: Sequence[Side], design: Design | None,
                answered: Mapping[tuple[str, str], Path]) -> Plan | None:
     """The looks a candidate cell may stop at, against every reference it is compared with. None (answer every
@@ -438,10 +531,7 @@ def looks_plan(cell: Cell, side: Side, cells: Sequence[Cell], sides: Sequence[Si
     may stop only where the gate's replay of every comparison it is in can decide there too."""
     if design is None or len(design.looks) < 2 or (len(sides) > 1 and side.name != HEAD):
         return None
-
-    def group(c: Cell) -> tuple:
-        return (c.backend, c.arch, c.model, str(c.workload.gsm8k["task"]))
-
+    group = comparison_group
     if not cell.is_fp8 and any(c.is_fp8 and group(c) == group(cell) for c in cells):
         return None
     references = []

@@ -145,7 +145,7 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
 
 def _heartbeat(ctx: CellContext):
     """Every minute while lm-eval runs: the questions answered of the plan's, the time so far and the ETA."""
-    return heartbeat_for(f"{ctx.label} accuracy", echo=ctx.echo, count_questions=True,
+    return heartbeat_for(f"{ctx.label} accuracy", echo=ctx.echo, alone=ctx.heartbeat_alone, count_questions=True,
                          questions=ctx.design.questions if ctx.design is not None else None)
 
 

@@ -21,6 +21,8 @@ from kvgate.runners.progress import Heartbeat
 KILL_GRACE_SECONDS = 10.0
 HEARTBEAT_POLL_SECONDS = 1.0  # how often a waiting run asks its heartbeat whether a line is due
 TAIL_LINES = 40
+_RUNNING: set[subprocess.Popen] = set()  # every run's process in this process, for stop_every_run
+_RUNNING_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +54,8 @@ def run_logged(argv: Sequence[str], *, env: Mapping[str, str], logs: Sequence[Pa
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=dict(env), cwd=cwd, start_new_session=True)
         assert proc.stdout is not None
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         reader = threading.Thread(target=_pump, args=(proc.stdout.fileno(), sinks, echo, heartbeat), daemon=True)
         reader.start()
         timed_out = False
@@ -62,6 +66,8 @@ def run_logged(argv: Sequence[str], *, env: Mapping[str, str], logs: Sequence[Pa
             raise
         finally:
             _kill_group(proc)  # also reaps stragglers of a finished run (engine core, compile workers)
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
         reader.join(timeout=KILL_GRACE_SECONDS)
         proc.stdout.close()
         elapsed = time.monotonic() - start
@@ -74,14 +80,25 @@ def run_logged(argv: Sequence[str], *, env: Mapping[str, str], logs: Sequence[Pa
                          elapsed=elapsed, log_tail=read_tail(logs[0]) if logs else "")
 
 
-def heartbeat_for(what: str, *, echo: bool, questions: int | None = None,
-                  count_questions: bool = False) -> Heartbeat | None:
+def heartbeat_for(what: str, *, echo: bool, questions: int | None = None, count_questions: bool = False,
+                  alone: bool = False) -> Heartbeat | None:
     """A heartbeat that prints to this process's stdout, when the tool's output goes there too (echo); its line
-    starts on a line of its own, since a progress bar's redraw ends with a carriage return, not a newline."""
-    if not echo:
+    starts on a line of its own, since a progress bar's redraw ends with a carriage return, not a newline. alone:
+    the tool's output stays in its log and the heartbeat's lines are all the terminal gets of it."""
+    if not echo and not alone:
         return None
+    before = "" if alone else "\n"
     return Heartbeat(what, questions=questions, count_questions=count_questions, clock=time.monotonic,
-                     say=lambda line: _write([], True, f"\n{line}\n".encode()))
+                     say=lambda line: _write([], True, f"{before}{line}\n".encode()))
+
+
+def stop_every_run() -> None:
+    """Take down the process group of every tool this process is running (Ctrl-C or SIGTERM reaches only the main
+    thread; runs that other threads wait on end with their groups killed)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill_group(proc)
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None, heartbeat: Heartbeat | None) -> bool:
