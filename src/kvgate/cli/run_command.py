@@ -49,9 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="an A/B run: reuse the base side of this earlier A/B run on this machine (same "
                              "--base-vllm, every stage ok) instead of running it again; accuracy and kernels only")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="CPU accuracy engines side by side, each on cores of its own (default 2 where the run "
-                             "is CPU accuracy only and the host lends 2 cores; GPU cells, throughput and kernels "
-                             "always one at a time); 1: one at a time")
+                        help="CPU accuracy engines side by side, each on cores of its own (default 1: one at a time; "
+                             "on 2 cores, 2 measured no faster cold); GPU cells, throughput and kernels always "
+                             "run one at a time")
     parser.add_argument("--allow-shared-gpu", action="store_true",
                         help="time throughput on a GPU that other processes already use (by default a throughput "
                              "engine refuses such a GPU, and a repeat that another process shared is measured once "

@@ -15,7 +15,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 CPU_BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
-DEFAULT_JOBS = 2  # engines side by side on a CPU host: a tiny model's engine computes on one core
+# One at a time unless asked: on a 2-core host the cold main job took 325 s with two engines side by side against
+# 316 s one at a time (2026-12-02, AMD EPYC with AVX-512): two cold engines' compiles contend for the cores they
+# split, and the third cell then runs alone. --jobs 2 is for hosts where the engines' starts are warm or cores spare.
+DEFAULT_JOBS = 1
 
 Unit = TypeVar("Unit")
 Result = TypeVar("Result")
