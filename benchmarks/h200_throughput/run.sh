@@ -46,6 +46,7 @@ start)
   shift
   for job in "$@"; do job_args "$job" > /dev/null || exit 2; done
   printf '%s\n' "$@" > "$H/queue"
+  touch "$H/queue.status"  # the queue exists from now on: a `wait` in the same call must not call this a fresh machine
   # the queue runs from a frozen copy of the checkout: later calls re-send the working tree, which must not change
   # the code of the jobs still waiting
   rm -rf "$H/tree"; mkdir -p "$H/tree"; cp -r src matrix benchmarks canaries pyproject.toml "$H/tree/"
