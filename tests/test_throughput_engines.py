@@ -134,7 +134,7 @@ def test_a_ten_percent_slower_head_fails_and_an_unchanged_one_passes(tmp_path, c
 
 def test_without_a_measurement_the_run_to_run_sd_stands_in_and_says_so(tmp_path, capsys):
     base = [5.397, 5.394, 5.387]
-    run = write_engines_ab_run(tmp_path / "slow", [base], [[v * 0.90 for v in base]], backend="FLASH_ATTN",
+    run = write_engines_ab_run(tmp_path / "slow", [base], [[v * 0.90 for v in base]], backend="FLASHINFER",
                                kv_cache_dtype="auto", model="meta-llama/Llama-3.1-8B-Instruct")
     kvgate(["gate", str(run)])
     capsys.readouterr()
@@ -270,7 +270,7 @@ def test_policy_noise_and_expectations_are_keyed_by_workload(tmp_path):
     fp8 = tput.noise_for("flashmla-fp8-sm90", "deepseek-ai/DeepSeek-V2-Lite-Chat")
     assert fp8 is not None and fp8.engine_sd == 0.0005 and fp8.workload == "deepseek-v2-lite"
     assert tput.noise_for("flashmla-fp8-sm90", "kvgate:tiny-deepseek-v2") is None  # another workload: not its noise
-    sd, source = tput.engine_sd_for("flash_attn-auto-sm90", "meta-llama/Llama-3.1-8B-Instruct")
+    sd, source = tput.engine_sd_for("flashinfer-auto-sm90", "meta-llama/Llama-3.1-8B-Instruct")
     assert sd == tput.run_to_run_sd and source.startswith("no engine-to-engine SD measured")
     from kvgate.results.records import CellIdentity
 

@@ -228,7 +228,8 @@ def test_every_measured_workload_design_catches_a_ten_percent_slowdown():
 
     tput, workloads = shipped_policy().throughput, shipped_matrix().workloads
     measured = [n for n in tput.measured_noise if n.workload in workloads and n.engine_sd is not None]
-    assert {n.cell for n in measured} == {"flashmla-fp8-sm90", "flashmla-auto-sm90", "flash_attn-fp8-sm90"}
+    assert {n.cell for n in measured} == {"flashmla-fp8-sm90", "flashmla-auto-sm90", "flash_attn-fp8-sm90",
+                                          "flash_attn-auto-sm90"}
     for noise in measured:
         design = workloads[noise.workload].throughput
         caught = power.engine_ab_power(int(design.get("engines", 1)), int(design["repeats"]), repeat_sd=noise.repeat_sd,

@@ -12,6 +12,7 @@
 #                             slower-N-fp8   the fp8 cell alone, the same A/B
 #                             llama          flash_attn fp8 + auto cells, one side (the release)
 #                             llama-fp8-aa   the flash_attn fp8 cell, --vllm release --base-vllm release (A/A)
+#                             llama-auto     the flash_attn auto cell alone, one side (the release): a further engine
 #   run.sh wait SECONDS       until the queue ended or failed, or SECONDS; prints what each engine measured, and
 #                             leaves what the queue wrote so far in $OUT/partial.tar.xz (a session's device time
 #                             may end before `collect`)
@@ -32,6 +33,7 @@ job_args() {  # JOB -> the arguments of its `kvgate run throughput`
                   echo "$fp8 --vllm patch:$HERE/patches/flashmla-fp8-decode-slower-$n.patch --base-vllm release" ;;
     slower-*) echo "$fp8 $auto --vllm patch:$HERE/patches/flashmla-fp8-decode-slower-${1#slower-}.patch --base-vllm release" ;;
     llama) echo "--cell flash_attn-fp8-sm90 --cell flash_attn-auto-sm90 --vllm release" ;;
+    llama-auto) echo "--cell flash_attn-auto-sm90 --vllm release" ;;
     llama-fp8-aa) echo "--cell flash_attn-fp8-sm90 --vllm release --base-vllm release" ;;
     *) echo "unknown job $1" >&2; return 2 ;;
   esac
@@ -87,7 +89,7 @@ wait)
 collect)
   for dir in "$H"/runs/*/; do
     job=$(basename "$dir")
-    case "$job" in llama) req=() ;; *) req=(--require-baseline) ;; esac
+    case "$job" in llama|llama-auto*) req=() ;; *) req=(--require-baseline) ;; esac
     python3 -m kvgate gate "$dir" "${req[@]}" > "$dir/gate.out" 2>&1
     echo "$job: exit $? $(head -1 "$dir/gate.out")"
   done
@@ -95,5 +97,5 @@ collect)
   tar cf - -C "$H" runs logs queue.status | xz -T8 -6 > "${OUT:-$H}/runs.tar.xz"
   ls -la "${OUT:-$H}" ;;
 *)
-  sed -n '2,17p' "$0"; exit 2 ;;
+  sed -n '2,18p' "$0"; exit 2 ;;
 esac
