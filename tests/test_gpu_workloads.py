@@ -139,11 +139,11 @@ def test_bad_workload_settings_are_one_line_each(tmp_path, old, new, error):
 
 
 def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monkeypatch):
-    """The runners use the workload's timeout: a hanging engine of a cell whose workload allows 25 s is killed (time for the engine process to start and hang)."""
+    """The runners use the workload's timeout: a hanging engine of a cell whose workload allows 12 s is killed (time for the engine process to start and hang)."""
     folder = matrix_copy(tmp_path)
     path = folder / "workloads.toml"
     path.write_text(path.read_text().replace("timeouts = { accuracy = 8300, throughput = 3600 }",
-                                             "timeouts = { accuracy = 8300, throughput = 25 }", 1))
+                                             "timeouts = { accuracy = 8300, throughput = 12 }", 1))
     fake = write_fake_vllm(tmp_path)
     monkeypatch.setenv("PYTHONPATH", f"{fake}:{ROOT / 'src'}")
     monkeypatch.setenv("FAKE_VLLM_SLEEP", "120")
@@ -156,5 +156,5 @@ def test_the_throughput_stage_is_killed_at_its_workloads_timeout(tmp_path, monke
 
     assert status == 1
     assert [(o.status, o.reason) for o in outcomes] == [
-        ("timeout", "engine 1/1 killed at the stage timeout of 25 s")]
+        ("timeout", "engine 1/1 killed at the stage timeout of 12 s")]
     assert len(read_calls(fake)) == 1

@@ -252,25 +252,42 @@ def test_the_fixed_prompts_are_sixteen_distinct_texts() -> None:
     assert len(probe.PROMPTS) == 16 and len(set(probe.PROMPTS)) == 16
 
 
+# One engine, two probes, in a process of its own with the environment kvgate gives CPU accuracy engines
+# (process_env): the engine core inside that process, the compile cache kvgate's own runs fill (the model from the
+# shared model folder, so its compiled graph is found), no AOT artifacts. A bare LLM in tmp_path compiled afresh in
+# every run: 73 s against 25 s. (Inside pytest's process vLLM's Triton-override pass trips over a module pytest loaded.)
+TWO_PROBES = """
+import json, sys
+from pathlib import Path
+from vllm import LLM
+from kvgate.runners.stages import probe
+from kvgate.workloads.tiny_models import ensure_model
+llm = LLM(model=str(ensure_model("tiny-llama")), kv_cache_dtype="auto", max_model_len=1024, seed=0)
+first = probe.collect(llm)
+# the second probe starts from the cache state the first found: a prefix served from the cache is computed along
+# another path, which on an AVX2-only CPU differs in the last bits (decode logprobs up to 0.05 apart)
+assert llm.reset_prefix_cache()
+second = probe.collect(llm)
+Path(sys.argv[1]).write_text(json.dumps([first, second]))
+"""
+
+
 @pytest.mark.engine
-def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path, monkeypatch) -> None:
+def test_auto_twice_in_one_real_engine_agrees_exactly(tmp_path: Path) -> None:
     """One real vLLM engine (tiny-llama, kv_cache_dtype auto): the probe is reproducible to the bit."""
+    import os
+    import subprocess
+    import sys
+
+    from kvgate.runners.environment.process_env import accuracy_engine_environment, engine_environment
+
     pytest.importorskip("vllm")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    from kvgate.workloads.tiny_models import ensure_model
-
-    llm = LLM(model=str(ensure_model("tiny-llama", tmp_path / "models")), kv_cache_dtype="auto",
-              max_model_len=1024, seed=0)
-    try:
-        first = probe.collect(llm)
-        # the second probe starts from the cache state the first found: a prefix served from the cache is computed
-        # along another path, which on an AVX2-only CPU differs in the last bits (decode logprobs up to 0.05 apart)
-        assert llm.reset_prefix_cache()
-        second = probe.collect(llm)
-    finally:  # stop the engine processes now, not at interpreter exit (after pytest closed its streams)
-        llm.llm_engine.engine_core.shutdown()
+    env, _ = engine_environment(os.environ, arch="cpu", local_model=True, home=Path.home())
+    done = subprocess.run([sys.executable, "-c", TWO_PROBES, str(tmp_path / "probes.json")],
+                          env=accuracy_engine_environment(env, arch="cpu"), capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    first, second = json.loads((tmp_path / "probes.json").read_text())
     path = probe_file.write(first, tmp_path / "probe")
     read = probe_file.read(path)
     agreement = probe_agreement.compare(read, second)
