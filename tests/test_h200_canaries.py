@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import archives
+from gate_in_process import gate
 from kvgate.cli.canaries_command import judge, load_canaries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,11 +32,10 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict]]:
     shutil.copy(FIXTURE / "policy.toml", matrix / "policy.toml")
     out = {}
     for run in sorted((root / "ab").iterdir()):
-        gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run), "--require-baseline", "--matrix-dir",
-                               str(matrix), "--policy", str(matrix / "policy.toml"), "--today", "2026-12-01"],
-                              capture_output=True, text=True, check=False)
-        assert gate.returncode in (0, 1), gate.stdout + gate.stderr
-        out[run.name] = (gate.returncode, json.loads((run / "gate" / "verdict.json").read_text()))
+        code, printed = gate(str(run), "--require-baseline", "--matrix-dir", str(matrix), "--policy",
+                             str(matrix / "policy.toml"), "--today", "2026-12-01")
+        assert code in (0, 1), printed
+        out[run.name] = (code, json.loads((run / "gate" / "verdict.json").read_text()))
     return out
 
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import archives
+from gate_in_process import gate
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "paths-runs.tar.xz"
@@ -47,11 +46,10 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
     for name in ("context", "calculated"):
         matrix = matrix_folder(root, name == "calculated")
         for run in sorted((root / name / "ab").iterdir()):
-            gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run), "--require-baseline",
-                                   "--matrix-dir", str(matrix), "--policy", str(matrix / "policy.toml"),
-                                   "--today", "2026-12-02"], capture_output=True, text=True, check=False)
-            assert gate.returncode in (0, 1), gate.stdout + gate.stderr
-            out[f"{name}/{run.name}"] = (gate.returncode, json.loads((run / "gate" / "verdict.json").read_text()), run)
+            code, printed = gate(str(run), "--require-baseline", "--matrix-dir", str(matrix), "--policy",
+                                 str(matrix / "policy.toml"), "--today", "2026-12-02")
+            assert code in (0, 1), printed
+            out[f"{name}/{run.name}"] = (code, json.loads((run / "gate" / "verdict.json").read_text()), run)
     return out
 
 

@@ -7,13 +7,12 @@ non-MLA FP8 cell keeps its declared speedup over auto."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import archives
+from gate_in_process import gate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_throughput"
 
@@ -24,11 +23,10 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict[tuple[str, str], dict]
     archives.extract(FIXTURE / "runs.tar.xz", root)
     out = {}
     for run in sorted((root / "runs").iterdir()):
-        gate = subprocess.run([sys.executable, "-m", "kvgate", "gate", str(run), "--require-baseline"],
-                              capture_output=True, text=True, check=False)
-        assert gate.returncode in (0, 1), gate.stdout + gate.stderr
+        code, printed = gate(str(run), "--require-baseline")
+        assert code in (0, 1), printed
         verdict = json.loads((run / "gate" / "verdict.json").read_text())
-        out[run.name] = (gate.returncode, {(c["cell"], c["kind"]): c for c in verdict["checks"]})
+        out[run.name] = (code, {(c["cell"], c["kind"]): c for c in verdict["checks"]})
     return out
 
 
