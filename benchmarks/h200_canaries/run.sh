@@ -7,13 +7,20 @@
 #                                       (benchmarks/h200_engine/workloads.toml), as KVGATE_MATRIX_DIR; with
 #                                       KVGATE_CANARY_CALCULATE_KV_SCALES=1 their FP8 cells compute the k/v scales
 #                                       from the data (workloads' calculate_kv_scales = true; use another
-#                                       KVGATE_CANARY_ROOT for it)
+#                                       KVGATE_CANARY_ROOT for it); with KVGATE_CANARY_GRAPHS=1 they capture CUDA
+#                                       graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell);
+#                                       with KVGATE_CANARY_LONG_MODEL=DIR the non-MLA workload is that long-position
+#                                       model with the passkey task at KVGATE_CANARY_LONG_LENGTHS (long_workload.py)
 #   run.sh base BACKEND                 the base side once: the release, each of the backend's cells (auto, fp8) in a
 #                                       process of its own (--powered: the policy's questions), into $H/base-BACKEND
 #   run.sh heads BACKEND NAME...        one A/B run per NAME, at once: a canary of canaries/canaries.toml or a
 #                                       measurement of patches/ (its patch as --vllm patch:), or aaN (the release
 #                                       again: an A/A run); each reuses the
 #                                       base side (--base-from) and runs its head cells, auto then fp8, in one process
+#                                       (a canary's cells are those it declares; the others' are the base side's)
+#
+# KVGATE_CANARY_FEATURES="spec_decode ..." adds each backend's cells of those features (matrix/axes.toml) to the base
+# side and to the heads that are not canaries.
 #   run.sh wait SECONDS                 until every started run has ended, or SECONDS; prints each cell's stages
 #   run.sh gate                         kvgate gate --require-baseline on every A/B run; the table (table.py), the
 #                                       verdicts and the raw results (logs left out) to $OUT
@@ -32,9 +39,19 @@ mkdir -p "$H/logs" "$H/ab" "$M" "$FLASHINFER_WORKSPACE_BASE"
 # shellcheck source=../wait_for_pids.sh
 . "$(dirname "$0")/../wait_for_pids.sh"
 
-cells_of() {  # BACKEND -> --cell flags of its auto and fp8 cells on sm90
-  local b; b=$(echo "$1" | tr 'A-Z' 'a-z')
+cells_of() {  # BACKEND -> --cell flags of its auto and fp8 cells on sm90, and of their feature variants
+  local b f; b=$(echo "$1" | tr 'A-Z' 'a-z')
   echo "--cell ${b}-auto-$ARCH --cell ${b}-fp8-$ARCH"
+  for f in ${KVGATE_CANARY_FEATURES:-}; do echo "--cell ${b}-auto-$ARCH-$f --cell ${b}-fp8-$ARCH-$f"; done
+}
+
+canary_cells() {  # NAME -> --cell flags of the cells a canary of canaries/canaries.toml declares (nothing otherwise)
+  python3 - "$1" <<'PY'
+import sys, tomllib
+from pathlib import Path
+doc = tomllib.loads(Path("canaries/canaries.toml").read_text())
+print(" ".join(f"--cell {cell}" for cell in doc.get(sys.argv[1], {}).get("cells", [])))
+PY
 }
 
 patch_of() {  # name -> its patch: a canary of canaries/canaries.toml, else benchmarks/h200_canaries/patches/NAME.patch
@@ -57,12 +74,20 @@ setup)
       sed -i 's/^\(\[workloads\.tiny-[a-z0-9-]*-any\]\)$/\1\ncalculate_kv_scales = true/' "$M/workloads.toml"
       grep -B1 '^calculate_kv_scales' "$M/workloads.toml"
     fi
+    if [ "${KVGATE_CANARY_GRAPHS:-0}" = 1 ]; then
+      sed -i 's/enforce_eager = true/enforce_eager = false/' "$M/workloads.toml"
+      grep -c 'enforce_eager = false' "$M/workloads.toml"
+    fi
+    if [ -n "${KVGATE_CANARY_LONG_MODEL:-}" ]; then
+      python3 "$(dirname "$0")/long_workload.py" "$M/workloads.toml" "$KVGATE_CANARY_LONG_MODEL" \
+        ${KVGATE_CANARY_LONG_LENGTHS:-4096 8192 16384 32768} || exit 2
+    fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
   fi
   python3 -m kvgate matrix --arch "$ARCH" --matrix-dir "$M" | head -30 ;;
 base)
   b=$2; dir=$H/base-$b
-  for cell in $(cells_of "$b" | sed 's/--cell //g'); do
+  for cell in $(cells_of "$b" | sed 's/--cell //g'); do  # every cell in a process of its own
     setsid nohup python3 -m kvgate run accuracy --run-dir "$dir" --cell "$cell" --vllm release --powered \
       --matrix-dir "$M" > "$H/logs/base-$cell.log" 2>&1 < /dev/null &
     echo "$!" | tee -a "$H/pids" >> "$H/pids-base-$b"; echo "started base $cell (pid $!)"
@@ -72,8 +97,9 @@ heads)
   wait_for_pids "$H/pids-base-$b" 600  # the base side first: --base-from checks that it is complete
   for name in "$@"; do
     case "$name" in aa*) spec=release ;; *) spec="patch:$(patch_of "$name")" ;; esac
-    # shellcheck disable=SC2046
-    setsid nohup python3 -m kvgate run accuracy --run-dir "$H/ab/$b-$name" $(cells_of "$b") --vllm "$spec" \
+    cells=$(canary_cells "$name"); [ -n "$cells" ] || cells=$(cells_of "$b")
+    # shellcheck disable=SC2086
+    setsid nohup python3 -m kvgate run accuracy --run-dir "$H/ab/$b-$name" $cells --vllm "$spec" \
       --base-vllm release --base-from "$H/base-$b" --matrix-dir "$M" > "$H/logs/$b-$name.log" 2>&1 < /dev/null &
     echo "$!" >> "$H/pids"; echo "started $b-$name: --vllm $spec (pid $!)"
   done ;;
@@ -93,5 +119,5 @@ gate)
   tar cf - -C "$H" logs $(cd "$H" && ls -d ab/*/*/logs base-*/*/logs 2>/dev/null) | xz -T8 -6 > "${OUT:-$H}/logs.tar.xz"
   ls -la "${OUT:-$H}" ;;
 *)
-  sed -n '2,22p' "$0"; exit 2 ;;
+  sed -n '2,30p' "$0"; exit 2 ;;
 esac

@@ -1,0 +1,120 @@
+#!/bin/bash
+# The third GPU canary round (issue 31): the feature axes on the lent H200, through run.sh, the real CLI and gate.
+# Roots share the GPU and one engine-start lock:
+#   $G (/tmp/h200g)  CUDA graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell), FLASHMLA on the
+#                    tiny DeepSeek-V2, plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml):
+#                    canaries flashmla-spec-verify-k-x09 and flashmla-cuda-graph-k-x09 and an A/A run; a canary
+#                    that passes (missed) is followed by its x0.8 measurement (patches/)
+#   $L (/tmp/h200l)  long context: benchmarks/train_long_passkey.py trains the long-position tiny Llama on this GPU,
+#                    then FLASH_ATTN with CUDA graphs asks it the passkey task at the lengths it retrieves at in
+#                    Hugging Face (long_workload.py): canary flash-attn-long-context-k-x05 and an A/A run
+#   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
+#
+#   features.sh start      $G's base side and heads, and $L's chain (training first), in the background
+#   features.sh eager      $E's base side and head, in the background
+#   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
+#                          hold so far in $OUT/partial.tar.xz
+#   features.sh gate       run.sh gate of each root into $OUT/graphs, $OUT/long, $OUT/eager, plus the training log
+#
+# Everything runs from a frozen copy of the checkout ($T): later device calls send the working tree again, which must
+# not change the code of runs still going.
+set -uo pipefail
+here=benchmarks/h200_canaries
+G=/tmp/h200g L=/tmp/h200l E=/tmp/h200e T=/tmp/h200f/tree
+if [ "${1:-}" = start ]; then
+  rm -rf "$T"; mkdir -p "$T"; cp -r src matrix benchmarks canaries pyproject.toml "$T/"
+  git rev-parse HEAD > "$T/COMMIT" 2>/dev/null; git status --short > "$T/CHANGES" 2>/dev/null
+fi
+[ -d "$T" ] && cd "$T"
+export KVGATE_ENGINE_START_LOCK=/tmp/h200-engine-start.lock PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src
+LONG_MODEL=$L/models/tiny-llama-long
+
+graphs_chain() {  # base, the heads, then the x0.8 measurement of every canary the gate passed
+  export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
+  bash "$here/run.sh" base FLASHMLA
+  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-k-x09 flashmla-cuda-graph-k-x09 aa1
+  bash "$here/run.sh" wait 1500 > /dev/null
+  local more=()
+  for name in flashmla-spec-verify-k flashmla-cuda-graph-k; do
+    python3 -m kvgate gate "$G/ab/FLASHMLA-$name-x09" --require-baseline --matrix-dir "$G/matrix" > /dev/null 2>&1
+    rc=$?
+    echo "$name-x09: gate exit $rc at $(date -u +%H:%M:%S)"
+    [ "$rc" = 0 ] && more+=("$name-x08")
+  done
+  [ "${#more[@]}" -gt 0 ] && bash "$here/run.sh" heads FLASHMLA "${more[@]}"
+  echo "graphs chain: heads started at $(date -u +%H:%M:%S)"
+}
+
+long_chain() {  # train, pick the lengths the model retrieves at, then base and heads
+  mkdir -p "$L/models"
+  echo "training from $(date -u +%H:%M:%S)"
+  python3 benchmarks/train_long_passkey.py --out "$LONG_MODEL" --train-tokens 16384 --curriculum 0.7 --steps 2000 \
+    --batch 16 --lr 2e-3 --minutes 8 --max-positions 33792 --eval-lengths 4096,8192,16384,32768 \
+    --eval-per-length 10 > "$L/train.log" 2>&1 || { echo "training failed"; tail -5 "$L/train.log"; return 1; }
+  tail -3 "$L/train.log"
+  # the lengths retrieved at >= 50 % in Hugging Face, else the two best: a length the model cannot do with auto
+  # judges nothing
+  lengths=$(python3 - "$LONG_MODEL/training_log.json" <<'PY'
+import json, sys
+accuracy = {int(k): v for k, v in json.load(open(sys.argv[1]))["hf_greedy_accuracy"].items()}
+good = [n for n, a in sorted(accuracy.items()) if a >= 0.5]
+print(" ".join(map(str, good or sorted(sorted(accuracy, key=lambda n: -accuracy[n])[:2]))))
+PY
+)
+  echo "lengths: $lengths"
+  export KVGATE_CANARY_ROOT=$L
+  KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_LONG_MODEL=$LONG_MODEL KVGATE_CANARY_LONG_LENGTHS=$lengths \
+    bash "$here/run.sh" setup > "$L/setup.log" 2>&1 || { echo "setup failed"; tail -5 "$L/setup.log"; return 1; }
+  bash "$here/run.sh" base FLASH_ATTN
+  bash "$here/run.sh" heads FLASH_ATTN flash-attn-long-context-k-x05 aa1
+  echo "long chain: heads started at $(date -u +%H:%M:%S)"
+}
+
+case "${1:-}" in
+start)
+  KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
+    > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
+  grep -E "^[0-9]+$|flashmla" /tmp/setup-graphs.log
+  mkdir -p $L
+  export -f graphs_chain long_chain; export here G L E LONG_MODEL
+  setsid nohup bash -c graphs_chain > /tmp/chain-graphs.log 2>&1 < /dev/null &
+  setsid nohup bash -c long_chain > /tmp/chain-long.log 2>&1 < /dev/null &
+  echo "started at $(date -u +%H:%M:%S)" ;;
+eager)
+  KVGATE_CANARY_ROOT=$E bash "$here/run.sh" setup > /tmp/setup-eager.log 2>&1 || { tail -5 /tmp/setup-eager.log; exit 1; }
+  grep -c "enforce_eager = true" $E/matrix/workloads.toml
+  KVGATE_CANARY_ROOT=$E bash "$here/run.sh" base FLASHMLA
+  KVGATE_CANARY_ROOT=$E setsid nohup bash "$here/run.sh" heads FLASHMLA flashmla-cuda-graph-k-x09 \
+    > /tmp/heads-eager.log 2>&1 < /dev/null &
+  echo "started at $(date -u +%H:%M:%S)" ;;
+wait)
+  deadline=$(( $(date +%s) + ${2:-300} ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    sleep 10
+    running=$(pgrep -fc "kvgate run accuracy|train_long_passkey|run.sh (heads|base)|_chain" || true)
+    [ "$running" -eq 0 ] && break
+  done
+  echo "running: $running at $(date -u +%H:%M:%S)"
+  for f in /tmp/chain-graphs.log /tmp/chain-long.log; do echo "== $f"; tail -6 "$f"; done
+  grep -E "^step [0-9]+ .*(00|50) s$|stopping|greedy" "$L/train.log" 2>/dev/null | tail -3
+  for log in $G/logs/*.log $L/logs/*.log $E/logs/*.log; do
+    [ -f "$log" ] || continue
+    echo "== $log"; grep -E "^kvgate: (\[|look at)|ERROR|Traceback" "$log" | tail -4
+  done
+  # what the roots hold so far (engine logs left out), in case the session's device time ends before `gate`
+  mkdir -p "${OUT:-/tmp/out}"
+  tar cf - -C /tmp --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' --exclude=models --exclude=matrix \
+    $(cd /tmp && ls -d h200g h200l h200e 2>/dev/null) | xz -T8 -3 > "${OUT:-/tmp/out}/partial.tar.xz" ;;
+gate)
+  for root in graphs:$G long:$L eager:$E; do
+    name=${root%%:*} dir=${root#*:}
+    [ -d "$dir/ab" ] || continue
+    mkdir -p "${OUT:-/tmp/out}/$name"
+    KVGATE_CANARY_ROOT=$dir OUT=${OUT:-/tmp/out}/$name bash "$here/run.sh" gate
+  done
+  [ -f "$LONG_MODEL/training_log.json" ] && mkdir -p "${OUT:-/tmp/out}/long" \
+    && tar cf - -C "$L" train.log models | xz -T8 -6 > "${OUT:-/tmp/out}/long/tiny-llama-long.tar.xz"
+  cp /tmp/chain-*.log "$T/COMMIT" "$T/CHANGES" "${OUT:-/tmp/out}/" 2>/dev/null; true ;;
+*)
+  sed -n '2,20p' "$0"; exit 2 ;;
+esac
