@@ -3,8 +3,8 @@
 # Roots share the GPU and one engine-start lock:
 #   $G (/tmp/h200g)  CUDA graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell), FLASHMLA on the
 #                    tiny DeepSeek-V2, plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml):
-#                    canaries flashmla-spec-verify-k-x09 and flashmla-cuda-graph-k-x09 and an A/A run; a canary
-#                    that passes (missed) is followed by its x0.8 measurement (patches/)
+#                    canary flashmla-spec-verify-k-x09 and an A/A run on the spec_decode cells, canary
+#                    flashmla-cuda-graph-k-x09 and an A/A run on the plain cells
 #   $L (/tmp/h200l)  long context: benchmarks/train_long_passkey.py trains the long-position tiny Llama on this GPU,
 #                    then FLASH_ATTN with CUDA graphs asks it the passkey task at the lengths it retrieves at in
 #                    Hugging Face (long_workload.py): canary flash-attn-long-context-k-x05 and an A/A run
@@ -13,7 +13,7 @@
 #   features.sh start      $G's base side and heads, and $L's chain (training first), in the background
 #   features.sh eager      $E's base side and head, in the background
 #   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
-#                          hold so far in $OUT/partial.tar.xz
+#                          hold so far (the trained model included) in $OUT/partial.tar.xz
 #   features.sh gate       run.sh gate of each root into $OUT/graphs, $OUT/long, $OUT/eager, plus the training log
 #
 # Everything runs from a frozen copy of the checkout ($T): later device calls send the working tree again, which must
@@ -29,28 +29,27 @@ fi
 export KVGATE_ENGINE_START_LOCK=/tmp/h200-engine-start.lock PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src
 LONG_MODEL=$L/models/tiny-llama-long
 
-graphs_chain() {  # base, the heads, then the x0.8 measurement of every canary the gate passed
+graphs_chain() {  # base, then the heads: two cells a run, so that the runs go at once
   export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
   bash "$here/run.sh" base FLASHMLA
-  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-k-x09 flashmla-cuda-graph-k-x09 aa1
-  bash "$here/run.sh" wait 1500 > /dev/null
-  local more=()
-  for name in flashmla-spec-verify-k flashmla-cuda-graph-k; do
-    python3 -m kvgate gate "$G/ab/FLASHMLA-$name-x09" --require-baseline --matrix-dir "$G/matrix" > /dev/null 2>&1
-    rc=$?
-    echo "$name-x09: gate exit $rc at $(date -u +%H:%M:%S)"
-    [ "$rc" = 0 ] && more+=("$name-x08")
-  done
-  [ "${#more[@]}" -gt 0 ] && bash "$here/run.sh" heads FLASHMLA "${more[@]}"
+  KVGATE_CANARY_CELLS="flashmla-auto-sm90-spec_decode flashmla-fp8-sm90-spec_decode" \
+    bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-k-x09 aa1
+  KVGATE_CANARY_CELLS="flashmla-auto-sm90 flashmla-fp8-sm90" bash "$here/run.sh" heads FLASHMLA flashmla-cuda-graph-k-x09 aa2
   echo "graphs chain: heads started at $(date -u +%H:%M:%S)"
 }
 
 long_chain() {  # train, pick the lengths the model retrieves at, then base and heads
   mkdir -p "$L/models"
   echo "training from $(date -u +%H:%M:%S)"
-  python3 benchmarks/train_long_passkey.py --out "$LONG_MODEL" --train-tokens 16384 --curriculum 0.7 --steps 2000 \
+  python3 benchmarks/train_long_passkey.py --out "$LONG_MODEL" --train-tokens 16384 --curriculum 0.7 --steps 1800 \
     --batch 16 --lr 2e-3 --minutes 8 --max-positions 33792 --eval-lengths 4096,8192,16384,32768 \
-    --eval-per-length 10 > "$L/train.log" 2>&1 || { echo "training failed"; tail -5 "$L/train.log"; return 1; }
+    --eval-per-length 10 > "$L/train.log" 2>&1 &
+  local trainer=$!
+  # its exit frees tens of GiB: an engine profiling its memory then refuses to start (measured 2026-12-03), so the
+  # exit happens while this holds the engine-start lock
+  while kill -0 "$trainer" 2>/dev/null && [ ! -f "$LONG_MODEL/training_log.json" ]; do sleep 2; done
+  flock "$KVGATE_ENGINE_START_LOCK" bash -c "while kill -0 $trainer 2>/dev/null; do sleep 0.5; done; sleep 3"
+  wait "$trainer" || { echo "training failed"; tail -5 "$L/train.log"; return 1; }
   tail -3 "$L/train.log"
   # the lengths retrieved at >= 50 % in Hugging Face, else the two best: a length the model cannot do with auto
   # judges nothing
@@ -103,7 +102,7 @@ wait)
   done
   # what the roots hold so far (engine logs left out), in case the session's device time ends before `gate`
   mkdir -p "${OUT:-/tmp/out}"
-  tar cf - -C /tmp --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' --exclude=models --exclude=matrix \
+  tar cf - -C /tmp --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' --exclude=flashinfer \
     $(cd /tmp && ls -d h200g h200l h200e 2>/dev/null) | xz -T8 -3 > "${OUT:-/tmp/out}/partial.tar.xz" ;;
 gate)
   for root in graphs:$G long:$L eager:$E; do

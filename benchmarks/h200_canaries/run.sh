@@ -17,7 +17,8 @@
 #                                       measurement of patches/ (its patch as --vllm patch:), or aaN (the release
 #                                       again: an A/A run); each reuses the
 #                                       base side (--base-from) and runs its head cells, auto then fp8, in one process
-#                                       (a canary's cells are those it declares; the others' are the base side's)
+#                                       (a canary's cells are those it declares; the others' are the base side's;
+#                                       KVGATE_CANARY_CELLS="cell ..." names them instead)
 #
 # KVGATE_CANARY_FEATURES="spec_decode ..." adds each backend's cells of those features (matrix/axes.toml) to the base
 # side and to the heads that are not canaries.
@@ -98,6 +99,7 @@ heads)
   for name in "$@"; do
     case "$name" in aa*) spec=release ;; *) spec="patch:$(patch_of "$name")" ;; esac
     cells=$(canary_cells "$name"); [ -n "$cells" ] || cells=$(cells_of "$b")
+    [ -z "${KVGATE_CANARY_CELLS:-}" ] || cells=$(printf -- '--cell %s ' $KVGATE_CANARY_CELLS)
     # shellcheck disable=SC2086
     setsid nohup python3 -m kvgate run accuracy --run-dir "$H/ab/$b-$name" $cells --vllm "$spec" \
       --base-vllm release --base-from "$H/base-$b" --matrix-dir "$M" > "$H/logs/$b-$name.log" 2>&1 < /dev/null &
@@ -119,5 +121,5 @@ gate)
   tar cf - -C "$H" logs $(cd "$H" && ls -d ab/*/*/logs base-*/*/logs 2>/dev/null) | xz -T8 -6 > "${OUT:-$H}/logs.tar.xz"
   ls -la "${OUT:-$H}" ;;
 *)
-  sed -n '2,30p' "$0"; exit 2 ;;
+  sed -n '2,31p' "$0"; exit 2 ;;
 esac
