@@ -284,7 +284,7 @@ def parse_run(text: str, source: str) -> dict[str, Any]:
 
 # run.json planned_out (contract 1.5): cells the writing host could not run, each with the reason
 PLANNED_OUT_MAX = 10_000
-_CELL_ID = re.compile(r"[a-z0-9_]{1,64}-[a-z0-9_]{1,32}-[a-z0-9]{1,16}")
+_CELL_ID = re.compile(r"[a-z0-9_]{1,64}-[a-z0-9_]{1,32}-[a-z0-9]{1,16}(-[a-z][a-z0-9_]{0,39})?")  # 1.11: a feature's
 
 
 def parse_planned_out(run_info: Mapping[str, Any], source: str) -> list[tuple[str, str]]:
