@@ -65,7 +65,7 @@ EXPECTED_CELLS_FILE = "expected-cells.json"
 ARTIFACT_PREFIX = "kvgate-cell-"
 BASE_SUFFIX = "--base"  # the base side's folder of an A/B run (docs/results-folder.md)
 SIDES = ("base", "head")
-CELL_ID = re.compile(r"[a-z0-9_]+-[a-z0-9_]+-[a-z0-9]+")
+CELL_ID = re.compile(r"[a-z0-9_]+-[a-z0-9_]+-[a-z0-9]+(-[a-z][a-z0-9_]*)?")  # a feature's cell ends in it (-spec_decode)
 # Events whose runs may go without a baseline when a maintainer asks (the first reference run); never a PR.
 BOOTSTRAP_EVENTS = ("push", "workflow_dispatch")
 

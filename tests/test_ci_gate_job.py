@@ -291,6 +291,14 @@ def test_a_lost_plan_output_is_not_an_empty_plan(tmp_path):
                                 "output (`{\"include\": []}` when it planned nothing)")
 
 
+def test_a_planned_feature_cell_is_a_cell_and_a_hostile_id_is_not():
+    planned = gate_job.planned_cells(json.dumps({"include": [{"cell": "flashmla-fp8-sm90-spec_decode"}]}))
+    assert [e["cell"] for e in planned] == ["flashmla-fp8-sm90-spec_decode"]
+    for hostile in ("flashmla-fp8-sm90-spec_decode-x", "flashmla-fp8-sm90-$(id)", "flashmla-fp8-sm90-"):
+        with pytest.raises(gate_job.GateJobError):
+            gate_job.planned_cells(json.dumps({"include": [{"cell": hostile}]}))
+
+
 @pytest.mark.parametrize("plan_result", ["failure", "cancelled", "skipped", ""])
 def test_a_plan_that_did_not_succeed_fails_the_gate_job(tmp_path, plan_result):
     env = job_environment(tmp_path, "", PLAN_RESULT=plan_result, KVGATE_NOX="/bin/false")

@@ -158,6 +158,16 @@ def test_expected_cells_from_the_plan_must_all_be_there(tmp_path, form):
     assert checks(run, "cell")[(FP8, None)]["status"] == "missing"
 
 
+def test_an_expected_cell_of_a_feature_is_a_cell_id(tmp_path):
+    """A feature's cell ends in the feature (flashmla-fp8-sm90-spec_decode): a plan naming one is read, and the cell,
+    absent from the run, is missing."""
+    run = one_sided_run(tmp_path, [AUTO])
+    plan = tmp_path / "plan"
+    plan.write_text(f"{AUTO}\nflashmla-fp8-sm90-spec_decode\n")
+    assert main(["gate", str(run), "--expect-cells", str(plan), "--today", "2026-11-30"]) == 1
+    assert checks(run, "cell")[("flashmla-fp8-sm90-spec_decode", None)]["status"] == "missing"
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ('{"include": [{"runner": "x"}]}', 'expected {"include": [{"cell": "<id>", ...}, ...]} in include. Pass the plan '
                                        "job's matrix output as it is"),
