@@ -262,8 +262,9 @@ def test_with_require_baseline_a_planned_out_cell_fails(tmp_path, capsys):
     ({"cell": "x"}, 'expected a list of at most 10,000 {"cell": "<id>", "reason": "..."} entries, got an object '
                     "in planned_out"),
     (["cpu_attn-fp8-cpu"], "expected an object, got string 'cpu_attn-fp8-cpu' in planned_out[0]"),
-    ([{"cell": "../../etc", "reason": "r"}], "expected a cell id (backend-dtype-arch, e.g. flashmla-fp8-sm90), got "
-                                             "string '../../etc' in planned_out[0].cell"),
+    ([{"cell": "../../etc", "reason": "r"}], "expected a cell id (backend-dtype-arch[-feature], e.g. flashmla-fp8-sm90 "
+                                             "or flashmla-fp8-sm90-spec_decode), got string '../../etc' in "
+                                             "planned_out[0].cell"),
     ([{"cell": "cpu_attn-fp8-cpu"}], "missing key 'reason' in planned_out[0]"),
     ([{"cell": "cpu_attn-fp8-cpu", "reason": " "}], "expected a reason (a string of 1-2000 characters), got string ' ' "
                                                     "in planned_out[0].reason"),
