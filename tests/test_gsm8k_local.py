@@ -149,8 +149,9 @@ def test_lm_eval_builds_gsm8ks_five_shot_prompt_from_the_local_task(tmp_path: Pa
     from lm_eval.tasks import TaskManager, get_task_dict
 
     gsm8k_local.write_task(tmp_path / "task")
-    task = get_task_dict(["kvgate_gsm8k_local"], TaskManager(include_path=str(tmp_path / "task")))[
-        "kvgate_gsm8k_local"]
+    # indexed as kvgate's accuracy stage indexes it: the task's folder alone (eval_process.own_task_manager)
+    task = get_task_dict(["kvgate_gsm8k_local"], TaskManager(include_path=str(tmp_path / "task"),
+                                                             include_defaults=False))["kvgate_gsm8k_local"]
     config = task.config
     print({"filters": [f["name"] for f in config.filter_list], "metrics": config.metric_list})
     assert [f["name"] for f in config.filter_list] == ["strict-match", "flexible-extract"]
@@ -164,6 +165,25 @@ def test_lm_eval_builds_gsm8ks_five_shot_prompt_from_the_local_task(tmp_path: Pa
     print(prompt)
     assert prompt.count("Question: ") == 6 and prompt.count("#### ") == 5
     assert prompt.endswith(f"Question: {SHIPPED['test'][0]['question']}\nAnswer:")
+
+
+def test_the_accuracy_stage_indexes_only_its_own_tasks_folder(tmp_path: Path) -> None:
+    """kvgate's own task (a name its include path declares) is loaded from that folder alone, the name resolved as
+    lm-eval resolves it; anything else (a hub task, a glob, no include path) is left to lm-eval's whole index."""
+    from types import SimpleNamespace
+
+    installed_lm_eval_gsm8k()
+    from kvgate.runners.stages.eval_process import own_task_manager
+
+    gsm8k_local.write_task(tmp_path / "task")
+    cfg = SimpleNamespace(tasks="kvgate_gsm8k_local", include_path=str(tmp_path / "task"), metadata=None)
+    manager = own_task_manager(cfg)
+    assert manager is not None and manager.all_tasks == ["kvgate_gsm8k_local"]
+    assert cfg.tasks == ["kvgate_gsm8k_local"]
+    for tasks, include_path in (("gsm8k", str(tmp_path / "task")), ("kvgate_gsm8k_local,gsm8k", str(tmp_path / "task")),
+                                ("kvgate_*", str(tmp_path / "task")), ("kvgate_gsm8k_local", None)):
+        cfg = SimpleNamespace(tasks=tasks, include_path=include_path, metadata=None)
+        assert own_task_manager(cfg) is None and cfg.tasks == tasks, tasks
 
 
 def test_shipped_data_is_plain_jsonl() -> None:

@@ -91,7 +91,7 @@ def test_pool_is_the_test_split_then_the_train_split_in_order(tmp_path: Path, sp
 
 @pytest.mark.slow
 def test_lm_eval_loads_the_pool_and_each_question_gets_its_own_shots(tmp_path: Path, splits, isolated_cache) -> None:
-    """Through lm-eval's TaskManager, as `lm_eval --include_path` loads it. Plain lm-eval (the same YAML without
+    """Through lm-eval's TaskManager over the task's folder, as kvgate's accuracy stage loads it. Plain lm-eval (the same YAML without
     PoolTask) puts some train questions among their own shots (it drops a question from them only when the shots
     come from the test split) and gives a question other shots when a later call (a look) asks it; the pool's task
     does neither."""
@@ -105,7 +105,8 @@ def test_lm_eval_loads_the_pool_and_each_question_gets_its_own_shots(tmp_path: P
         "\n".join(line for line in text.splitlines() if not line.startswith("class:"))
         .replace(f"task: {gsm8k_pool.TASK_NAME}", "task: plain_pool"), encoding="utf-8")
     total, later = TEST_SIZE + TRAIN_SIZE, TEST_SIZE + 5  # a second look starting among the train questions
-    manager = TaskManager(include_path=[str(tmp_path / "task"), str(plain)])
+    # the two folders alone, as kvgate's accuracy stage indexes its task's (eval_process.own_task_manager)
+    manager = TaskManager(include_path=[str(tmp_path / "task"), str(plain)], include_defaults=False)
 
     def prompts(task_name: str, samples: list[int]) -> tuple[object, list[str]]:
         task = get_task_dict([task_name], manager)[task_name]

@@ -138,7 +138,8 @@ def test_lm_eval_loads_the_task_and_scores_only_the_key(tmp_path):
 
     docs = passkey.documents(DESIGN, counter())
     passkey.write_task(tmp_path, docs)
-    task = TaskManager(include_path=str(tmp_path)).load_task_or_group([passkey.TASK_NAME])[passkey.TASK_NAME]
+    task = TaskManager(include_path=str(tmp_path), include_defaults=False).load_task_or_group(  # as the stage loads it
+        [passkey.TASK_NAME])[passkey.TASK_NAME]
     task.build_all_requests(limit=None, rank=0, world_size=1)
     assert len(task.instances) == len(docs)
     context, generation = task.instances[0].args

@@ -549,16 +549,18 @@ def check_disjoint(train: list[TrainProblem], test: list[Slots] | None = None) -
     test_q = [render_original(s) for s in test]
     test_masked = {mask(q) for q in test_q}
     test_keys = {s.key() for s in test}
+    train_masks = [mask(p.question) for p in train]  # each masked once (masking is most of this check's time)
     # exact: masked text and (template, numbers)
-    masked_hits = sum(mask(p.question) in test_masked for p in train)
+    masked_hits = sum(m in test_masked for m in train_masks)
     key_hits = sum(p.key in test_keys for p in train)
     # also: any identical raw question
     raw_hits = len({p.question for p in train} & set(test_q))
     # names
-    name_hits = sum(bool(re.search(r"\b(" + "|".join(TEST_NAMES) + r")\b", p.question)) for p in train)
+    test_name = re.compile(r"\b(" + "|".join(TEST_NAMES) + r")\b")
+    name_hits = sum(bool(test_name.search(p.question)) for p in train)
     # n-gram statistics over masked word sequences
     test_words = [mask(q).split() for q in set(test_q)]
-    train_masked = Counter(mask(p.question) for p in train)
+    train_masked = Counter(train_masks)
     train_words = [m.split() for m in train_masked]
     stats = {"train": len(train), "test": len(test), "exact_masked_matches": masked_hits,
              "number_tuple_matches": key_hits, "identical_questions": raw_hits,
