@@ -92,6 +92,40 @@ def test_engine_starts_take_turns_through_the_lock(tmp_path, monkeypatch):
         assert time.monotonic() - began < 0.5
 
 
+def test_an_engine_ends_holding_the_start_lock(tmp_path, monkeypatch):
+    """An engine that ends frees its memory, which breaks another engine's start that is measuring memory: with
+    KVGATE_ENGINE_START_LOCK set, the engine core's shutdown runs while the lock is held (a second process cannot take
+    it meanwhile); unset, nothing is stopped here (the process's exit does it)."""
+    import fcntl
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from kvgate.runners.stages import eval_process
+
+    lock = tmp_path / "start.lock"
+    seen: list[str] = []
+
+    def shutdown():  # what vLLM's engine core client does, observed from another process
+        probe = subprocess.run([sys.executable, "-c", (
+            "import fcntl, sys\n"
+            f"h = open({str(lock)!r}, 'a+')\n"
+            "try:\n    fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)")])
+        seen.append("held" if probe.returncode == 3 else f"free ({probe.returncode})")
+
+    engine = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(shutdown=shutdown)))
+    monkeypatch.delenv(eval_process.ENGINE_START_LOCK_ENV, raising=False)
+    eval_process.stop_engine(engine)
+    assert seen == []
+    monkeypatch.setenv(eval_process.ENGINE_START_LOCK_ENV, str(lock))
+    eval_process.stop_engine(engine)
+    assert seen == ["held"]
+    with open(lock, "a+") as handle:  # and it is free again afterwards
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    eval_process.stop_engine(SimpleNamespace())  # an engine without the client: nothing to call
+    assert seen == ["held"]
+
+
 def test_a_heartbeat_reads_the_output_and_beats_while_the_process_runs(tmp_path):
     """A process drawing lm-eval's and vLLM's bars (as the accuracy stage's worker does), then pausing: the heartbeat
     says how far it got while it waits, and a timeout still ends it on time."""

@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     from kvgate.runners.engine.log import BackendEvidence
 
     tracker = EvaluationTracker(output_path=cfg.output_path)
-    task_manager = cfg.process_tasks(cfg.metadata)
+    task_manager = own_task_manager(cfg) or cfg.process_tasks(cfg.metadata)
     with engine_start_lock():
         lm = lm_eval.api.registry.get_model(cfg.model).create_from_arg_obj(
             cfg.model_args, {"batch_size": cfg.batch_size, "max_batch_size": cfg.max_batch_size,
@@ -105,6 +105,7 @@ def main(argv: list[str]) -> int:
               flush=True)
     if mismatch:
         print(f"kvgate: {mismatch}", file=sys.stderr, flush=True)
+        stop_engine(engine)
         return EXIT_BACKEND_MISMATCH
 
     def evaluate(indices: list[int] | None) -> dict[str, Any]:
@@ -162,7 +163,29 @@ def main(argv: list[str]) -> int:
             save("probe-failed", probe_error=f"{type(error).__name__}: {error}")
         else:
             save("probe")
+    stop_engine(engine)
     return 0
+
+
+def own_task_manager(cfg: Any) -> Any | None:
+    """lm-eval's TaskManager over the include path alone, when every task asked for is a task of its own there
+    (kvgate's gsm8k tasks, the passkey task; each `include`s files by path, never by index), with `cfg.tasks` resolved
+    as lm-eval's `process_tasks` resolves them. None otherwise (a hub task, a group, a glob, a YAML path): lm-eval's
+    own. The same tasks either way, for an include path's task wins over a built-in of its name; what is saved is
+    indexing lm-eval's 14,000 built-in task files, 9 s of every cell's start on a 2-core CPU (2026-12-03)."""
+    from lm_eval.tasks import TaskManager
+
+    tasks = cfg.tasks.split(",") if isinstance(cfg.tasks, str) else [t for task in cfg.tasks or [] for t in
+                                                                      task.split(",")]
+    names = list(dict.fromkeys(tasks))
+    if not cfg.include_path or not names or any(any(c in name for c in "*?[") or name.endswith(".yaml")
+                                                or Path(name).is_dir() for name in names):
+        return None
+    manager = TaskManager(include_path=cfg.include_path, include_defaults=False, metadata=cfg.metadata or {})
+    if not set(names) <= set(manager.all_subtasks):  # tasks of YAML or of a class there, no group or tag
+        return None
+    cfg.tasks = names
+    return manager
 
 
 def _long_context(lm: Any, cfg: Any, plan_path: Path) -> list[str]:
@@ -190,7 +213,8 @@ def _long_context(lm: Any, cfg: Any, plan_path: Path) -> list[str]:
         tracker = EvaluationTracker(output_path=plan["out"])
         found = simple_evaluate(model=lm, model_args=cfg.model_args, tasks=[task], num_fewshot=0,
                                 batch_size=cfg.batch_size, log_samples=True, evaluation_tracker=tracker,
-                                task_manager=TaskManager(include_path=folder), verbosity=cfg.verbosity)
+                                task_manager=TaskManager(include_path=folder, include_defaults=False),
+                                verbosity=cfg.verbosity)  # the passkey task's YAML stands alone
         if found is None:
             raise RuntimeError("lm-eval's simple_evaluate returned no results for the passkey task")
         samples = found.pop("samples")
@@ -224,6 +248,19 @@ def engine_start_lock():
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def stop_engine(engine: Any) -> None:
+    """Stop the engine holding $KVGATE_ENGINE_START_LOCK, when set: an engine that ends frees its KV cache (11 GiB
+    each for the engines sharing the lent H200), and an engine profiling its memory meanwhile refuses to start
+    ("Error in memory profiling": twice on 2026-12-03, each time as another cell's engine ended). vLLM's client
+    shutdown returns once the engine core's process has ended. Unset, or an engine without that client: the
+    process's own exit stops it, as before."""
+    shutdown = getattr(getattr(getattr(engine, "llm_engine", None), "engine_core", None), "shutdown", None)
+    if not os.environ.get(ENGINE_START_LOCK_ENV) or not callable(shutdown):
+        return
+    with engine_start_lock():
+        shutdown()
 
 
 def _answer(evaluate, options: argparse.Namespace, cfg: Any, save) -> tuple[dict[str, Any], dict[str, Any] | None]:
