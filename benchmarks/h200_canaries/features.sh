@@ -10,7 +10,8 @@
 #                    Hugging Face (long_workload.py): canary flash-attn-long-context-k-x05 and an A/A run
 #   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
 #
-#   features.sh start      $G's base side and heads, and $L's chain (training first), in the background
+#   features.sh start [graphs] [long]   $G's base side and heads, and $L's chain (training first), in the
+#                          background (both chains when none is named)
 #   features.sh eager      $E's base side and head, in the background
 #   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
 #                          hold so far (the trained model included) in $OUT/partial.tar.xz
@@ -73,14 +74,22 @@ PY
 
 case "${1:-}" in
 start)
-  KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
-    > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
-  grep -E "^[0-9]+$|flashmla" /tmp/setup-graphs.log
-  mkdir -p $L
+  chains=${*:2}; chains=${chains:-graphs long}
+  for chain in $chains; do
+    case "$chain" in graphs|long) ;; *) echo "features.sh start: no chain '$chain' (graphs, long)"; exit 2 ;; esac
+  done
   export -f graphs_chain long_chain; export here G L E LONG_MODEL
-  setsid nohup bash -c graphs_chain > /tmp/chain-graphs.log 2>&1 < /dev/null &
-  setsid nohup bash -c long_chain > /tmp/chain-long.log 2>&1 < /dev/null &
-  echo "started at $(date -u +%H:%M:%S)" ;;
+  if [[ " $chains " == *" graphs "* ]]; then
+    KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
+      > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
+    grep -E "^[0-9]+$|flashmla" /tmp/setup-graphs.log
+    setsid nohup bash -c graphs_chain > /tmp/chain-graphs.log 2>&1 < /dev/null &
+  fi
+  if [[ " $chains " == *" long "* ]]; then
+    mkdir -p $L
+    setsid nohup bash -c long_chain > /tmp/chain-long.log 2>&1 < /dev/null &
+  fi
+  echo "started $chains at $(date -u +%H:%M:%S)" ;;
 eager)
   KVGATE_CANARY_ROOT=$E bash "$here/run.sh" setup > /tmp/setup-eager.log 2>&1 || { tail -5 /tmp/setup-eager.log; exit 1; }
   grep -c "enforce_eager = true" $E/matrix/workloads.toml
@@ -117,5 +126,5 @@ gate)
     && tar cf - -C "$L" train.log models | xz -T8 -6 > "${OUT:-/tmp/out}/long/tiny-llama-long.tar.xz"
   cp /tmp/chain-*.log "$T/COMMIT" "$T/CHANGES" "${OUT:-/tmp/out}/" 2>/dev/null; true ;;
 *)
-  sed -n '2,20p' "$0"; exit 2 ;;
+  sed -n '2,21p' "$0"; exit 2 ;;
 esac
