@@ -16,6 +16,7 @@ import pytest
 
 import archives
 from cpu_run_fixture import extract, matrix_of_the_run
+from h200_matrix import local_mla_model, matrix_folder
 from kvgate import InputErrors
 from kvgate.cli import main
 from kvgate.gate import evaluation as gate
@@ -50,17 +51,7 @@ AUTO_TOKENS_TRITON = 1_893_360
 def h200_matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The matrix the H200 run was judged with: matrix/*.toml, benchmarks/h200_engine/workloads.toml in place of
     workloads.toml with the MLA model at the run's local path, no per-model tax for DeepSeek-V2-Lite (absent)."""
-    folder = tmp_path_factory.mktemp("h200-matrix")
-    for path in (ROOT / "matrix").glob("*.toml"):
-        shutil.copy(path, folder / path.name)
-    workloads = (ROOT / "benchmarks" / "h200_engine" / "workloads.toml").read_text()
-    assert 'model = "kvgate:tiny-deepseek-v2"' in workloads
-    (folder / "workloads.toml").write_text(workloads.replace('model = "kvgate:tiny-deepseek-v2"',
-                                                             'model = "/tmp/h200/models/tiny-deepseek-v2"'))
-    policy = folder / "policy.toml"
-    policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True)
-                              if not line.startswith('"deepseek-ai/DeepSeek-V2-Lite-Chat" = ')))
-    return folder
+    return matrix_folder(tmp_path_factory.mktemp("h200-matrix"), local_mla_model)
 
 
 @pytest.fixture(scope="module")

@@ -7,38 +7,28 @@ The round's canaries did not finish in the session's device time (benchmarks/h20
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 import archives
+import h200_matrix
 from gate_in_process import gate
 
-REPO = Path(__file__).resolve().parents[1]
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "features-runs.tar.xz"
 
 
-def graphs_matrix(root: Path) -> Path:
-    """run.sh setup with KVGATE_CANARY_GRAPHS=1: today's matrix, the tiny models' workloads capturing CUDA graphs."""
-    matrix = root / "matrix-today"
-    matrix.mkdir()
-    for toml in (REPO / "matrix").glob("*.toml"):
-        shutil.copy(toml, matrix / toml.name)
-    workloads = (REPO / "benchmarks" / "h200_engine" / "workloads.toml").read_text()
+def graphs(workloads: str) -> str:
+    """run.sh setup with KVGATE_CANARY_GRAPHS=1: the tiny models' workloads capture CUDA graphs."""
     assert workloads.count("enforce_eager = true") >= 2  # the two workloads (and a comment naming it)
-    (matrix / "workloads.toml").write_text(workloads.replace("enforce_eager = true", "enforce_eager = false"))
-    policy = matrix / "policy.toml"
-    policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True)
-                              if not line.startswith('"deepseek-ai/DeepSeek-V2-Lite-Chat" = ')))
-    return matrix
+    return workloads.replace("enforce_eager = true", "enforce_eager = false")
 
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
     root = tmp_path_factory.mktemp("h200_features")
     archives.extract(ARCHIVE, root)
-    matrix = graphs_matrix(root)
+    matrix = h200_matrix.matrix_folder(root / "matrix-today", graphs)
     out = {}
     for run, extra in (("graphs/FLASHMLA-aa2", ["--require-baseline"]), ("graphs/base-FLASHMLA", []),
                        ("graphs-first-machine/base-FLASHMLA", [])):

@@ -7,12 +7,12 @@ cached-context prompts reach through the prefix cache) and the FP8 cells computi
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 import archives
+import h200_matrix
 from gate_in_process import gate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,22 +20,11 @@ ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "paths-runs.tar
 FP8 = "triton_mla-fp8-sm90"
 
 
-def matrix_folder(root: Path, calculated: bool) -> Path:
-    """run.sh setup: the repository's matrix, the tiny models' workloads, no DeepSeek-V2-Lite tax line."""
-    matrix = root / ("matrix-calculated" if calculated else "matrix")
-    matrix.mkdir()
-    for toml in (REPO / "matrix").glob("*.toml"):
-        shutil.copy(toml, matrix / toml.name)
-    workloads = (REPO / "benchmarks" / "h200_engine" / "workloads.toml").read_text()
-    if calculated:
-        workloads = workloads.replace("[workloads.tiny-llama-any]\n", "[workloads.tiny-llama-any]\ncalculate_kv_scales = true\n")
-        workloads = workloads.replace("[workloads.tiny-deepseek-v2-any]\n",
-                                      "[workloads.tiny-deepseek-v2-any]\ncalculate_kv_scales = true\n")
-    (matrix / "workloads.toml").write_text(workloads)
-    policy = matrix / "policy.toml"
-    policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True)
-                              if not line.startswith('"deepseek-ai/DeepSeek-V2-Lite-Chat" = ')))
-    return matrix
+def calculated_scales(workloads: str) -> str:
+    """run.sh setup with KVGATE_CANARY_CALCULATE_KV_SCALES=1: the FP8 cells compute their k/v scales from the data."""
+    for name in ("tiny-llama-any", "tiny-deepseek-v2-any"):
+        workloads = workloads.replace(f"[workloads.{name}]\n", f"[workloads.{name}]\ncalculate_kv_scales = true\n")
+    return workloads
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +33,8 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
     archives.extract(ARCHIVE, root)
     out = {}
     for name in ("context", "calculated"):
-        matrix = matrix_folder(root, name == "calculated")
+        matrix = h200_matrix.matrix_folder(root / f"matrix-{name}",
+                                           calculated_scales if name == "calculated" else lambda w: w)
         for run in sorted((root / name / "ab").iterdir()):
             code, printed = gate(str(run), "--require-baseline", "--matrix-dir", str(matrix), "--policy",
                                  str(matrix / "policy.toml"), "--today", "2026-12-02")

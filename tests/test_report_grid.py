@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import archives
+import h200_matrix
 from ci_scripts import load_ci_script
 from kvgate.gate import evaluation as gate
 from kvgate.gate import policy as policy_module
@@ -129,17 +130,7 @@ def h200_report(tmp_path_factory) -> str:
 
     folder = tmp_path_factory.mktemp("h200")
     archives.extract(H200_ARCHIVE, folder)
-    matrix = folder / "matrix"
-    matrix.mkdir()
-    root = Path(__file__).resolve().parents[1]
-    for path in (root / "matrix").glob("*.toml"):
-        (matrix / path.name).write_text(path.read_text())
-    (matrix / "workloads.toml").write_text((root / "benchmarks" / "h200_engine" / "workloads.toml").read_text()
-                                           .replace('model = "kvgate:tiny-deepseek-v2"',
-                                                    'model = "/tmp/h200/models/tiny-deepseek-v2"'))
-    policy = matrix / "policy.toml"
-    policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True)
-                              if not line.startswith('"deepseek-ai/DeepSeek-V2-Lite-Chat" = ')))
+    matrix = h200_matrix.matrix_folder(folder / "matrix", h200_matrix.local_mla_model)
     assert gate_cli(folder / "run", matrix, folder / "out") == 1
     return (folder / "out" / "report.md").read_text()
 

@@ -1,0 +1,29 @@
+"""The matrix folder of an H200 round (benchmarks/h200_canaries/run.sh setup): the repository's matrix/*.toml, with
+benchmarks/h200_engine/workloads.toml (kvgate's tiny models) in place of workloads.toml, edited as the round's
+settings edited it, and no per-model line for DeepSeek-V2-Lite-Chat (the hub model no such round runs)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+H200_WORKLOADS = REPO / "benchmarks" / "h200_engine" / "workloads.toml"
+
+
+def matrix_folder(folder: Path, edit: Callable[[str], str] = lambda workloads: workloads) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for toml in (REPO / "matrix").glob("*.toml"):
+        shutil.copy(toml, folder / toml.name)
+    (folder / "workloads.toml").write_text(edit(H200_WORKLOADS.read_text()))
+    policy = folder / "policy.toml"
+    policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True)
+                              if not line.startswith('"deepseek-ai/DeepSeek-V2-Lite-Chat" = ')))
+    return folder
+
+
+def local_mla_model(workloads: str) -> str:
+    """The MLA model at the path the 2026-12-01 H200 run loaded it from."""
+    assert 'model = "kvgate:tiny-deepseek-v2"' in workloads
+    return workloads.replace('model = "kvgate:tiny-deepseek-v2"', 'model = "/tmp/h200/models/tiny-deepseek-v2"')
