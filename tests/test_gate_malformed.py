@@ -262,6 +262,20 @@ def test_a_corrupt_file_in_a_cell_errors_that_cell_and_the_rest_is_judged(case, 
         assert {c["kind"]: c["status"] for c in checks if c["cell"] == cell}["kernels"] == "pass"
 
 
+def test_the_policy_comes_from_the_matrix_folder_given(run, tmp_path, capsys):
+    """`--matrix-dir DIR` reads DIR/policy.toml, as `kvgate run` does; `--policy FILE` still overrides it."""
+    matrix = tmp_path / "matrix"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "matrix", matrix)
+    policy = matrix / "policy.toml"
+    good = policy.read_text()
+    policy.write_text(good.replace("[accuracy]\n", "[accuracy]\nfp8_tax_point = 3.0\n", 1))
+    assert main(["gate", str(run), "--matrix-dir", str(matrix)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ERROR {policy}: unknown key 'fp8_tax_point' in accuracy"), err
+    (tmp_path / "good.toml").write_text(good)
+    assert main(["gate", str(run), "--matrix-dir", str(matrix), "--policy", str(tmp_path / "good.toml")]) in (0, 1)
+
+
 def test_missing_run_folder(tmp_path, capsys):
     assert main(["gate", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err == (f"ERROR {tmp_path / 'nope'}: no such folder. Pass the run folder the runners "

@@ -47,7 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, metavar="DIR", help=f"where the outputs go (default RUN_DIR/{GATE_FOLDER}/)")
     parser.add_argument("--require", default="", metavar="STAGES",
                         help=f"comma-separated stages every cell must have run ({', '.join(REQUIRABLE_STAGES)}, or all)")
-    parser.add_argument("--policy", type=Path, metavar="FILE", help="thresholds (default: matrix/policy.toml)")
+    parser.add_argument("--policy", type=Path, metavar="FILE",
+                        help="thresholds (default: policy.toml of the matrix folder, --matrix-dir or matrix/)")
     parser.add_argument("--matrix-dir", type=Path, metavar="DIR", help="default: the repository's matrix/")
     parser.add_argument("--today", metavar="YYYY-MM-DD", help="the date waivers expire against (default: today, UTC)")
     parser.add_argument("--require-baseline", action="store_true",
@@ -236,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     require = parse_require(args.require)
     today = parse_today(args.today)
     matrix = matrix_module.load(args.matrix_dir)
-    policy = policy_module.load(args.policy, matrix=matrix)
+    policy = policy_module.load(args.policy or (args.matrix_dir / policy_module.POLICY_FILE if args.matrix_dir
+                                                else None), matrix=matrix)  # as `kvgate run` reads it
     known = KnownNames.from_matrix(matrix)
     problems: list[InputError] = []
     results = baseline = None
