@@ -12,7 +12,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -149,7 +148,9 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
             found.append(ExpectedCell(cell=entry["cell"], stages=tuple(stages), not_planned=dict(reasons)))
         return found
     cells = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    bad = [c for c in cells if not re.fullmatch(r"[a-z0-9_]+-[a-z0-9_]+-[a-z0-9]+(-[a-z][a-z0-9_]*)?", c)]  # feature: -spec_decode
+    from kvgate.results.parsers.contract import CELL_ID
+
+    bad = [c for c in cells if not CELL_ID.fullmatch(c)]  # the one cell-id pattern of the results contract
     if bad:
         raise InputError(shown, f"'{bad[0][:60]}' is not a cell id", hint="Write one id per line, e.g. flashmla-fp8-sm90")
     return [ExpectedCell(cell=cell) for cell in cells]

@@ -284,7 +284,7 @@ def parse_run(text: str, source: str) -> dict[str, Any]:
 
 # run.json planned_out (contract 1.5): cells the writing host could not run, each with the reason
 PLANNED_OUT_MAX = 10_000
-_CELL_ID = re.compile(r"[a-z0-9_]{1,64}-[a-z0-9_]{1,32}-[a-z0-9]{1,16}(-[a-z][a-z0-9_]{0,39})?")  # 1.11: a feature's
+CELL_ID = re.compile(r"[a-z0-9_]{1,64}-[a-z0-9_]{1,32}-[a-z0-9]{1,16}(-[a-z][a-z0-9_]{0,39})?")  # 1.11: a feature's
 
 
 def parse_planned_out(run_info: Mapping[str, Any], source: str) -> list[tuple[str, str]]:
@@ -307,7 +307,7 @@ def parse_planned_out(run_info: Mapping[str, Any], source: str) -> list[tuple[st
             if not isinstance(entry, Mapping):
                 raise InputError(source, f"expected an object, got {_describe(entry)}", at)
             cell, reason = entry.get("cell"), entry.get("reason")
-            if not isinstance(cell, str) or not _CELL_ID.fullmatch(cell):
+            if not isinstance(cell, str) or not CELL_ID.fullmatch(cell):
                 raise InputError(source, f"expected a cell id, got {_describe(cell)}", f"{at}.cell")
             if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
                 raise InputError(source, f"expected a reason (a string of 1-2000 characters), got {_describe(reason)}",
@@ -334,7 +334,7 @@ def parse_stage_plan(run_info: Mapping[str, Any], source: str) -> tuple[dict[str
                                  f"{prefix}planned_stages")
             for cell, stages in per_cell.items():
                 where = f"{prefix}planned_stages.{str(cell)[:60]}"
-                if not isinstance(cell, str) or not _CELL_ID.fullmatch(cell):
+                if not isinstance(cell, str) or not CELL_ID.fullmatch(cell):
                     raise InputError(source, "expected a cell id as the key", where)
                 planned.setdefault(cell, set()).update(_stage_names(stages, source, where))
         else:
