@@ -148,6 +148,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--eval-lengths", default="512,1024,2048,4096")
     parser.add_argument("--eval-per-length", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=SEED_MODEL,
+                        help=f"the weights' seed; the training documents' is {SEED_DATA} + (seed - {SEED_MODEL})")
     parser.add_argument("--minutes", type=float, default=0, help="stop training after this long (0: no limit)")
     parser.add_argument("--curriculum", type=float, default=0.0, metavar="SHARE",
                         help="grow the longest training document from about 200 tokens to --train-tokens over this "
@@ -165,7 +167,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(SEED_MODEL)
+    torch.manual_seed(args.seed)
     tokenizer = load_tokenizer()
     cfg = config(args)
     model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation="sdpa")).to(device)
@@ -174,7 +176,7 @@ def main() -> int:
     warmup = max(1, args.steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
         1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    examples = Examples(tokenizer, args.train_tokens, SEED_DATA)
+    examples = Examples(tokenizer, args.train_tokens, SEED_DATA + args.seed - SEED_MODEL)
     log, started, tokens = [], time.monotonic(), 0
     step = 0
     for step in range(1, args.steps + 1):

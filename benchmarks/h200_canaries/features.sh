@@ -10,8 +10,9 @@
 #                    Hugging Face (long_workload.py): canary flash-attn-long-context-k-x05 and an A/A run
 #   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
 #
-#   features.sh start [graphs] [long]   $G's base side and heads, and $L's chain (training first), in the
-#                          background (both chains when none is named)
+#   features.sh start [graphs] [long] [train]   $G's base side and heads, and $L's chain (training first), in the
+#                          background (graphs and long when none is named); train: three long-position models
+#                          at once into $L/models/ (no engine)
 #   features.sh eager      $E's base side and head, in the background
 #   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
 #                          hold so far (the trained model included) in $OUT/partial.tar.xz
@@ -30,13 +31,41 @@ fi
 export KVGATE_ENGINE_START_LOCK=/tmp/h200-engine-start.lock PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src
 LONG_MODEL=$L/models/tiny-llama-long
 
-graphs_chain() {  # base, then the heads: two cells a run, so that the runs go at once
+graphs_chain() {  # base, then the heads: their starts take turns through the lock
   export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
   bash "$here/run.sh" base FLASHMLA
+  # the spec canary on the four cells it declares (its plain FP8 cell must pass), an A/A run on the spec cells, the
+  # graph canary on its two; the A/A run of the plain cells with graphs passed on 2026-12-03 (FLASHMLA-aa2)
+  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-k-x09 flashmla-cuda-graph-k-x09
   KVGATE_CANARY_CELLS="flashmla-auto-sm90-spec_decode flashmla-fp8-sm90-spec_decode" \
-    bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-k-x09 aa1
-  KVGATE_CANARY_CELLS="flashmla-auto-sm90 flashmla-fp8-sm90" bash "$here/run.sh" heads FLASHMLA flashmla-cuda-graph-k-x09 aa2
+    bash "$here/run.sh" heads FLASHMLA aa1
   echo "graphs chain: heads started at $(date -u +%H:%M:%S)"
+}
+
+train_variant() {  # NAME ARGS...: one trainer into $L/models/NAME, which exits holding the engine-start lock
+  local name=$1; shift
+  local out=$L/models/$name
+  python3 benchmarks/train_long_passkey.py --out "$out" "$@" > "$L/train-$name.log" 2>&1 &
+  local trainer=$!
+  # its exit frees GiBs: an engine profiling its memory then refuses to start (measured 2026-12-03)
+  while kill -0 "$trainer" 2>/dev/null && [ ! -f "$out/training_log.json" ]; do sleep 2; done
+  flock "$KVGATE_ENGINE_START_LOCK" bash -c "while kill -0 $trainer 2>/dev/null; do sleep 0.5; done; sleep 3"
+  wait "$trainer"; echo "$name: exit $? at $(date -u +%H:%M:%S): $(grep -E 'greedy' "$L/train-$name.log")"
+}
+
+train_chain() {  # three long-position models at once: the recipe that learned on 2026-12-03, another seed, 8k
+  mkdir -p "$L/models"
+  local common="--curriculum 0.7 --batch 16 --lr 2e-3 --minutes 11 --max-positions 33792 --eval-per-length 10
+    --eval-lengths 1024,2048,4096,8192,16384,32768"
+  echo "training from $(date -u +%H:%M:%S)"
+  # shellcheck disable=SC2086
+  train_variant s31-16k --train-tokens 16384 --steps 2000 $common &
+  # shellcheck disable=SC2086
+  train_variant s32-16k --seed 32 --train-tokens 16384 --steps 2500 $common &
+  # shellcheck disable=SC2086
+  train_variant s31-8k --train-tokens 8192 --steps 2000 $common &
+  wait
+  echo "training ended at $(date -u +%H:%M:%S)"
 }
 
 long_chain() {  # train, pick the lengths the model retrieves at, then base and heads
@@ -76,9 +105,9 @@ case "${1:-}" in
 start)
   chains=${*:2}; chains=${chains:-graphs long}
   for chain in $chains; do
-    case "$chain" in graphs|long) ;; *) echo "features.sh start: no chain '$chain' (graphs, long)"; exit 2 ;; esac
+    case "$chain" in graphs|long|train) ;; *) echo "features.sh start: no chain '$chain' (graphs, long, train)"; exit 2 ;; esac
   done
-  export -f graphs_chain long_chain; export here G L E LONG_MODEL
+  export -f graphs_chain long_chain train_chain train_variant; export here G L E LONG_MODEL
   if [[ " $chains " == *" graphs "* ]]; then
     KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
       > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
@@ -89,6 +118,10 @@ start)
     mkdir -p $L
     setsid nohup bash -c long_chain > /tmp/chain-long.log 2>&1 < /dev/null &
   fi
+  if [[ " $chains " == *" train "* ]]; then
+    mkdir -p $L
+    setsid nohup bash -c train_chain > /tmp/chain-train.log 2>&1 < /dev/null &
+  fi
   echo "started $chains at $(date -u +%H:%M:%S)" ;;
 eager)
   KVGATE_CANARY_ROOT=$E bash "$here/run.sh" setup > /tmp/setup-eager.log 2>&1 || { tail -5 /tmp/setup-eager.log; exit 1; }
@@ -98,23 +131,29 @@ eager)
     > /tmp/heads-eager.log 2>&1 < /dev/null &
   echo "started at $(date -u +%H:%M:%S)" ;;
 wait)
-  deadline=$(( $(date +%s) + ${2:-300} ))
+  # what the roots hold so far (engine logs left out), in case the session's device time ends before `gate`:
+  # written every minute, so that a call cut short still brings the last one back
+  partial() {
+    mkdir -p "${OUT:-/tmp/out}"
+    tar cf - -C /tmp --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' --exclude=flashinfer \
+      $(cd /tmp && ls -d h200g h200l h200e chain-*.log 2>/dev/null) | xz -T8 -3 > /tmp/partial.tar.xz.new \
+      && mv /tmp/partial.tar.xz.new "${OUT:-/tmp/out}/partial.tar.xz"
+  }
+  deadline=$(( $(date +%s) + ${2:-300} )) written=$(date +%s)
   while [ "$(date +%s)" -lt "$deadline" ]; do
     sleep 10
     running=$(pgrep -fc "kvgate run accuracy|train_long_passkey|run.sh (heads|base)|_chain" || true)
     [ "$running" -eq 0 ] && break
+    [ $(( $(date +%s) - written )) -ge 60 ] && { partial; written=$(date +%s); }
   done
   echo "running: $running at $(date -u +%H:%M:%S)"
-  for f in /tmp/chain-graphs.log /tmp/chain-long.log; do echo "== $f"; tail -6 "$f"; done
-  grep -E "^step [0-9]+ .*(00|50) s$|stopping|greedy" "$L/train.log" 2>/dev/null | tail -3
+  for f in /tmp/chain-*.log; do echo "== $f"; tail -6 "$f"; done
+  for f in "$L"/train*.log; do [ -f "$f" ] && { echo "== $f"; grep -E "^step [0-9]+ .*(00|50) s$|stopping|greedy" "$f" | tail -3; }; done
   for log in $G/logs/*.log $L/logs/*.log $E/logs/*.log; do
     [ -f "$log" ] || continue
     echo "== $log"; grep -E "^kvgate: (\[|look at)|ERROR|Traceback" "$log" | tail -4
   done
-  # what the roots hold so far (engine logs left out), in case the session's device time ends before `gate`
-  mkdir -p "${OUT:-/tmp/out}"
-  tar cf - -C /tmp --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' --exclude=flashinfer \
-    $(cd /tmp && ls -d h200g h200l h200e 2>/dev/null) | xz -T8 -3 > "${OUT:-/tmp/out}/partial.tar.xz" ;;
+  partial ;;
 gate)
   for root in graphs:$G long:$L eager:$E; do
     name=${root%%:*} dir=${root#*:}

@@ -95,7 +95,7 @@ base)
   done ;;
 heads)
   b=$2; shift 2
-  wait_for_pids "$H/pids-base-$b" 600  # the base side first: --base-from checks that it is complete
+  wait_for_pids "$H/pids-base-$b" "${KVGATE_CANARY_BASE_WAIT:-1200}"  # the base side first: --base-from checks that it is complete
   for name in "$@"; do
     case "$name" in aa*) spec=release ;; *) spec="patch:$(patch_of "$name")" ;; esac
     cells=$(canary_cells "$name"); [ -n "$cells" ] || cells=$(cells_of "$b")
