@@ -3,7 +3,9 @@
 A model named `kvgate:<name>` in the matrix is a Hugging Face folder that vLLM loads. Two kinds:
 - trained (shipped): the folder under `workloads/models/<name>/` holds weights trained to solve kvgate's
   gsm8k-format problems 0-shot (recipe: benchmarks/train_tiny_models.py; its `training_log.json` says how,
-  where and how long), with their own tokenizer (digits as single tokens). `tiny-llama` is trained.
+  where and how long), with their own tokenizer (digits as single tokens). `tiny-llama` is trained;
+  `tiny-llama-long` is trained on kvgate's passkey task alone (benchmarks/train_long_passkey.py), the model of the
+  CPU default's long-context task (matrix/workloads.toml long_context.model).
 - random (built): `config.json`, fixed-seed random weights in `model.safetensors`, a byte-level BPE tokenizer
   (512 tokens) trained with the `tokenizers` library on text kvgate ships (`data/tokenizer_corpus.txt`), and
   `generation_config.json`. `tiny-deepseek-v2` is random until its trained weights land (issue 10): it runs
@@ -71,6 +73,14 @@ MODELS: dict[str, TinyModel] = {
                      "5.4 M parameters, vocab 640 (CPU_ATTN; fp8 KV needs head size % 32 == 0)"),
         seed=11,
         config=_shipped_config("tiny-llama"),
+    ),
+    "tiny-llama-long": TinyModel(
+        name="tiny-llama-long",
+        description=("Llama with long positions trained only on kvgate's passkey task (the long-context model of the "
+                     "workloads' long_context): hidden 128, 2 layers, 2 heads of 64, rope_theta 1e7, 33,792 "
+                     "positions, 0.59 M parameters, tiny-llama's tokenizer (recipe: benchmarks/train_long_passkey.py)"),
+        seed=31,
+        config=_shipped_config("tiny-llama-long"),
     ),
     "tiny-deepseek-v2": TinyModel(
         name="tiny-deepseek-v2",
