@@ -100,3 +100,38 @@ def test_the_probe_check_reports_decode_divergence_by_context_length(tmp_path):
     [probe] = [c for c in checks(run, "probe") if c["cell"] == FP8]
     [note] = [n for n in probe["notes"] if n.startswith("decode divergence from the auto cell by context length")]
     assert "<=1k tokens: " in note and "greedy prefix" in note
+
+
+def test_a_passkey_task_answered_by_another_model_than_the_matrix_declares_is_an_error(tmp_path):
+    """Contract 1.12: status.json long_context.model names the model of the engine of its own that answered it. The
+    matrix's DeepSeek-V2-Lite workload names none (its gsm8k engine answers it), so a cell that says another model
+    answered is not compared, whatever its figures: a PR side cannot swap in a model that passes."""
+    run = write_seed_run(tmp_path / "run", contract="1.12")
+    status_path = run / FP8 / "status.json"
+    status = json.loads(status_path.read_text())
+    assert status["long_context"]["status"] == "ok"
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 0
+    status["long_context"]["model"] = "kvgate:tiny-llama-long"
+    status_path.write_text(json.dumps(status))
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    [check] = checks(run, "fp8_long_context")
+    assert check["status"] == "error"
+    assert ("this cell's passkey task was answered by 'kvgate:tiny-llama-long', but the matrix declares "
+            "'deepseek-ai/DeepSeek-V2-Lite-Chat'") in check["detail"]
+
+
+def test_sides_answered_by_different_models_are_not_compared_without_a_matrix(tmp_path):
+    from kvgate.gate import policy
+    from kvgate.gate.checks.long_context import fp8_long_context_checks
+    from kvgate.matrix import cells as matrix_cells
+    from kvgate.results.run_loader import KnownNames, load_run
+
+    run = write_seed_run(tmp_path / "run", contract="1.12")
+    for cell, model in ((AUTO, "kvgate:tiny-llama-long"), (FP8, "./my-long-model")):
+        status = json.loads((run / cell / "status.json").read_text())
+        status["long_context"]["model"] = model
+        (run / cell / "status.json").write_text(json.dumps(status))
+    loaded = load_run(run, KnownNames.from_matrix(matrix_cells.load()))
+    fp8, auto = (next(c for c in loaded.cells if c.identity.id == cell) for cell in (FP8, AUTO))
+    [check] = fp8_long_context_checks(fp8, auto, policy.load())
+    assert check.status == "error" and "'./my-long-model'" in check.detail and "'kvgate:tiny-llama-long'" in check.detail

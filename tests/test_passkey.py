@@ -94,20 +94,42 @@ def matrix_with(tmp_path: Path, table: str) -> Path:
     shutil.copytree(ROOT / "matrix", folder)
     path = folder / "workloads.toml"
     text = path.read_text()
-    old = "long_context = { lengths = [4096, 8192], depths = [0.1, 0.3, 0.5, 0.7, 0.9], keys_per_depth = 20 }"
+    old = ('long_context = { model = "kvgate:tiny-llama-long", max_model_len = 8208, lengths = [4096, 8192], '
+           'depths = [0.1, 0.3, 0.5, 0.7, 0.9], keys_per_depth = 20 }')
     assert old in text
     path.write_text(text.replace(old, table))
     return folder
 
 
-def test_the_shipped_matrix_declares_the_task_and_the_cpu_default_plans_it_out():
+def test_the_shipped_matrix_declares_the_task_and_the_cpu_default_asks_it_of_its_long_model():
     matrix = matrix_cells.load(ROOT / "matrix")
     declared = {name: w.long_context for name, w in matrix.workloads.items()}
     assert declared["llama-3_1-8b"].lengths == (4096, 8192, 16384, 32768)
     assert declared["llama-3_1-8b"].per_length == 50  # 200 documents: policy.toml min_n
+    assert declared["llama-3_1-8b"].model is None  # its own engine answers it
     assert int(matrix.workloads["llama-3_1-8b"].model_args["max_model_len"]) >= 32768 + passkey.ANSWER_TOKENS
     tiny = matrix.workloads["tiny-llama"]
+    # the gsm8k model's 1024 positions hold none of the lengths; the long-position model's engine holds them all
     assert passkey.fitting_lengths(tiny.long_context, int(tiny.model_args["max_model_len"]))[0] == ()
+    assert tiny.long_context.model == tiny.long_context_model == "kvgate:tiny-llama-long"
+    assert tiny.long_context_lengths == ((4096, 8192), ())
+    assert len(tiny.long_context.lengths) * tiny.long_context.per_length == 200
+    assert tiny.long_context.as_record()["model"] == "kvgate:tiny-llama-long"
+    shipped = json.loads((ROOT / "src/kvgate/workloads/models/tiny-llama-long/config.json").read_text())
+    assert shipped["max_position_embeddings"] >= tiny.long_context.max_model_len
+    assert matrix.workloads["tiny-deepseek-v2"].long_context is None
+
+
+def test_a_long_model_engine_too_short_for_a_length_plans_it_out_with_its_reason(tmp_path):
+    folder = matrix_with(tmp_path, 'long_context = { model = "kvgate:tiny-llama-long", max_model_len = 5000, '
+                                   'lengths = [4096, 8192], depths = [0.5] }')
+    tiny = matrix_cells.load(folder).workloads["tiny-llama"]
+    assert tiny.long_context_lengths == ((4096,), (8192,))
+    from kvgate.runners.stages.accuracy import long_context_skip_reason
+
+    cell = next(c for c in matrix_cells.load(folder).cells if c.id == "cpu_attn-auto-cpu")
+    reason = long_context_skip_reason(cell, (8192,))
+    assert "8192 do not fit max_model_len 5000 of kvgate:tiny-llama-long (workloads.tiny-llama.long_context)" in reason
 
 
 @pytest.mark.parametrize(("table", "error"), [
@@ -121,6 +143,14 @@ def test_the_shipped_matrix_declares_the_task_and_the_cpu_default_plans_it_out()
     ("long_context = { lengths = [4096], depths = [0.5], needles = 3 }", "unknown key 'needles'"),
     ("long_context = { depths = [0.5] }", "lengths"),
     ('long_context = "4k"', "workloads.tiny-llama.long_context"),
+    ('long_context = { lengths = [4096], depths = [0.5], model = "kvgate:tiny-llama-long" }',
+     "model is set without max_model_len in workloads.tiny-llama.long_context.max_model_len"),
+    ("long_context = { lengths = [4096], depths = [0.5], max_model_len = 8208 }",
+     "max_model_len is set without model in workloads.tiny-llama.long_context.model"),
+    ('long_context = { lengths = [4096], depths = [0.5], model = " ", max_model_len = 8208 }',
+     "expected a model id, path or kvgate:<name>"),
+    ('long_context = { lengths = [4096], depths = [0.5], model = "m", max_model_len = "8k" }',
+     "expected a whole number of tokens >= 272, got the string '8k' in workloads.tiny-llama.long_context.max_model_len"),
 ])
 def test_a_bad_declaration_is_one_line_naming_its_place(tmp_path, table, error):
     folder = matrix_with(tmp_path, table)

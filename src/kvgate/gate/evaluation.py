@@ -110,7 +110,7 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
             partner = run.find(cell.identity.with_dtype("auto"))
             for item in [*fp8_accuracy_checks(cell, partner, policy, plans=plans, strict=require_baseline),
                          *fp8_long_context_checks(cell, partner, policy, declared=declared_long_context(
-                             trusted, cell))]:
+                             trusted, cell), declared_model=declared_long_context_model(trusted, cell))]:
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
             item = fp8_throughput_check(cell, partner, policy)
             if isinstance(item, Pending):
@@ -126,7 +126,8 @@ def evaluate(run: RunResults, *, policy: Policy, baseline: RunResults | None = N
             old = baseline.find(cell.identity)
             for item in [*baseline_accuracy_checks(cell, old, policy, ab=ab, plans=plans, strict=require_baseline),
                          *baseline_long_context_checks(cell, old, policy, ab=ab,
-                                                       declared=declared_long_context(trusted, cell))]:
+                                                       declared=declared_long_context(trusted, cell),
+                                                       declared_model=declared_long_context_model(trusted, cell))]:
                 (pending.append(item) if isinstance(item, Pending) else checks.append(item))
     if baseline is not None:
         unreadable_here = {u.cell for u in run.unreadable} | {r.cell.identity.id for r in refused}
@@ -285,6 +286,12 @@ def declared_long_context(trusted: Mapping[str, TrustedCell] | None, cell: Any) 
     if declared is None or version is None or version < LONG_CONTEXT_CONTRACT:
         return ()
     return declared.long_context_lengths
+
+
+def declared_long_context_model(trusted: Mapping[str, TrustedCell] | None, cell: Any) -> str:
+    """The model the matrix says answers the cell's passkey task ("" without a trusted side or a declaration)."""
+    declared = (trusted or {}).get(cell.identity.id)
+    return declared.long_context_model if declared is not None else ""
 
 
 LONG_CONTEXT_CONTRACT = (1, 10)  # the contract that added long_context/

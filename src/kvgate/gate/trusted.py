@@ -51,6 +51,7 @@ class TrustedCell:
     engines: int = 1  # the workload's throughput design: engine starts a side, measured repeats in each
     repeats: int = 1
     long_context_lengths: tuple[int, ...] = ()  # the passkey lengths its accuracy engine runs (workloads long_context)
+    long_context_model: str = ""  # the model that answers them (long_context.model, else the gsm8k model); "": none
     source: str = WORKLOADS_FILE  # the workloads file that declares it, as messages name it
     feature: str = ""  # its value of the feature axis; "": a plain cell
     feature_engine_args: Mapping[str, Any] | None = None  # the engine arguments its feature turns on (axes.toml)
@@ -67,7 +68,9 @@ def trusted_cells(matrix: Matrix, source: str = WORKLOADS_FILE) -> dict[str, Tru
                                  num_prompts=_count(cell.workload.throughput.get("num_prompts")),
                                  engines=_count(cell.workload.throughput.get("engines", 1)) or 1,
                                  repeats=_count(cell.workload.throughput.get("repeats")) or 1,
-                                 long_context_lengths=cell.workload.long_context_lengths[0], source=source,
+                                 long_context_lengths=cell.workload.long_context_lengths[0],
+                                 long_context_model=cell.workload.long_context_model
+                                 if cell.workload.long_context is not None else "", source=source,
                                  feature=cell.feature_name,
                                  feature_engine_args=cell.engine_args if cell.feature is not None else None)
             for cell in matrix.cells}

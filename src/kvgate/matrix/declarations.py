@@ -83,20 +83,27 @@ LONG_CONTEXT_ANSWER_TOKENS = 16  # the passkey task's generation cap: " 71432" i
 class LongContext:
     """A workload's long-context task (workloads.toml `long_context`; kvgate.workloads.passkey writes it): context
     lengths in tokens, needle depths (0 = right after the instruction, 1 = right before the question), keys per
-    (length, depth) and the keys' seed."""
+    (length, depth) and the keys' seed. `model`: the model that answers it in an engine of its own (with the cell's
+    backend, kv_cache_dtype and engine arguments, and `max_model_len`), where the workload's gsm8k model has too few
+    positions; None: the gsm8k engine answers it."""
 
     lengths: tuple[int, ...]
     depths: tuple[float, ...]
     keys_per_depth: int
     seed: int = LONG_CONTEXT_SEED
+    model: str | None = None
+    max_model_len: int | None = None  # the own engine's (set exactly when `model` is)
 
     @property
     def per_length(self) -> int:
         return len(self.depths) * self.keys_per_depth
 
     def as_record(self) -> dict[str, Any]:
-        return {"lengths": list(self.lengths), "depths": list(self.depths), "keys_per_depth": self.keys_per_depth,
-                "seed": self.seed}
+        record: dict[str, Any] = {"lengths": list(self.lengths), "depths": list(self.depths),
+                                  "keys_per_depth": self.keys_per_depth, "seed": self.seed}
+        if self.model is not None:
+            record.update(model=self.model, max_model_len=self.max_model_len)
+        return record
 
     def fitting(self, max_model_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(lengths an engine of max_model_len runs, lengths it cannot): a prompt of the length and its answer fit."""
@@ -133,7 +140,15 @@ class Workload:
     def long_context_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(the passkey lengths its accuracy engine runs, those its max_model_len cannot hold); both empty without
         the task."""
-        return self.long_context.fitting(self.max_model_len) if self.long_context is not None else ((), ())
+        if self.long_context is None:
+            return (), ()
+        return self.long_context.fitting(self.long_context.max_model_len or self.max_model_len)
+
+    @property
+    def long_context_model(self) -> str:
+        """The model that answers the passkey task: its own (long_context.model), else the gsm8k model."""
+        return (self.long_context.model if self.long_context is not None and self.long_context.model
+                else self.model)
 
     @property
     def is_local_model(self) -> bool:

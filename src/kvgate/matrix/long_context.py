@@ -17,8 +17,9 @@ def _listed(value: Any) -> str:
 
 
 def parse_long_context(reader: TomlReader, table: Any, where: str) -> LongContext | None:
-    """{ lengths = [tokens, ...], depths = [fractions], keys_per_depth = N, seed = S }: the passkey task."""
-    if not reader.keys(table, where, ["lengths", "depths"], ["keys_per_depth", "seed"]):
+    """{ lengths = [tokens, ...], depths = [fractions], keys_per_depth = N, seed = S, model = M, max_model_len = L }:
+    the passkey task (model and max_model_len together: the model that answers it in an engine of its own)."""
+    if not reader.keys(table, where, ["lengths", "depths"], ["keys_per_depth", "seed", "model", "max_model_len"]):
         return None
     lengths, depths = table["lengths"], table["depths"]
     keys, seed = table.get("keys_per_depth", 1), table.get("seed", LONG_CONTEXT_SEED)
@@ -38,7 +39,23 @@ def parse_long_context(reader: TomlReader, table: Any, where: str) -> LongContex
             reader.error(f"expected a whole number >= {least}, got {describe_value(value)}", f"{where}.{name}",
                          f"Write e.g. {name} = 5")
             ok = False
+    model, max_model_len = table.get("model"), table.get("max_model_len")
+    if (model is None) != (max_model_len is None):
+        given, missing = ("model", "max_model_len") if model is not None else ("max_model_len", "model")
+        reader.error(f"{given} is set without {missing}", f"{where}.{missing}",
+                     "Set both (the model that answers the passkey task and its engine's max_model_len), or neither "
+                     "(the gsm8k model answers it)")
+        ok = False
+    if model is not None and (not isinstance(model, str) or not model.strip() or model != model.strip()):
+        reader.error(f"expected a model id, path or kvgate:<name>, got {describe_value(model)}", f"{where}.model",
+                     'Write e.g. model = "kvgate:tiny-llama-long"')
+        ok = False
+    if max_model_len is not None and (not isinstance(max_model_len, int) or isinstance(max_model_len, bool)
+                                      or max_model_len < 272):
+        reader.error(f"expected a whole number of tokens >= 272, got {describe_value(max_model_len)}",
+                     f"{where}.max_model_len", "Write e.g. max_model_len = 8208 (the longest length + 16)")
+        ok = False
     if not ok:
         return None
     return LongContext(lengths=tuple(sorted(lengths)), depths=tuple(float(d) for d in depths), keys_per_depth=keys,
-                       seed=seed)
+                       seed=seed, model=model, max_model_len=max_model_len)

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.11"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.12"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe", "long_context")  # long_context: 1.10
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -109,6 +109,7 @@ class StageStatus:
     # throughput (1.9): the repeat numbers each engine measured (status.json engines[].repeats), in engine order;
     # None when not recorded (written before 1.9: every repeat its own engine)
     engines: tuple[tuple[int, ...], ...] | None = None
+    model: str | None = None  # long_context (1.12): the model of the engine of its own that answered it; None: gsm8k's
 
 
 def contract_version_tuple(value: Any) -> tuple[int, int] | None:

@@ -18,6 +18,7 @@ class CellContext:
     run_dir: Path
     model_path: str  # a local folder for "kvgate:<name>" models, else the hub id
     throughput_model_path: str | None = None  # the throughput stage's own model (dummy weights' folder); None: model_path
+    long_context_model_path: str | None = None  # the passkey task's own model (workloads long_context.model); None: none
     allow_shared_gpu: bool = False  # measure throughput on a GPU other processes hold (else the stage refuses it)
     python: str  # the interpreter that has vLLM and lm-eval (this one)
     env: Mapping[str, str]  # kvgate.runners.environment.process_env's

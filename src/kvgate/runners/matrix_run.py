@@ -432,7 +432,7 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
     dataset not in the cache an offline engine reads, an engine option the cell's vLLM does not have)."""
     needs_engine = any(stage in ("accuracy", "throughput") for stage in options.stages)
     model_path, include_path, setup_error = cell.model, None, None
-    throughput_model_path = None
+    throughput_model_path = long_context_model_path = None
     try:
         if needs_engine and cell.workload.is_local_model:
             from kvgate.workloads.tiny_models import resolve_model
@@ -443,6 +443,13 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
                         f"{' with the k/v scales of its FP8 checkpoint' if cell.loads_checkpoint_kv_scales else ''} "
                         f"is {model_path} "
                         f"({time.monotonic() - began:.1f} s to find or build)")
+        long_context = cell.workload.long_context
+        if "accuracy" in options.stages and long_context is not None and long_context.model is not None:
+            from kvgate.workloads.tiny_models import resolve_model
+
+            long_context_model_path = resolve_model(long_context.model)
+            options.say(f"kvgate: {cell.id}: the passkey task's model {long_context.model} is "
+                        f"{long_context_model_path}")
         if "throughput" in options.stages and cell.workload.throughput.get("weights") == "dummy":
             from kvgate.workloads.dummy_weights import ensure_model
 
@@ -468,6 +475,7 @@ def _context(cell: Cell, cell_dir: Path, run_dir: Path, env: dict[str, str],
     setup_error = setup_error or kv_scales_error
     ctx = CellContext(cell=cell, cell_dir=cell_dir, run_dir=run_dir, model_path=str(model_path),
                       throughput_model_path=throughput_model_path, allow_shared_gpu=options.allow_shared_gpu,
+                      long_context_model_path=long_context_model_path,
                       python=sys.executable, env=env, timeout=options.timeout,
                       passthrough=tuple(options.passthrough), include_path=include_path,
                       matrix_dir=options.matrix_dir, echo=options.echo,

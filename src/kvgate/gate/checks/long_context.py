@@ -13,6 +13,7 @@ from kvgate.gate.checks.accuracy import accuracy_comparison
 from kvgate.gate.checks.pending import Pending
 from kvgate.gate.policy import Policy
 from kvgate.gate.question_plan import flips_for
+from kvgate.gate.trusted import shown
 from kvgate.gate.verdict import Check
 from kvgate.results.records import CellResults
 from kvgate.statistics import power
@@ -23,16 +24,18 @@ KINDS = {"fp8_long_context": "fp8_accuracy", "baseline_long_context": "baseline_
 
 
 def fp8_long_context_checks(cell: CellResults, partner: CellResults | None, policy: Policy, *,
-                            declared: tuple[int, ...] = ()) -> list[Any]:
+                            declared: tuple[int, ...] = (), declared_model: str = "") -> list[Any]:
     return long_context_comparisons(cell, partner, policy, kind="fp8_long_context", reference="auto cell",
                                     margin=policy.fp8_tax_points(cell.identity.model), declared=declared,
+                                    declared_model=declared_model,
                                     partner_absent="no auto cell of the same backend, arch, model and task in this "
                                                    "run")
 
 
 def baseline_long_context_checks(cell: CellResults, old: CellResults | None, policy: Policy, *,
-                                 ab: bool = False, declared: tuple[int, ...] = ()) -> list[Any]:
+                                 ab: bool = False, declared: tuple[int, ...] = (), declared_model: str = "") -> list[Any]:
     return long_context_comparisons(cell, old, policy, kind="baseline_long_context", declared=declared,
+                                    declared_model=declared_model,
                                     reference="base side" if ab else "baseline",
                                     margin=policy.accuracy.baseline_margin_points,
                                     partner_absent="the base side of this A/B run has no long-context results" if ab
@@ -42,11 +45,14 @@ def baseline_long_context_checks(cell: CellResults, old: CellResults | None, pol
 
 def long_context_comparisons(cell: CellResults, partner: CellResults | None, policy: Policy, *, kind: str,
                              reference: str, margin: float, partner_absent: str,
-                             absent_status: str = "missing", declared: tuple[int, ...] = ()) -> list[Any]:
+                             absent_status: str = "missing", declared: tuple[int, ...] = (),
+                             declared_model: str = "") -> list[Any]:
     """One decision per comparison on the primary filter, the other filters reported; nothing when the cell did not
     run the task and the matrix asks none of it (its workload declares none, or its model's positions hold none of
     the lengths). declared: the lengths the matrix's cell runs (kvgate.gate.trusted): a cell that ran none of them
-    is a missing comparison (fail closed), never a silent pass."""
+    is a missing comparison (fail closed), never a silent pass. declared_model: the model the matrix says answers
+    it (kvgate.gate.trusted): a side answered by another model (status.json long_context.model, 1.12; else the
+    cell's model) is an error, and so are two sides answered by different models."""
     own = cell.stage(STAGE)
     base = dict(cell=cell.identity.id, kind=kind, model=cell.identity.model, reference=reference)
     if own.health in ("not_run", "skipped"):
@@ -65,6 +71,17 @@ def long_context_comparisons(cell: CellResults, partner: CellResults | None, pol
         return [Check(**base, status="error" if theirs.health in ("error", "timeout") else "missing",
                       detail=f"cannot compare: the {reference}'s long-context stage is "
                              f"{theirs.health.replace('_', ' ')}")]
+    mine, other = answered_by(cell), answered_by(partner)
+    for side, model in (("this cell", mine), (f"the {reference}", other)):
+        if declared_model and model != declared_model:
+            return [Check(**base, status="error", detail=(
+                f"{side}'s passkey task was answered by {shown(model)}, but the matrix declares "
+                f"{shown(declared_model)} for it (workloads.toml long_context.model): rerun the cell's accuracy "
+                "stage with this matrix"))]
+    if mine != other:
+        return [Check(**base, status="error", detail=(
+            f"cannot compare: this cell's passkey task was answered by {shown(mine)}, the {reference}'s by "
+            f"{shown(other)}"))]
     acc = policy.accuracy
     primary = acc.primary_filter
     out: list[Any] = []
@@ -84,6 +101,13 @@ def long_context_comparisons(cell: CellResults, partner: CellResults | None, pol
             item = replace(item, check=check) if isinstance(item, Pending) else check
         out.append(item)
     return out
+
+
+def answered_by(cell: CellResults) -> str:
+    """The model that answered a cell's passkey task: the one status.json names (1.12: an engine of its own), else
+    the cell's (its gsm8k engine answered it)."""
+    status = cell.stage(STAGE).status
+    return status.model if status is not None and status.model else cell.identity.model
 
 
 def power_statement(n: int, policy: Policy, model: str, kind: str, margin: float) -> str:

@@ -104,12 +104,16 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         retries = tuple(f"{r['run']}: {r['reason']}" for r in entry.get("infra_retries", ()))  # the schema checked them
         engines = parse_engines(entry["engines"], source, f"{stage}.engines") if stage == "throughput" and \
             "engines" in entry else None
+        model = entry.get("model") if stage == "long_context" else None
+        if model is not None and (not isinstance(model, str) or not model):
+            raise InputError(source, f"expected a model name, got {kind(model)}", f"{stage}.model",
+                             "Write the workload's long_context.model, or leave `model` out (gsm8k's engine answered)")
         rounds = interleaved.get("rounds") if interleaved is not None else None  # the schema checked its type
         out[stage] = StageStatus(status=status, reason=reason, log_tail=tail, interleaved=interleaved is not None,
                                  interleaved_rounds=rounds if isinstance(rounds, int) else None,
                                  kv_cache=kv_cache, questions=questions, elapsed_s=stage_duration(
                                      entry.get("elapsed_s", entry.get("seconds") if stage == "kernels" else None)),
-                                 infra_retries=retries, engines=engines)
+                                 infra_retries=retries, engines=engines, model=model)
     return out
 
 

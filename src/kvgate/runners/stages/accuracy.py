@@ -28,7 +28,7 @@ from kvgate.runners.engine.log import failure_cause, read_backend_evidence, read
 from kvgate.runners.environment.memory_holders import other_gpu_processes
 from kvgate.runners.environment.process_env import accuracy_engine_environment
 from kvgate.runners.outcome import StageOutcome
-from kvgate.runners.stages.commands import lm_eval_arguments
+from kvgate.runners.stages.commands import lm_eval_arguments, long_context_model_args
 from kvgate.runners.stages.eval_process import EXIT_BACKEND_MISMATCH
 from kvgate.runners.stages.output_files import commit_stage, fresh_log
 from kvgate.runners.stages.tool_process import describe_exit, heartbeat_for, run_logged
@@ -56,8 +56,12 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         long_dir = scratch / "long_context"
         if long_lengths:
             long_plan = scratch / "long_context.json"
-            long_plan.write_text(json.dumps({"design": cell.workload.long_context.as_record(),
-                                             "lengths": list(long_lengths), "out": str(long_dir)}), encoding="utf-8")
+            plan: dict[str, Any] = {"design": cell.workload.long_context.as_record(), "lengths": list(long_lengths),
+                                    "out": str(long_dir)}
+            if ctx.long_context_model_path is not None:  # an engine of its own, after gsm8k's has stopped
+                plan["model_args"] = long_context_model_args(cell, ctx.long_context_model_path,
+                                                             calculate_kv_scales=ctx.calculate_kv_scales)
+            long_plan.write_text(json.dumps(plan), encoding="utf-8")
             argv += ["--long-context", str(long_plan)]
         if ctx.looks_plan is not None:
             plan_path = scratch / "looks.json"
@@ -179,15 +183,20 @@ def long_context_lengths(cell: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def long_context_skip_reason(cell: Any, lengths: tuple[int, ...]) -> str:
     from kvgate.runners.stages.commands import engine_max_model_len
 
+    long_context = cell.workload.long_context
+    own = long_context is not None and long_context.model is not None
+    where = f"workloads.{cell.workload.name}{'.long_context' if own else ''}"
     return (f"planned out: the passkey lengths {', '.join(map(str, lengths))} do not fit max_model_len "
-            f"{engine_max_model_len(cell)} of {cell.workload.model} (workloads.{cell.workload.name}); "
-            f"a model with longer positions runs them (benchmarks/train_long_passkey.py)")
+            f"{long_context.max_model_len if own else engine_max_model_len(cell)} of "
+            f"{cell.workload.long_context_model} ({where}); a model with longer positions runs them "
+            f"(long_context.model, e.g. kvgate:tiny-llama-long)")
 
 
 def _long_context_outcome(ctx: CellContext, accuracy_status: str, report: dict, out: Path, log_tail: str,
                           elapsed: float, lengths: tuple[int, ...], skipped: tuple[int, ...]) -> StageOutcome:
-    """The long-context task ran in the accuracy stage's engine: its outputs committed as `long_context/`, with its
-    accuracy per length bucket in status.json."""
+    """The long-context task ran in the accuracy stage's engine, or after it in an engine of its own model
+    (long_context.model): its outputs committed as `long_context/`, with its accuracy per length bucket in
+    status.json."""
     from kvgate.workloads import passkey
 
     cell_dir = ctx.cell_dir
@@ -200,6 +209,11 @@ def _long_context_outcome(ctx: CellContext, accuracy_status: str, report: dict, 
     else:
         status, reason = "ok", None
     extra: dict[str, Any] = {"lengths": list(lengths)}
+    long_context = ctx.cell.workload.long_context
+    if long_context is not None and long_context.model is not None:  # 1.12: an engine of its own answered it
+        extra["model"] = long_context.model
+        if report.get("long_context_engine"):
+            extra["engine"] = report["long_context_engine"]
     if skipped:
         extra["lengths_planned_out"] = {"lengths": list(skipped), "reason": long_context_skip_reason(
             ctx.cell, skipped)}

@@ -48,6 +48,18 @@ def engine_max_model_len(cell: Cell) -> int:
     return cell.workload.max_model_len
 
 
+def long_context_model_args(cell: Cell, model_path: str, *,
+                            calculate_kv_scales: bool | None = None) -> dict[str, Any]:
+    """lm-eval's `vllm` model arguments of the passkey task's own engine (workloads long_context.model): the cell's
+    (backend, kv_cache_dtype, the workload's and the feature's engine arguments) with that model and its
+    max_model_len."""
+    long_context = cell.workload.long_context
+    assert long_context is not None and long_context.model is not None
+    args = lm_eval_model_args(cell, model_path, calculate_kv_scales=calculate_kv_scales)
+    args["max_model_len"] = long_context.max_model_len
+    return args
+
+
 def lm_eval_model_args(cell: Cell, model_path: str, *, calculate_kv_scales: bool | None = None) -> dict[str, Any]:
     """lm-eval's `vllm` model arguments: the engine's, plus lm-eval's own where the workload sets them
     (add_bos_token, as vLLM's CI passes it for hub models; it is not an engine argument)."""
