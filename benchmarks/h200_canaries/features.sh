@@ -5,14 +5,15 @@
 #                    tiny DeepSeek-V2, plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml):
 #                    canary flashmla-spec-verify-k-x09 and an A/A run on the spec_decode cells, canary
 #                    flashmla-cuda-graph-k-x09 and an A/A run on the plain cells
-#   $L (/tmp/h200l)  long context: benchmarks/train_long_passkey.py trains the long-position tiny Llama on this GPU,
-#                    then FLASH_ATTN with CUDA graphs asks it the passkey task at the lengths it retrieves at in
-#                    Hugging Face (long_workload.py): canary flash-attn-long-context-k-x05 and an A/A run
+#   $L (/tmp/h200l)  long context: FLASH_ATTN with CUDA graphs, gsm8k on tiny-llama and the passkey task at 4k-16k in
+#                    an engine of the shipped long-position model (benchmarks/h200_engine/workloads.toml
+#                    long_context.model): canary flash-attn-long-context-k-x05 and an A/A run
 #   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
 #
 #   features.sh start [graphs] [long] [train]   $G's base side and heads, and $L's chain (training first), in the
 #                          background (graphs and long when none is named); train: three long-position models
-#                          at once into $L/models/ (no engine)
+#                          at once into $L/models/ (no engine; never beside engine starts: their memory swings
+#                          failed three starts on 2026-12-03)
 #   features.sh eager      $E's base side and head, in the background
 #   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
 #                          hold so far (the trained model included) in $OUT/partial.tar.xz
@@ -29,7 +30,6 @@ if [ "${1:-}" = start ]; then
 fi
 [ -d "$T" ] && cd "$T"
 export KVGATE_ENGINE_START_LOCK=/tmp/h200-engine-start.lock PYTHONPATH=${KVGATE_H200_SITE:-/tmp/site}:$PWD/src
-LONG_MODEL=$L/models/tiny-llama-long
 
 graphs_chain() {  # base, then the heads: their starts take turns through the lock
   export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
@@ -68,34 +68,11 @@ train_chain() {  # three long-position models at once: the recipe that learned o
   echo "training ended at $(date -u +%H:%M:%S)"
 }
 
-long_chain() {  # train, pick the lengths the model retrieves at, then base and heads
-  mkdir -p "$L/models"
-  echo "training from $(date -u +%H:%M:%S)"
-  # 2,000 steps learned retrieval on 2026-12-03 (Hugging Face greedy 1.0 / 1.0 / 0.8 / 0.2 at 4k / 8k / 16k / 32k, in
-  # 335 s); 1,800 steps of the same seed did not (loss 1.40 at the end, 0-0.2 at every length): keep 2,000
-  python3 benchmarks/train_long_passkey.py --out "$LONG_MODEL" --train-tokens 16384 --curriculum 0.7 --steps 2000 \
-    --batch 16 --lr 2e-3 --minutes 8 --max-positions 33792 --eval-lengths 4096,8192,16384,32768 \
-    --eval-per-length 10 > "$L/train.log" 2>&1 &
-  local trainer=$!
-  # its exit frees tens of GiB: an engine profiling its memory then refuses to start (measured 2026-12-03), so the
-  # exit happens while this holds the engine-start lock
-  while kill -0 "$trainer" 2>/dev/null && [ ! -f "$LONG_MODEL/training_log.json" ]; do sleep 2; done
-  flock "$KVGATE_ENGINE_START_LOCK" bash -c "while kill -0 $trainer 2>/dev/null; do sleep 0.5; done; sleep 3"
-  wait "$trainer" || { echo "training failed"; tail -5 "$L/train.log"; return 1; }
-  tail -3 "$L/train.log"
-  # the lengths retrieved at >= 50 % in Hugging Face, else the two best: a length the model cannot do with auto
-  # judges nothing
-  lengths=$(python3 - "$LONG_MODEL/training_log.json" <<'PY'
-import json, sys
-accuracy = {int(k): v for k, v in json.load(open(sys.argv[1]))["hf_greedy_accuracy"].items()}
-good = [n for n, a in sorted(accuracy.items()) if a >= 0.5]
-print(" ".join(map(str, good or sorted(sorted(accuracy, key=lambda n: -accuracy[n])[:2]))))
-PY
-)
-  echo "lengths: $lengths"
+long_chain() {  # FLASH_ATTN with CUDA graphs: gsm8k on tiny-llama, the passkey task on tiny-llama-long (shipped)
   export KVGATE_CANARY_ROOT=$L
-  KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_LONG_MODEL=$LONG_MODEL KVGATE_CANARY_LONG_LENGTHS=$lengths \
-    bash "$here/run.sh" setup > "$L/setup.log" 2>&1 || { echo "setup failed"; tail -5 "$L/setup.log"; return 1; }
+  KVGATE_CANARY_GRAPHS=1 bash "$here/run.sh" setup > "$L/setup.log" 2>&1 \
+    || { echo "setup failed"; tail -5 "$L/setup.log"; return 1; }
+  grep -E "flash_attn" "$L/setup.log"
   bash "$here/run.sh" base FLASH_ATTN
   bash "$here/run.sh" heads FLASH_ATTN flash-attn-long-context-k-x05 aa1
   echo "long chain: heads started at $(date -u +%H:%M:%S)"
@@ -107,7 +84,7 @@ start)
   for chain in $chains; do
     case "$chain" in graphs|long|train) ;; *) echo "features.sh start: no chain '$chain' (graphs, long, train)"; exit 2 ;; esac
   done
-  export -f graphs_chain long_chain train_chain train_variant; export here G L E LONG_MODEL
+  export -f graphs_chain long_chain train_chain train_variant; export here G L E
   if [[ " $chains " == *" graphs "* ]]; then
     KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
       > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
@@ -161,8 +138,8 @@ gate)
     mkdir -p "${OUT:-/tmp/out}/$name"
     KVGATE_CANARY_ROOT=$dir OUT=${OUT:-/tmp/out}/$name bash "$here/run.sh" gate
   done
-  [ -f "$LONG_MODEL/training_log.json" ] && mkdir -p "${OUT:-/tmp/out}/long" \
-    && tar cf - -C "$L" train.log models | xz -T8 -6 > "${OUT:-/tmp/out}/long/tiny-llama-long.tar.xz"
+  [ -d "$L/models" ] && mkdir -p "${OUT:-/tmp/out}/long" \
+    && tar cf - -C "$L" models $(cd "$L" && ls train-*.log 2>/dev/null) | xz -T8 -6 > "${OUT:-/tmp/out}/long/models.tar.xz"
   cp /tmp/chain-*.log "$T/COMMIT" "$T/CHANGES" "${OUT:-/tmp/out}/" 2>/dev/null; true ;;
 *)
   sed -n '2,21p' "$0"; exit 2 ;;

@@ -8,9 +8,7 @@
 #                                       KVGATE_CANARY_CALCULATE_KV_SCALES=1 their FP8 cells compute the k/v scales
 #                                       from the data (workloads' calculate_kv_scales = true; use another
 #                                       KVGATE_CANARY_ROOT for it); with KVGATE_CANARY_GRAPHS=1 they capture CUDA
-#                                       graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell);
-#                                       with KVGATE_CANARY_LONG_MODEL=DIR the non-MLA workload is that long-position
-#                                       model with the passkey task at KVGATE_CANARY_LONG_LENGTHS (long_workload.py)
+#                                       graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell)
 #   run.sh base BACKEND                 the base side once: the release, each of the backend's cells (auto, fp8) in a
 #                                       process of its own (--powered: the policy's questions), into $H/base-BACKEND
 #   run.sh heads BACKEND NAME...        one A/B run per NAME, at once: a canary of canaries/canaries.toml or a
@@ -78,10 +76,6 @@ setup)
     if [ "${KVGATE_CANARY_GRAPHS:-0}" = 1 ]; then
       sed -i 's/enforce_eager = true/enforce_eager = false/' "$M/workloads.toml"
       grep -c 'enforce_eager = false' "$M/workloads.toml"
-    fi
-    if [ -n "${KVGATE_CANARY_LONG_MODEL:-}" ]; then
-      python3 "$(dirname "$0")/long_workload.py" "$M/workloads.toml" "$KVGATE_CANARY_LONG_MODEL" \
-        ${KVGATE_CANARY_LONG_LENGTHS:-4096 8192 16384 32768} || exit 2
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
   fi
