@@ -27,3 +27,9 @@ def local_mla_model(workloads: str) -> str:
     """The MLA model at the path the 2026-12-01 H200 run loaded it from."""
     assert 'model = "kvgate:tiny-deepseek-v2"' in workloads
     return workloads.replace('model = "kvgate:tiny-deepseek-v2"', 'model = "/tmp/h200/models/tiny-deepseek-v2"')
+
+
+def cuda_graphs(workloads: str) -> str:
+    """run.sh setup with KVGATE_CANARY_GRAPHS=1 (features.sh's $G): the tiny models' workloads capture CUDA graphs."""
+    assert workloads.count("enforce_eager = true") >= 2  # the two workloads (and a comment naming it)
+    return workloads.replace("enforce_eager = true", "enforce_eager = false")

@@ -2,7 +2,8 @@
 2026-12-03): FLASHMLA on kvgate's tiny DeepSeek-V2 with CUDA graphs (enforce_eager = false, as matrix/workloads.toml
 runs every GPU cell), plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml), judged again by
 today's gate (tests/fixtures/h200_canaries/features-runs.tar.xz, trimmed by benchmarks/h200_canaries/trim_runs.py).
-The round's canaries did not finish in the session's device time (benchmarks/h200_canaries/README.md says why)."""
+The round's canaries did not finish in the session's device time (benchmarks/h200_canaries/README.md says why);
+the fourth round's verdicts on them: tests/test_h200_features_round4.py."""
 
 from __future__ import annotations
 
@@ -18,17 +19,11 @@ from gate_in_process import gate
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "features-runs.tar.xz"
 
 
-def graphs(workloads: str) -> str:
-    """run.sh setup with KVGATE_CANARY_GRAPHS=1: the tiny models' workloads capture CUDA graphs."""
-    assert workloads.count("enforce_eager = true") >= 2  # the two workloads (and a comment naming it)
-    return workloads.replace("enforce_eager = true", "enforce_eager = false")
-
-
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
     root = tmp_path_factory.mktemp("h200_features")
     archives.extract(ARCHIVE, root)
-    matrix = h200_matrix.matrix_folder(root / "matrix-today", graphs)
+    matrix = h200_matrix.matrix_folder(root / "matrix-today", h200_matrix.cuda_graphs)
     out = {}
     for run, extra in (("graphs/FLASHMLA-aa2", ["--require-baseline"]), ("graphs/base-FLASHMLA", []),
                        ("graphs-first-machine/base-FLASHMLA", [])):
