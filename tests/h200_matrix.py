@@ -4,8 +4,9 @@ settings edited it, and no per-model line for DeepSeek-V2-Lite-Chat (the hub mod
 
 from __future__ import annotations
 
+import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,3 +34,20 @@ def cuda_graphs(workloads: str) -> str:
     """run.sh setup with KVGATE_CANARY_GRAPHS=1 (features.sh's $G): the tiny models' workloads capture CUDA graphs."""
     assert workloads.count("enforce_eager = true") >= 2  # the two workloads (and a comment naming it)
     return workloads.replace("enforce_eager = true", "enforce_eager = false")
+
+
+def gate_graph_runs(archive: Path, root: Path, runs: Sequence[tuple[str, list[str]]]) -> dict[str, tuple[int, dict, Path]]:
+    """A CUDA-graph round's archived runs, each judged by today's gate against the round's matrix: run -> (exit code,
+    verdict.json, folder)."""
+    import archives
+    from gate_in_process import gate
+
+    archives.extract(archive, root)
+    matrix = matrix_folder(root / "matrix-today", cuda_graphs)
+    out = {}
+    for run, extra in runs:
+        code, printed = gate(str(root / run), *extra, "--matrix-dir", str(matrix), "--policy",
+                             str(matrix / "policy.toml"), "--today", "2026-12-03")
+        assert code in (0, 1), printed
+        out[run] = (code, json.loads((root / run / "gate" / "verdict.json").read_text()), root / run)
+    return out

@@ -12,26 +12,16 @@ from pathlib import Path
 
 import pytest
 
-import archives
 import h200_matrix
-from gate_in_process import gate
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "features-runs.tar.xz"
 
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
-    root = tmp_path_factory.mktemp("h200_features")
-    archives.extract(ARCHIVE, root)
-    matrix = h200_matrix.matrix_folder(root / "matrix-today", h200_matrix.cuda_graphs)
-    out = {}
-    for run, extra in (("graphs/FLASHMLA-aa2", ["--require-baseline"]), ("graphs/base-FLASHMLA", []),
-                       ("graphs-first-machine/base-FLASHMLA", [])):
-        code, printed = gate(str(root / run), *extra, "--matrix-dir", str(matrix), "--policy",
-                             str(matrix / "policy.toml"), "--today", "2026-12-03")
-        assert code in (0, 1), printed
-        out[run] = (code, json.loads((root / run / "gate" / "verdict.json").read_text()), root / run)
-    return out
+    runs = (("graphs/FLASHMLA-aa2", ["--require-baseline"]), ("graphs/base-FLASHMLA", []),
+            ("graphs-first-machine/base-FLASHMLA", []))
+    return h200_matrix.gate_graph_runs(ARCHIVE, tmp_path_factory.mktemp("h200_features"), runs)
 
 
 def checks(verdict: dict, cell: str) -> dict[str, str]:

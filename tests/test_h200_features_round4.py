@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import archives
 import h200_matrix
-from gate_in_process import gate
 from kvgate.cli.canaries_command import REPO_ROOT, judge, load_canaries
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "features-round4-runs.tar.xz"
@@ -28,17 +26,8 @@ JUDGED = ("baseline_accuracy", "fp8_accuracy")  # the gsm8k comparisons (strict-
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
-    root = tmp_path_factory.mktemp("h200_features_round4")
-    archives.extract(ARCHIVE, root)
-    matrix = h200_matrix.matrix_folder(root / "matrix-today", h200_matrix.cuda_graphs)
-    out = {}
-    for run, extra in ((BASE, []), (AA, ["--require-baseline"]), (GRAPH, ["--require-baseline"]),
-                       (SPEC, ["--require-baseline"])):
-        code, printed = gate(str(root / run), *extra, "--matrix-dir", str(matrix), "--policy",
-                             str(matrix / "policy.toml"), "--today", "2026-12-03")
-        assert code in (0, 1), printed
-        out[run] = (code, json.loads((root / run / "gate" / "verdict.json").read_text()), root / run)
-    return out
+    runs = ((BASE, []), *((run, ["--require-baseline"]) for run in (AA, GRAPH, SPEC)))
+    return h200_matrix.gate_graph_runs(ARCHIVE, tmp_path_factory.mktemp("h200_features_round4"), runs)
 
 
 def canary(name: str):
