@@ -47,10 +47,26 @@ def test_the_trained_models_ship_with_their_training_record(name: str) -> None:
     assert (shipped / "model.safetensors").stat().st_size < 2 * parameters(name) + 100_000
 
 
+def test_the_long_position_model_ships_with_its_training_record() -> None:
+    """kvgate:tiny-llama-long (the passkey task's model of the CPU default): its record says the recipe, the
+    parameters its config gives, and what it retrieves at each length in Hugging Face."""
+    shipped = MODELS["tiny-llama-long"].shipped
+    assert shipped is not None
+    log = json.loads((shipped / "training_log.json").read_text())
+    assert log["parameters"] == parameters("tiny-llama-long") == 590_464
+    assert log["recipe"]["train_tokens"] == 16384 and log["steps_done"] == log["recipe"]["steps"] == 2000
+    accuracy = {int(n): a for n, a in log["hf_greedy_accuracy"].items()}
+    assert accuracy[4096] >= 0.9 and accuracy[8192] >= 0.9  # the CPU default's lengths
+    config = json.loads((shipped / "config.json").read_text())
+    assert config["max_position_embeddings"] == log["recipe"]["max_positions"] == 33792
+    assert (shipped / "model.safetensors").stat().st_size < 2 * parameters("tiny-llama-long") + 100_000
+
+
 def test_both_models_trained_on_the_same_problems() -> None:
     """One disjointness check covers both: the same generator, seed, count and style."""
     keys = ("problems", "drill_rows", "style")
-    logs = [json.loads((MODELS[name].shipped / "training_log.json").read_text()) for name in MODELS]
+    logs = [json.loads((MODELS[name].shipped / "training_log.json").read_text())
+            for name in ("tiny-llama", "tiny-deepseek-v2")]  # the gsm8k models (tiny-llama-long knows no gsm8k)
     assert len({json.dumps([log[k] for k in keys] + [log["seeds"]["data"]]) for log in logs}) == 1
     assert logs[0]["disjointness"] == logs[1]["disjointness"]
 
