@@ -99,6 +99,18 @@ def test_real_cell_end_to_end(real_run):
     assert len({json.loads(line)["doc_id"] for line in samples.read_text().splitlines()}) == 20
     assert any((cell_dir / "probe").iterdir())
     assert "Processed prompts" in (cell_dir / "logs" / "accuracy.log").read_text()
+    # the passkey task (contract 1.12): a process and engine of tiny-llama-long, the cell's backend, after gsm8k's
+    assert Path(data["config"]["model_args"]["pretrained"]).name.startswith("tiny-llama-")  # gsm8k: tiny-llama
+    assert "long" not in Path(data["config"]["model_args"]["pretrained"]).name
+    long = status["long_context"]
+    assert (long["status"], long["model"], long["lengths"]) == ("ok", "kvgate:tiny-llama-long", [4096, 8192])
+    assert long["engine"]["attention_backends"] == ["CPU_ATTN"] and long["engine"]["kv_cache"]["layers"] == 2
+    assert {n: b["n"] for n, b in long["buckets"].items()} == {"4096": 100, "8192": 100}
+    [passkey_results] = list((cell_dir / "long_context").rglob("results_*.json"))
+    passkey_args = json.loads(passkey_results.read_text())["config"]["model_args"]
+    assert "tiny-llama-long" in passkey_args["pretrained"] and passkey_args["max_model_len"] == 8208
+    probe = json.loads((cell_dir / "probe" / "probe.json").read_text())
+    assert len(probe["long_context"]) == 2 and len(probe["prompts"]) > 2
     run_json = json.loads((real_run.run_dir / "run.json").read_text())
     assert run_json["versions"]["vllm"] and run_json["versions"]["lm_eval"] and run_json["finished_at"]
     # The gate's own reader takes the folder as it is.
