@@ -233,3 +233,103 @@ def test_every_free_memory_message_of_an_engine_start_is_classified(cause, meani
     assert is_free_memory(reason)
     # once the engine is up (its KV cache allocated), the same message is the run's own failure
     assert infrastructure_failure("INFO CPU KV cache size: 174,720 tokens\n" + log) is None
+
+
+# -------------------------------------------------------------------------- the passkey task's engine of its own
+
+EVAL = '''#!{python}
+import os, pathlib, shutil, sys
+here = pathlib.Path(__file__).parent
+args = sys.argv[1:]  # -m kvgate.runners.stages.eval_process --report R ... -- <lm_eval arguments>
+lm_args = args[args.index("--") + 1:]
+if "--long-context-only" not in args:  # gsm8k's process: lm-eval's real results of the tiny Llama (fixture)
+    out = pathlib.Path(lm_args[lm_args.index("--output_path") + 1]) / "tiny-llama"
+    out.mkdir(parents=True)
+    shutil.copy(here / "results.json", out / "results_2026-11-30T04-04-17.526722.json")
+    pathlib.Path(args[args.index("--report") + 1]).write_text('{{"steps": ["accuracy"]}}')
+    sys.exit(0)
+starts = here / "long-starts"
+count = int(starts.read_text()) if starts.exists() else 0
+starts.write_text(str(count + 1))
+sys.stdout.write((here / ("failed-start.log" if count < int((here / "fails").read_text()) else "own.log")).read_text())
+sys.exit(1)
+'''
+
+
+def long_engine(tmp_path: Path, *, fails: int, then: str) -> Path:
+    """An interpreter whose gsm8k process answers with lm-eval's real results of the tiny Llama, and whose passkey
+    process (--long-context-only) fails its first `fails` starts with the H200's real log of vLLM's memory-profiling
+    race, then with the real log `then` (an engine that failed on the cell's own code)."""
+    folder = tmp_path / "engine"
+    folder.mkdir()
+    with tarfile.open(FIXTURES / "h200_run" / "run.tar.xz") as archive:
+        for member, name in (("flex_attention-auto-sm90/logs/throughput.log", "failed-start.log"),
+                             (then, "own.log")):
+            read = archive.extractfile(f"run/{member}")
+            assert read is not None
+            (folder / name).write_bytes(read.read())
+    (folder / "results.json").write_bytes(next((FIXTURES / "lm_eval" / "auto").rglob("results_*.json")).read_bytes())
+    (folder / "fails").write_text(str(fails))
+    script = folder / "python"
+    script.write_text(EVAL.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def long_context_cell(tmp_path: Path, python: Path) -> CellContext:
+    """The CPU default's cpu_attn-auto-cpu, whose passkey task kvgate:tiny-llama-long answers in an engine of its
+    own."""
+    cell = kvmatrix.load(ROOT / "matrix").cell("cpu_attn-auto-cpu")
+    assert cell.workload.long_context_model == "kvgate:tiny-llama-long"
+    cell_dir = tmp_path / "run" / cell.id
+    cell_dir.mkdir(parents=True)
+    return CellContext(cell=cell, cell_dir=cell_dir, run_dir=cell_dir.parent, model_path="tiny",
+                       long_context_model_path="tiny-long", python=str(python), env=dict(os.environ), timeout=120,
+                       echo=False)
+
+
+def long_starts(python: Path) -> int:
+    return int((python.parent / "long-starts").read_text())
+
+
+def test_the_passkey_engine_that_met_the_profiling_race_starts_once_more_and_a_second_race_is_its_error(tmp_path):
+    python = long_engine(tmp_path, fails=2, then="triton_attn-fp8_e5m2-sm90/logs/accuracy.log")
+    ctx = long_context_cell(tmp_path, python)
+
+    outcomes = run_accuracy(ctx, with_probe=False)
+
+    entries = status(ctx)
+    print(outcomes, json.dumps(entries["long_context"], indent=1)[:1500])
+    assert long_starts(python) == 2
+    assert [(o.stage, o.status) for o in outcomes] == [("accuracy", "ok"), ("long_context", "error")]
+    assert "infra_retries" not in entries["accuracy"]  # gsm8k's engine started at once
+    assert entries["long_context"]["reason"].startswith(
+        "the long-context task failed: infrastructure: the engine failed to start twice on this machine, not because "
+        "of the change (vLLM's memory profiling saw another process free GPU memory")
+    assert [r["run"] for r in entries["long_context"]["infra_retries"]] == ["long-context engine start"]
+    log = (ctx.cell_dir / "logs" / "accuracy.log").read_text()
+    assert log.count("kvgate: once more (an infrastructure failure, not the cell's)") == 1
+
+
+def test_the_passkey_engines_second_start_failing_on_the_cells_own_code_is_that_failure(tmp_path):
+    python = long_engine(tmp_path, fails=1, then="triton_attn-fp8_e5m2-sm90/logs/accuracy.log")
+    ctx = long_context_cell(tmp_path, python)
+
+    run_accuracy(ctx, with_probe=False)
+
+    entry = status(ctx)["long_context"]
+    assert long_starts(python) == 2 and entry["status"] == "error"
+    assert [r["run"] for r in entry["infra_retries"]] == ["long-context engine start"]
+    assert 'AssertionError: assert self.kv_cache_dtype in {"fp8", "fp8_e4m3", "nvfp4"}' in entry["reason"]
+    assert "infrastructure" not in entry["reason"]
+
+
+def test_a_passkey_engine_that_failed_on_the_cells_own_code_starts_only_once(tmp_path):
+    python = long_engine(tmp_path, fails=0, then="triton_attn-fp8_e5m2-sm90/logs/accuracy.log")
+    ctx = long_context_cell(tmp_path, python)
+
+    run_accuracy(ctx, with_probe=False)
+
+    entry = status(ctx)["long_context"]
+    assert long_starts(python) == 1 and entry["status"] == "error" and "infra_retries" not in entry
+    assert 'AssertionError: assert self.kv_cache_dtype in {"fp8", "fp8_e4m3", "nvfp4"}' in entry["reason"]

@@ -177,12 +177,33 @@ def _own_engine_long_context(ctx: CellContext, argv: list[str], lm_args: list[st
     long_argv[long_argv.index("--report") + 1] = str(report_path)
     header = (f"kvgate: {cell.id} long context: an engine of {cell.workload.long_context_model}: lm_eval "
               f"{' '.join(_shell_quote(a) for a in long_lm_args)}")
+    attempt = len(_read_text(log))
     result = run_logged(long_argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
                         heartbeat=None)
+    retries: list[dict[str, str]] = []
+    infrastructure_again = None
+    infrastructure = None if result.ok or result.timed_out else infrastructure_failure(_read_text(log)[attempt:])
+    if infrastructure:
+        # as gsm8k's engine: a start the machine refused (vLLM's memory-profiling race on a shared GPU) is made once
+        # more, with nothing of the first attempt kept; a second such failure is the stage's error
+        retries.append({"run": "long-context engine start", "reason": infrastructure})
+        report_path.unlink(missing_ok=True)
+        shutil.rmtree(json.loads(plan.read_text(encoding="utf-8"))["out"], ignore_errors=True)
+        if probe_dir is not None:
+            (probe_dir / LONG_CONTEXT_PROBE).unlink(missing_ok=True)
+        attempt = len(_read_text(log))
+        result = run_logged(long_argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, heartbeat=None,
+                            header=f"{header}\n{retry_header(infrastructure)}")
+        if not result.ok and not result.timed_out:
+            infrastructure_again = infrastructure_failure(_read_text(log)[attempt:])
     report = _read_report(report_path)
     found: dict[str, Any] = {"steps": report.get("steps", []),
-                             "long_context_engine": report.get("long_context_engine")}
-    if report.get("long_context_error"):
+                             "long_context_engine": report.get("long_context_engine"),
+                             "long_context_infra_retries": retries}
+    if infrastructure_again:
+        found["long_context_error"] = twice_failed_reason(infrastructure_again, other_gpu_processes(
+            ctx.env) if is_free_memory(infrastructure_again) else None)
+    elif report.get("long_context_error"):
         found["long_context_error"] = report["long_context_error"]
     elif result.timed_out:
         found["long_context_error"] = f"its engine was killed after its timeout of {ctx.timeout:.0f} s"
@@ -269,6 +290,8 @@ def _long_context_outcome(ctx: CellContext, accuracy_status: str, report: dict, 
         extra["model"] = long_context.model
         if report.get("long_context_engine"):
             extra["engine"] = report["long_context_engine"]
+    if report.get("long_context_infra_retries"):
+        extra["infra_retries"] = report["long_context_infra_retries"]
     if skipped:
         extra["lengths_planned_out"] = {"lengths": list(skipped), "reason": long_context_skip_reason(
             ctx.cell, skipped)}
