@@ -1,19 +1,21 @@
 #!/bin/bash
-# The third GPU canary round (issue 31): the feature axes on the lent H200, through run.sh, the real CLI and gate.
+# The GPU canary rounds of the feature axes (issue 31; third to fifth round): on the lent H200, through run.sh, the
+# real CLI and gate.
 # Roots share the GPU and one engine-start lock:
 #   $G (/tmp/h200g)  CUDA graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell), FLASHMLA on the
 #                    tiny DeepSeek-V2, plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml):
-#                    canary flashmla-spec-verify-k-x09 and an A/A run on the spec_decode cells, canary
-#                    flashmla-cuda-graph-k-x09 and an A/A run on the plain cells
+#                    canary flashmla-spec-verify-only-k-x09 on its four cells, and its x0.8 measurement
+#                    (patches/flashmla-spec-verify-only-k-x08) on the spec_decode FP8 cell. Rounds 3 and 4 ran
+#                    flashmla-cuda-graph-k-x09, flashmla-spec-verify-k-x09 and A/A runs of both cell kinds here.
 #   $L (/tmp/h200l)  long context: FLASH_ATTN with CUDA graphs, gsm8k on tiny-llama and the passkey task at 4k-16k in
 #                    an engine of the shipped long-position model (benchmarks/h200_engine/workloads.toml
 #                    long_context.model): canary flash-attn-long-context-k-x05 and an A/A run
 #   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
 #
-#   features.sh start [graphs] [long] [train]   $G's base side and heads, and $L's chain (training first), in the
-#                          background (graphs and long when none is named); train: three long-position models
-#                          at once into $L/models/ (no engine; never beside engine starts: their memory swings
-#                          failed three starts on 2026-12-03)
+#   features.sh start [graphs] [long] [eager] [train]
+#                          the named chains in the background (graphs and long when none is named): $G's base side
+#                          and heads, $L's, $E's; train: three long-position models at once into $L/models/ (no
+#                          engine; never beside engine starts: their memory swings failed three starts on 2026-12-03)
 #   features.sh eager      $E's base side and head, in the background
 #   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
 #                          hold so far (the trained model included) in $OUT/partial.tar.xz
@@ -34,11 +36,10 @@ export KVGATE_ENGINE_START_LOCK=/tmp/h200-engine-start.lock PYTHONPATH=${KVGATE_
 graphs_chain() {  # base, then the heads: their starts take turns through the lock
   export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
   bash "$here/run.sh" base FLASHMLA
-  # the spec canary on the four cells it declares (its plain FP8 cell must pass), an A/A run on the spec cells, the
-  # graph canary on its two; the A/A run of the plain cells with graphs passed on 2026-12-03 (FLASHMLA-aa2)
-  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-k-x09 flashmla-cuda-graph-k-x09
-  KVGATE_CANARY_CELLS="flashmla-auto-sm90-spec_decode flashmla-fp8-sm90-spec_decode" \
-    bash "$here/run.sh" heads FLASHMLA aa1
+  # the verify-only spec canary on the four cells it declares (its plain FP8 cell must pass, probe included); the same
+  # break at x0.8 on the spec_decode FP8 cell, which says how the verdict grows with the break's size
+  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-only-k-x09
+  KVGATE_CANARY_CELLS="flashmla-fp8-sm90-spec_decode" bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-only-k-x08
   echo "graphs chain: heads started at $(date -u +%H:%M:%S)"
 }
 
@@ -78,34 +79,36 @@ long_chain() {  # FLASH_ATTN with CUDA graphs: gsm8k on tiny-llama, the passkey 
   echo "long chain: heads started at $(date -u +%H:%M:%S)"
 }
 
+eager_chain() {  # enforce_eager = true: the CUDA-graph canary must pass there
+  export KVGATE_CANARY_ROOT=$E
+  bash "$here/run.sh" setup > /tmp/setup-eager.log 2>&1 || { tail -5 /tmp/setup-eager.log; return 1; }
+  grep -c "enforce_eager = true" $E/matrix/workloads.toml
+  bash "$here/run.sh" base FLASHMLA
+  bash "$here/run.sh" heads FLASHMLA flashmla-cuda-graph-k-x09
+  echo "eager chain: heads started at $(date -u +%H:%M:%S)"
+}
+
 case "${1:-}" in
 start)
   chains=${*:2}; chains=${chains:-graphs long}
   for chain in $chains; do
-    case "$chain" in graphs|long|train) ;; *) echo "features.sh start: no chain '$chain' (graphs, long, train)"; exit 2 ;; esac
+    case "$chain" in graphs|long|eager|train) ;; *) echo "features.sh start: no chain '$chain' (graphs, long, eager, train)"; exit 2 ;; esac
   done
-  export -f graphs_chain long_chain train_chain train_variant; export here G L E
+  export -f graphs_chain long_chain eager_chain train_chain train_variant; export here G L E
   if [[ " $chains " == *" graphs "* ]]; then
     KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
       > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
     grep -E "^[0-9]+$|flashmla" /tmp/setup-graphs.log
     setsid nohup bash -c graphs_chain > /tmp/chain-graphs.log 2>&1 < /dev/null &
   fi
-  if [[ " $chains " == *" long "* ]]; then
+  for chain in long eager train; do
+    [[ " $chains " == *" $chain "* ]] || continue
     mkdir -p $L
-    setsid nohup bash -c long_chain > /tmp/chain-long.log 2>&1 < /dev/null &
-  fi
-  if [[ " $chains " == *" train "* ]]; then
-    mkdir -p $L
-    setsid nohup bash -c train_chain > /tmp/chain-train.log 2>&1 < /dev/null &
-  fi
+    setsid nohup bash -c ${chain}_chain > /tmp/chain-$chain.log 2>&1 < /dev/null &
+  done
   echo "started $chains at $(date -u +%H:%M:%S)" ;;
 eager)
-  KVGATE_CANARY_ROOT=$E bash "$here/run.sh" setup > /tmp/setup-eager.log 2>&1 || { tail -5 /tmp/setup-eager.log; exit 1; }
-  grep -c "enforce_eager = true" $E/matrix/workloads.toml
-  KVGATE_CANARY_ROOT=$E bash "$here/run.sh" base FLASHMLA
-  KVGATE_CANARY_ROOT=$E setsid nohup bash "$here/run.sh" heads FLASHMLA flashmla-cuda-graph-k-x09 \
-    > /tmp/heads-eager.log 2>&1 < /dev/null &
+  setsid nohup bash -c eager_chain > /tmp/chain-eager.log 2>&1 < /dev/null &
   echo "started at $(date -u +%H:%M:%S)" ;;
 wait)
   # what the roots hold so far (engine logs left out), in case the session's device time ends before `gate`:
@@ -142,5 +145,5 @@ gate)
     && tar cf - -C "$L" models $(cd "$L" && ls train-*.log 2>/dev/null) | xz -T8 -6 > "${OUT:-/tmp/out}/long/models.tar.xz"
   cp /tmp/chain-*.log "$T/COMMIT" "$T/CHANGES" "${OUT:-/tmp/out}/" 2>/dev/null; true ;;
 *)
-  sed -n '2,21p' "$0"; exit 2 ;;
+  sed -n '2,22p' "$0"; exit 2 ;;
 esac
