@@ -51,3 +51,19 @@ def gate_graph_runs(archive: Path, root: Path, runs: Sequence[tuple[str, list[st
         assert code in (0, 1), printed
         out[run] = (code, json.loads((root / run / "gate" / "verdict.json").read_text()), root / run)
     return out
+
+
+def judged_checks(verdict: dict) -> dict[tuple[str, str], str]:
+    """(cell, kind) -> status of every check that decides: other filters' figures (info) and the stages a round's
+    runs did not ask for (kernels, throughput: not_run) aside."""
+    return {(c["cell"], c["kind"]): c["status"] for c in verdict["checks"]
+            if c["status"] not in ("info", "not_run") and c.get("subject") in (None, "strict-match")}
+
+
+def failing(verdict: dict) -> set[tuple[str, str]]:
+    return {key for key, status in judged_checks(verdict).items() if status in ("fail", "error", "missing")}
+
+
+def figures(verdict: dict, cell: str, kind: str) -> dict:
+    return next(c for c in verdict["checks"] if c["cell"] == cell and c["kind"] == kind
+                and c.get("subject") in (None, "strict-match"))["figures"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import h200_matrix
+from h200_matrix import failing, figures, judged_checks
 from kvgate.cli.canaries_command import REPO_ROOT, judge, load_canaries
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "h200_canaries" / "features-round4-runs.tar.xz"
@@ -32,22 +33,6 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
 
 def canary(name: str):
     return next(c for c in load_canaries(REPO_ROOT / "canaries") if c.name == name)
-
-
-def judged_checks(verdict: dict) -> dict[tuple[str, str], str]:
-    """(cell, kind) -> status of every check that decides: other filters' figures (info) and the stages these runs
-    did not ask for (kernels, throughput: not_run) aside."""
-    return {(c["cell"], c["kind"]): c["status"] for c in verdict["checks"]
-            if c["status"] not in ("info", "not_run") and c.get("subject") in (None, "strict-match")}
-
-
-def failing(verdict: dict) -> set[tuple[str, str]]:
-    return {key for key, status in judged_checks(verdict).items() if status in ("fail", "error", "missing")}
-
-
-def figures(verdict: dict, cell: str, kind: str) -> dict:
-    return next(c for c in verdict["checks"] if c["cell"] == cell and c["kind"] == kind
-                and c.get("subject") in (None, "strict-match"))["figures"]
 
 
 def test_the_base_side_answered_everything_after_three_refused_starts(judged):

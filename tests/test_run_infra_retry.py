@@ -54,9 +54,14 @@ def engine(tmp_path: Path, *, fails: int, log: str) -> Path:
             member = archive.extractfile(f"run/{log}")
             assert member is not None
             (folder / "failed-start.log").write_bytes(member.read())
+    return interpreter(folder, ENGINE, fails)
+
+
+def interpreter(folder: Path, source: str, fails: int) -> Path:
+    """`folder`/python: the stand-in interpreter `source` (formatted with this one's path), failing `fails` starts."""
     (folder / "fails").write_text(str(fails))
     script = folder / "python"
-    script.write_text(ENGINE.format(python=sys.executable))
+    script.write_text(source.format(python=sys.executable))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
 
@@ -269,11 +274,7 @@ def long_engine(tmp_path: Path, *, fails: int, then: str) -> Path:
             assert read is not None
             (folder / name).write_bytes(read.read())
     (folder / "results.json").write_bytes(next((FIXTURES / "lm_eval" / "auto").rglob("results_*.json")).read_bytes())
-    (folder / "fails").write_text(str(fails))
-    script = folder / "python"
-    script.write_text(EVAL.format(python=sys.executable))
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script
+    return interpreter(folder, EVAL, fails)
 
 
 def long_context_cell(tmp_path: Path, python: Path) -> CellContext:
