@@ -4,9 +4,9 @@
 # Roots share the GPU and one engine-start lock:
 #   $G (/tmp/h200g)  CUDA graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell), FLASHMLA on the
 #                    tiny DeepSeek-V2, plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml):
-#                    canary flashmla-spec-verify-only-k-x09 on its four cells, and its x0.8 measurement
-#                    (patches/flashmla-spec-verify-only-k-x08) on the spec_decode FP8 cell. Rounds 3 and 4 ran
-#                    flashmla-cuda-graph-k-x09, flashmla-spec-verify-k-x09 and A/A runs of both cell kinds here.
+#                    canary flashmla-spec-verify-only-k-x09 on its four cells. Rounds 3 to 5 ran
+#                    flashmla-cuda-graph-k-x09, flashmla-spec-verify-k-x09, the verify-only canary's first version
+#                    with its x0.8 measurement (patches/) and A/A runs of both cell kinds here.
 #   $L (/tmp/h200l)  long context: FLASH_ATTN with CUDA graphs, gsm8k on tiny-llama and the passkey task at 4k-16k in
 #                    an engine of the shipped long-position model (benchmarks/h200_engine/workloads.toml
 #                    long_context.model): canary flash-attn-long-context-k-x05 and an A/A run
@@ -36,10 +36,9 @@ export KVGATE_ENGINE_START_LOCK=/tmp/h200-engine-start.lock PYTHONPATH=${KVGATE_
 graphs_chain() {  # base, then the heads: their starts take turns through the lock
   export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
   bash "$here/run.sh" base FLASHMLA
-  # the verify-only spec canary on the four cells it declares (its plain FP8 cell must pass, probe included); the same
-  # break at x0.8 on the spec_decode FP8 cell, which says how the verdict grows with the break's size
+  # the verify-only spec canary on the four cells it declares (its plain FP8 cell must pass, probe included); its
+  # first version and the same break at x0.8 ran in the fifth round (README.md)
   bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-only-k-x09
-  KVGATE_CANARY_CELLS="flashmla-fp8-sm90-spec_decode" bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-only-k-x08
   echo "graphs chain: heads started at $(date -u +%H:%M:%S)"
 }
 
