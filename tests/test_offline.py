@@ -66,6 +66,30 @@ def test_nothing_to_check_for_kvgates_own_models_or_an_online_engine(real_matrix
                                                                                         "HF_HUB_OFFLINE": "0"}) is None
 
 
+def test_a_passkey_model_of_the_hub_missing_from_the_cache_is_named_before_any_engine(tmp_path):
+    """A workload whose passkey task has a hub model of its own (long_context.model): offline, a cache without it is
+    the accuracy stage's error up front, even where the gsm8k model is kvgate's own; `kvgate prefetch` fetches it."""
+    matrix_dir = tmp_path / "matrix"
+    matrix_dir.mkdir()
+    for toml in (ROOT / "matrix").glob("*.toml"):
+        (matrix_dir / toml.name).write_text(toml.read_text())
+    workloads = (matrix_dir / "workloads.toml").read_text()
+    assert workloads.count('model = "kvgate:tiny-llama-long"') == 1
+    (matrix_dir / "workloads.toml").write_text(workloads.replace('model = "kvgate:tiny-llama-long"',
+                                                                 'model = "org/long-passkey-model"'))
+    cell = kvmatrix.load(matrix_dir).cell("cpu_attn-auto-cpu")
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    assert missing_from_cache(cell, ["accuracy"], env) == (
+        f"the passkey task's model org/long-passkey-model (workloads long_context.model) is not in the Hugging Face "
+        f"cache {tmp_path}/hf/hub, and the engines run with the hub offline (HF_HUB_OFFLINE=1). Fill the cache on a "
+        "machine with network access (a token for gated models there, never on a runner): `kvgate prefetch` with the "
+        "same HF_HOME, then copy it to this runner (README: \"Offline operation\")")
+    assert missing_from_cache(cell, ["throughput"], env) is None  # only the accuracy stage asks the passkey task
+    assert prefetch_plan([cell]).models == ("org/long-passkey-model",)
+    write_fake_hf_cache(tmp_path / "hf", models=("org/long-passkey-model",))
+    assert missing_from_cache(cell, ["accuracy"], env) is None
+
+
 def test_only_hub_ids_are_looked_up(tmp_path):
     assert hub_cache.is_hub_model(LLAMA)
     assert not hub_cache.is_hub_model("kvgate:tiny-llama")

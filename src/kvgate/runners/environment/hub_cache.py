@@ -82,19 +82,32 @@ def dataset_cached(dataset: HubDataset, env: Mapping[str, str]) -> bool:
 
 
 def missing_from_cache(cell: Cell, stages: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """Why an offline engine could not start this cell's stages (model, or the accuracy stage's dataset), else None."""
-    if not hub_is_offline(env) or not is_hub_model(cell.model):
+    """Why an offline engine could not start this cell's stages (model, the accuracy stage's dataset, the model of
+    the passkey task's engine of its own), else None."""
+    if not hub_is_offline(env):
         return None
     problems = []
-    if any(stage in ("accuracy", "throughput") for stage in stages) and model_snapshot(cell.model, env) is None:
+    hub = is_hub_model(cell.model)
+    if hub and any(stage in ("accuracy", "throughput") for stage in stages) and model_snapshot(cell.model, env) is None:
         problems.append(f"model {cell.model} is not in the Hugging Face cache {hub_cache(env)}")
-    dataset = HUB_TASK_DATASETS.get(str(cell.workload.gsm8k["task"]))
+    long_model = long_context_hub_model(cell)
+    if "accuracy" in stages and long_model and model_snapshot(long_model, env) is None:
+        problems.append(f"the passkey task's model {long_model} (workloads long_context.model) is not in the Hugging "
+                        f"Face cache {hub_cache(env)}")
+    dataset = HUB_TASK_DATASETS.get(str(cell.workload.gsm8k["task"])) if hub else None
     if "accuracy" in stages and dataset is not None and not dataset_cached(dataset, env):
         problems.append(f"lm-eval's gsm8k dataset {dataset.path} ({dataset.name}) is not in "
                         f"the datasets cache {datasets_cache(env)}")
     if not problems:
         return None
     return f"{' and '.join(problems)}, and the engines run with the hub offline (HF_HUB_OFFLINE=1). {PREFETCH_HINT}"
+
+
+def long_context_hub_model(cell: Cell) -> str | None:
+    """The hub model of the passkey task's engine of its own (workloads long_context.model), if it names one."""
+    long_context = cell.workload.long_context
+    model = long_context.model if long_context is not None else None
+    return model if model and is_hub_model(model) else None
 
 
 def environment_summary(env: Mapping[str, str]) -> dict[str, str]:

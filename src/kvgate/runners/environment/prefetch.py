@@ -24,6 +24,7 @@ from kvgate.runners.environment.hub_cache import (
     HubDataset,
     dataset_cached,
     is_hub_model,
+    long_context_hub_model,
     model_snapshot,
 )
 
@@ -37,9 +38,12 @@ class PrefetchPlan:
 
 
 def prefetch_plan(cells: Iterable[Cell]) -> PrefetchPlan:
-    """The hub models (not kvgate's own, which it builds, nor local folders) and hub datasets the cells need, each once."""
+    """The hub models (not kvgate's own, which it builds, nor local folders: the cells' and their passkey task's
+    engines of its own) and hub datasets the cells need, each once."""
+    cells = list(cells)
+    long_models = {m for m in (long_context_hub_model(c) for c in cells) if m}
     cells = [c for c in cells if is_hub_model(c.model)]
-    models = sorted({c.model for c in cells})
+    models = sorted({c.model for c in cells} | long_models)
     tasks = {str(c.workload.gsm8k["task"]) for c in cells}
     datasets = sorted({HUB_TASK_DATASETS[t] for t in tasks if t in HUB_TASK_DATASETS}, key=lambda d: (d.path, d.name or ""))
     return PrefetchPlan(models=tuple(models), datasets=tuple(datasets))
