@@ -107,6 +107,7 @@ start)
   done
   echo "started $chains at $(date -u +%H:%M:%S)" ;;
 eager)
+  export -f eager_chain; export here E
   setsid nohup bash -c eager_chain > /tmp/chain-eager.log 2>&1 < /dev/null &
   echo "started at $(date -u +%H:%M:%S)" ;;
 wait)
