@@ -12,6 +12,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,22 +68,13 @@ def run_accuracy(ctx: CellContext, *, with_probe: bool = True) -> list[StageOutc
         argv += ["--", *lm_args]
         header = (f"kvgate: {cell.id} accuracy: lm_eval {' '.join(_shell_quote(a) for a in lm_args)}")
         env = accuracy_engine_environment(ctx.env, arch=cell.arch)
-        result = run_logged(argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
-                            heartbeat=_heartbeat(ctx))
-        infra_retries: list[dict[str, str]] = []
-        infrastructure_again = None
-        infrastructure = None if result.ok or result.timed_out else infrastructure_failure(_read_text(log))
-        if infrastructure:
-            # the engine never came up, and what stopped it is the machine, not the cell: nothing was answered
-            # yet, so it starts once more (and a second failure is the stage's error, never a regression)
-            infra_retries.append({"run": "engine start", "reason": infrastructure})
+
+        def forget_the_first_attempt() -> None:
             shutil.rmtree(output, ignore_errors=True)
             report_path.unlink(missing_ok=True)
-            attempt = len(_read_text(log))
-            result = run_logged(argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo,
-                                heartbeat=_heartbeat(ctx), header=f"{header}\n{retry_header(infrastructure)}")
-            if not result.ok and not result.timed_out:
-                infrastructure_again = infrastructure_failure(_read_text(log)[attempt:])
+
+        result, infra_retries, infrastructure_again = _run_engine_process(
+            ctx, argv, env, log, header, "engine start", forget_the_first_attempt, heartbeat=_heartbeat(ctx))
         elapsed = time.monotonic() - start
         report = _read_report(report_path)
         engine_backends = report.get("attention_backends")
@@ -177,25 +169,15 @@ def _own_engine_long_context(ctx: CellContext, argv: list[str], lm_args: list[st
     long_argv[long_argv.index("--report") + 1] = str(report_path)
     header = (f"kvgate: {cell.id} long context: an engine of {cell.workload.long_context_model}: lm_eval "
               f"{' '.join(_shell_quote(a) for a in long_lm_args)}")
-    attempt = len(_read_text(log))
-    result = run_logged(long_argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
-                        heartbeat=None)
-    retries: list[dict[str, str]] = []
-    infrastructure_again = None
-    infrastructure = None if result.ok or result.timed_out else infrastructure_failure(_read_text(log)[attempt:])
-    if infrastructure:
-        # as gsm8k's engine: a start the machine refused (vLLM's memory-profiling race on a shared GPU) is made once
-        # more, with nothing of the first attempt kept; a second such failure is the stage's error
-        retries.append({"run": "long-context engine start", "reason": infrastructure})
+
+    def forget_the_first_attempt() -> None:
         report_path.unlink(missing_ok=True)
         shutil.rmtree(json.loads(plan.read_text(encoding="utf-8"))["out"], ignore_errors=True)
         if probe_dir is not None:
             (probe_dir / LONG_CONTEXT_PROBE).unlink(missing_ok=True)
-        attempt = len(_read_text(log))
-        result = run_logged(long_argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, heartbeat=None,
-                            header=f"{header}\n{retry_header(infrastructure)}")
-        if not result.ok and not result.timed_out:
-            infrastructure_again = infrastructure_failure(_read_text(log)[attempt:])
+
+    result, retries, infrastructure_again = _run_engine_process(
+        ctx, long_argv, env, log, header, "long-context engine start", forget_the_first_attempt, heartbeat=None)
     report = _read_report(report_path)
     found: dict[str, Any] = {"steps": report.get("steps", []),
                              "long_context_engine": report.get("long_context_engine"),
@@ -223,6 +205,27 @@ def _own_engine_long_context(ctx: CellContext, argv: list[str], lm_args: list[st
         probe_file.write(probe, probe_dir)
         records.unlink()
     return found
+
+
+def _run_engine_process(ctx: CellContext, argv: list[str], env: dict[str, str], log: Path, header: str, run: str,
+                        forget_the_first_attempt: Callable[[], None], *, heartbeat: Any
+                        ) -> tuple[Any, list[dict[str, str]], str | None]:
+    """Run an engine's process; when the machine refused its start (the engine never came up and the cause is the
+    machine's, e.g. vLLM's memory-profiling race on a shared GPU), nothing was answered yet: forget the first
+    attempt's outputs and start it once more. Returns (its result, the retries for status.json infra_retries, why
+    the second start failed on the machine too, which is the stage's error, never a regression)."""
+    attempt = len(_read_text(log))
+    result = run_logged(argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, header=header,
+                        heartbeat=heartbeat)
+    infrastructure = None if result.ok or result.timed_out else infrastructure_failure(_read_text(log)[attempt:])
+    if not infrastructure:
+        return result, [], None
+    forget_the_first_attempt()
+    attempt = len(_read_text(log))
+    result = run_logged(argv, env=env, logs=[log], timeout=ctx.timeout, echo=ctx.echo, heartbeat=heartbeat,
+                        header=f"{header}\n{retry_header(infrastructure)}")
+    again = None if result.ok or result.timed_out else infrastructure_failure(_read_text(log)[attempt:])
+    return result, [{"run": run, "reason": infrastructure}], again
 
 
 def _heartbeat(ctx: CellContext):
