@@ -167,8 +167,10 @@ def _own_engine_long_context(ctx: CellContext, argv: list[str], lm_args: list[st
         at = long_argv.index("--probe-dir")
         del long_argv[at:at + 2]
     long_argv[long_argv.index("--report") + 1] = str(report_path)
-    header = (f"kvgate: {cell.id} long context: an engine of {cell.workload.long_context_model}: lm_eval "
-              f"{' '.join(_shell_quote(a) for a in long_lm_args)}")
+    lengths = json.loads(plan.read_text(encoding="utf-8"))["lengths"]
+    # what this process runs: not gsm8k's lm_eval command (whose other arguments it carries unused), the passkey task
+    header = (f"kvgate: {cell.id} long context: an engine of {cell.workload.long_context_model} asks kvgate's passkey "
+              f"task at {', '.join(map(str, lengths))} tokens, model_args {_shell_quote(json.dumps(model_args))}")
 
     def forget_the_first_attempt() -> None:
         report_path.unlink(missing_ok=True)
