@@ -4,7 +4,7 @@
 # Roots share the GPU and one engine-start lock:
 #   $G (/tmp/h200g)  CUDA graphs (enforce_eager = false, as matrix/workloads.toml runs every GPU cell), FLASHMLA on the
 #                    tiny DeepSeek-V2, plain and spec_decode cells (ngram speculative decoding, matrix/axes.toml):
-#                    canary flashmla-spec-verify-only-k-x09 on its four cells. Rounds 3 to 5 ran
+#                    canary flashmla-spec-verify-only-k-x09 on its four cells and an A/A run. Rounds 3 to 5 ran
 #                    flashmla-cuda-graph-k-x09, flashmla-spec-verify-k-x09, the verify-only canary's first version
 #                    with its x0.8 measurement (patches/) and A/A runs of both cell kinds here.
 #   $L (/tmp/h200l)  long context: FLASH_ATTN with CUDA graphs, gsm8k on tiny-llama and the passkey task at 4k-16k in
@@ -37,8 +37,9 @@ graphs_chain() {  # base, then the heads: their starts take turns through the lo
   export KVGATE_CANARY_ROOT=$G KVGATE_CANARY_FEATURES=spec_decode
   bash "$here/run.sh" base FLASHMLA
   # the verify-only spec canary on the four cells it declares (its plain FP8 cell must pass, probe included); its
-  # first version and the same break at x0.8 ran in the fifth round (README.md)
-  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-only-k-x09
+  # first version and the same break at x0.8 ran in the fifth round (README.md); and an A/A run of the four cells,
+  # judged on the device by today's probe_ab rule
+  bash "$here/run.sh" heads FLASHMLA flashmla-spec-verify-only-k-x09 aa1
   echo "graphs chain: heads started at $(date -u +%H:%M:%S)"
 }
 
