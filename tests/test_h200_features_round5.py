@@ -135,7 +135,8 @@ def test_the_verify_only_spec_canary_fails_the_spec_cell_but_its_first_version_c
     0.5605, lower bound 10.7) and the head-vs-base probe failed (greedy prefix with auto 0.567 -> 0.345); the auto
     cells passed. But the plain FP8 cell's engine crashed in the patched builder: vLLM 0.26.0's model runner pads a
     CUDA graph's batch (416 rows for 405 requests) past the is_prefilling it fills. So the declared pass of the plain
-    FP8 cell is not met: `kvgate canaries` says NO, and the fixed patch (canaries/) has not run yet."""
+    FP8 cell is not met: `kvgate canaries` says NO. (The fixed patch, canaries/, ran in the sixth round:
+    tests/test_h200_features_round6.py.)"""
     code, verdict, root = judged[SPEC]
     assert code == 1
     assert failing(verdict) == {("flashmla-fp8-sm90", "accuracy"), ("flashmla-fp8-sm90", "baseline_accuracy"),
