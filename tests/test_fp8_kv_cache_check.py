@@ -365,9 +365,9 @@ def test_an_integer_beyond_json_readers_is_an_input_error_not_a_traceback(h200_u
 
 # ---------------------------------------------------------------------------------------------- contract versions
 
-def test_the_contract_is_1_13_and_the_evidence_is_required_from_1_4():
-    assert CONTRACT_VERSION == "1.13"
-    assert contract_version_tuple(CONTRACT_VERSION) == (1, 13)
+def test_the_contract_is_1_14_and_the_evidence_is_required_from_1_4():
+    assert CONTRACT_VERSION == "1.14"
+    assert contract_version_tuple(CONTRACT_VERSION) == (1, 14)
     assert KV_CACHE_EVIDENCE_SINCE == (1, 4)
 
 
@@ -486,3 +486,93 @@ def test_the_real_cpu_run_of_contract_1_3_is_not_judged(tmp_path, capsys, monkey
     assert check["detail"] == (f"not judged: the results predate the KV cache evidence (contract 1.3, before 1.4; "
                                f"{run}/cpu_attn-fp8-cpu/status.json accuracy has no kv_cache)")
     assert list(verdict_checks(run / "gate")) == ["cpu_attn-fp8-cpu"]  # auto cells have no such check
+
+
+# ------------------------------------------------------------------------- the passkey task's engine of its own (1.14)
+# The fifth H200 round's long-context base side (tests/fixtures/h200_canaries/features-round5-runs.tar.xz): FLASH_ATTN
+# with CUDA graphs, gsm8k on the tiny Llama and the passkey task in an engine of kvgate:tiny-llama-long, whose KV
+# cache status.json records as long_context.engine.kv_cache (FP8: 1-byte elements, 512 bytes a token; auto: bf16,
+# 1024).
+
+ROUND5 = FIXTURES / "h200_canaries" / "features-round5-runs.tar.xz"
+LONG_FP8 = "flash_attn-fp8-sm90"
+
+
+@pytest.fixture(scope="module")
+def long_context_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("round5")
+    archives.extract(ROUND5, folder)
+    return folder / "h200l" / "base-FLASH_ATTN"
+
+
+def judge_long(base: Path, tmp_path: Path, edit=None) -> dict:
+    """The fp8_kv_cache check of the long-context FP8 cell, on a copy of the base side edited by edit(status of the
+    FP8 cell, its cell.json)."""
+    from gate_in_process import gate as gate_in_process
+    from h200_matrix import cuda_graphs
+
+    run = Path(shutil.copytree(base, tmp_path / "run"))
+    if edit is not None:
+        status_path, cell_path = run / LONG_FP8 / "status.json", run / LONG_FP8 / "cell.json"
+        status, cell = json.loads(status_path.read_text()), json.loads(cell_path.read_text())
+        edit(status, cell)
+        status_path.write_text(json.dumps(status))
+        cell_path.write_text(json.dumps(cell))
+    matrix = matrix_folder(tmp_path / "matrix", cuda_graphs)
+    code, printed = gate_in_process(str(run), "--matrix-dir", str(matrix), "--policy", str(matrix / "policy.toml"),
+                                    "--today", "2026-12-03")
+    assert code in (0, 1), printed
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    return next(c for c in verdict["checks"] if c["cell"] == LONG_FP8 and c["kind"] == "fp8_kv_cache")
+
+
+def test_the_passkey_engine_of_its_own_is_judged_fp8_beside_the_gsm8k_engine(long_context_base, tmp_path):
+    check = judge_long(long_context_base, tmp_path)
+    assert check["status"] == "pass"
+    assert ("the passkey task's engine (kvgate:tiny-llama-long): 1-byte cache elements, layers built for fp8, 2.00x "
+            "fewer bytes a token than the auto cell's (1,024)") in check["detail"]
+    assert check["figures"]["long_context_engine"] == {
+        "model": "kvgate:tiny-llama-long", "layers": 2, "layer_kv_cache_dtypes": ["fp8"], "element_bytes": [1],
+        "bytes_per_token": 512, "auto_bytes_per_token": 1024, "bytes_ratio": 2.0}
+
+
+def test_a_passkey_engine_that_ignored_fp8_fails_the_check_its_gsm8k_engine_passes(long_context_base, tmp_path):
+    """The FP8 cell's passkey engine recorded the auto cell's bf16 cache: its gsm8k engine's evidence is untouched
+    and passes; the check fails, naming the second engine and the file."""
+    def bf16_passkey_engine(status: dict, cell: dict) -> None:
+        status["long_context"]["engine"]["kv_cache"] = {
+            "bytes_per_token": 1024, "element_bytes": [2], "layer_kv_cache_dtypes": ["auto"], "layers": 2,
+            "tensor_dtypes": ["bfloat16"], "k_scales": [1.0], "v_scales": [1.0]}
+
+    check = judge_long(long_context_base, tmp_path, bf16_passkey_engine)
+    assert check["status"] == "fail"
+    where = f"{LONG_FP8}/status.json long_context.engine.kv_cache"
+    for part in ("the passkey task's engine (kvgate:tiny-llama-long): 2-byte cache elements, the fp8 KV cache "
+                 "setting was ignored", "its attention layers' kv_cache_dtype is auto, not an FP8 type",
+                 "1,024 bytes a token in its KV cache spec against the auto cell's passkey engine's 1,024: 1.00x "
+                 "fewer, below 1.5x", where):
+        assert part in check["detail"], part
+    assert check["figures"]["element_bytes"] == [1]  # the gsm8k engine's, which held FP8
+
+
+@pytest.mark.parametrize(("engine", "contract", "status", "said"), [
+    ("FLASH_ATTN", "1.12", "error", "long_context.engine: expected an object, got string 'FLASH_ATTN'"),
+    (None, "1.14", "error", "no evidence the passkey task's engine (kvgate:tiny-llama-long) held an FP8 KV cache"),
+    (None, "1.13", "pass", None),
+    ({"kv_cache": {"element_bytes": "one"}}, "1.12", "error", "long_context.engine.kv_cache.element_bytes"),
+])
+def test_a_passkey_engine_without_readable_evidence(long_context_base, tmp_path, engine, contract, status, said):
+    """A malformed engine entry errors the check; none at all errors it from contract 1.14 on and is a note before."""
+    def edit(status_doc: dict, cell: dict) -> None:
+        if engine is None:
+            del status_doc["long_context"]["engine"]
+        else:
+            status_doc["long_context"]["engine"] = engine
+        cell["contract_version"] = contract
+
+    check = judge_long(long_context_base, tmp_path, edit)
+    assert check["status"] == status
+    if said is not None:
+        assert said in check["detail"]
+    else:
+        assert "recorded no KV cache evidence" in " ".join(check.get("notes", []))

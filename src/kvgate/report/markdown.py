@@ -194,8 +194,9 @@ def render_markdown(verdict: Verdict) -> str:
         lines.append("- KV cache: each FP8 cell's accuracy engine must have held an FP8 cache (status.json "
                      "`accuracy.kv_cache`): 1-byte cache elements, attention layers built for an FP8 dtype, and about "
                      "half the auto cell's bytes a token in the engine's KV cache spec; 2-byte elements or the auto "
-                     "cell's bytes a token mean the FP8 setting was ignored. The cache's size in tokens is reported, "
-                     "not judged: it is what the memory free at engine start allowed.")
+                     "cell's bytes a token mean the FP8 setting was ignored. A passkey task answered in an engine of "
+                     "its own model is judged the same way (`long_context.engine.kv_cache`). The cache's size in "
+                     "tokens is reported, not judged: it is what the memory free at engine start allowed.")
     if verdict.baseline:
         lines.append(f"- Baseline: {_code(verdict.baseline)} (accuracy with the baseline margin; throughput as the "
                      "ratio of medians over repeats).")

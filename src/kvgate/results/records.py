@@ -12,7 +12,7 @@ from typing import Any
 
 from kvgate.matrix.cells import cell_id
 
-CONTRACT_VERSION = "1.13"  # docs/results-folder.md; readers refuse a newer major, writers write this
+CONTRACT_VERSION = "1.14"  # docs/results-folder.md; readers refuse a newer major, writers write this
 KV_CACHE_EVIDENCE_SINCE = (1, 4)  # from this contract version on, an ok accuracy stage records accuracy.kv_cache
 STAGES = ("kernels", "accuracy", "throughput", "probe", "long_context")  # long_context: 1.10
 HEAD, BASE = "head", "base"  # the sides of an A/B run (cell.json "side"); a cell without one is head
@@ -101,7 +101,9 @@ class StageStatus:
     log_tail: str | None = None
     interleaved: bool = False  # throughput: the repeats ran by turns with the other side of an A/B run
     interleaved_rounds: int | None = None  # and in how many rounds, as status.json says (interleaved.rounds)
-    kv_cache: KvCacheEvidence | None = None  # accuracy: the KV cache the engine held; None when not recorded
+    # accuracy: the KV cache the engine held; long_context (1.12): its engine of its own's (engine.kv_cache); None
+    # when not recorded
+    kv_cache: KvCacheEvidence | None = None
     questions: QuestionsRecord | None = None  # accuracy: the design it ran under; None when not recorded
     elapsed_s: float | None = None  # how long the stage ran (seconds); None when not recorded or not a duration
     # engine starts that failed on the machine and were made again (status.json infra_retries): "run: reason"

@@ -15,6 +15,9 @@ from kvgate.results.records import (
 )
 
 BYTES_PER_TOKEN_SINCE = (1, 9)  # from this contract version on, the evidence holds the KV cache spec's bytes per token
+# from this contract version on, a long_context entry that names the model of its own engine records that engine's
+# KV cache (status.json long_context.engine.kv_cache)
+LONG_CONTEXT_ENGINE_EVIDENCE_SINCE = (1, 14)
 
 
 def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunResults, policy: Policy) -> Check:
@@ -24,7 +27,10 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
     the tokens in a byte; fewer than the policy's ratio fails). The KV cache's size in tokens is reported, never
     judged: it is what the free memory at engine start allowed (on a GPU other engines share, a fraction). Without
     evidence: an error for results of contract 1.4 on (their writers must record it), not judged for older ones; a
-    writer of 1.9 on must record the bytes per token."""
+    writer of 1.9 on must record the bytes per token. Where the passkey task ran in an engine of its own model
+    (status.json long_context.model, 1.12), that engine's KV cache is judged the same way (long_context.engine
+    .kv_cache, against the auto cell's passkey engine): an FP8 cell whose second engine ignored FP8 would otherwise
+    pass its passkey comparisons on a 16-bit cache."""
     base = dict(cell=cell.identity.id, kind="fp8_kv_cache", model=cell.identity.model, reference="auto cell")
     dtype = cell.identity.kv_cache_dtype
     own = cell.stage("accuracy")
@@ -84,6 +90,8 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
         notes.append(f"KV cache layout not compared with the auto cell's: {why}")
         if evidence.bytes_per_token is not None:
             layout_text = f"{evidence.bytes_per_token:,.6g} bytes a token in the KV cache spec"
+    long_text, long_problem = _long_context_engine(cell, partner, version, minimum, figures, broken, notes)
+    problem = problem or long_problem
     if auto_evidence is not None and not auto_evidence.problem:
         figures["auto_element_bytes"] = list(auto_evidence.element_bytes)
     if evidence.tokens is not None:
@@ -126,8 +134,69 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
         parts.append(f"{layers} built for {', '.join(evidence.layer_kv_cache_dtypes)}")
     if scales_text:
         parts.append(scales_text)
+    if long_text:
+        parts.append(long_text)
     return Check(**base, status="pass", figures=figures, threshold=threshold, threshold_text=threshold_text,
                  notes=tuple(notes), detail=", ".join(parts))
+
+
+def _long_context_engine(cell: CellResults, partner: CellResults | None, version: tuple[int, int] | None,
+                         minimum: float, figures: dict[str, Any], broken: list[str], notes: list[str]
+                         ) -> tuple[str, str]:
+    """The passkey task's engine of its own (status.json long_context.model, 1.12), judged as the accuracy stage's
+    engine is: 1-byte cache elements, layers built for an FP8 dtype, and about half the bytes a token of the auto
+    cell's passkey engine. What fails goes to `broken`; returns (the text for a pass, why it errors: unreadable
+    evidence, or none from a writer of 1.14 on)."""
+    stage = cell.stage("long_context")
+    if stage.health != "ok" or stage.status is None or stage.status.model is None:
+        return "", ""  # gsm8k's engine answered it (judged above), or it did not run (the long-context checks say so)
+    label = f"the passkey task's engine ({stage.status.model})"
+    where = f"{cell.folder}/status.json long_context.engine.kv_cache"
+    evidence = stage.status.kv_cache
+    if evidence is not None and evidence.problem:
+        return "", f"unreadable KV cache evidence of {label}: {evidence.problem} ({cell.folder}/status.json)"
+    if evidence is None or not evidence.has_layer_facts:
+        if version is not None and version >= LONG_CONTEXT_ENGINE_EVIDENCE_SINCE:
+            since = ".".join(map(str, LONG_CONTEXT_ENGINE_EVIDENCE_SINCE))
+            return "", (f"no evidence {label} held an FP8 KV cache: {where} records no element_bytes or "
+                        f"layer_kv_cache_dtypes; from contract {since} on a runner whose passkey task has an engine "
+                        "of its own must record it")
+        notes.append(f"{label} recorded no KV cache evidence ({where}; contract before 1.14): not judged")
+        return "", ""
+    dtype = cell.identity.kv_cache_dtype
+    figures["long_context_engine"] = {"model": stage.status.model, "layers": evidence.layers,
+                                      "layer_kv_cache_dtypes": list(evidence.layer_kv_cache_dtypes),
+                                      "element_bytes": list(evidence.element_bytes),
+                                      "bytes_per_token": evidence.bytes_per_token}
+    failed_before = len(broken)
+    if evidence.element_bytes and set(evidence.element_bytes) != {1}:
+        sizes = "/".join(str(b) for b in evidence.element_bytes)
+        broken.append(f"{label}: {sizes}-byte cache elements, the {dtype} KV cache setting was ignored ({where})")
+    not_fp8 = [name for name in evidence.layer_kv_cache_dtypes if not is_fp8_name(name)]
+    if not_fp8:
+        broken.append(f"{label}: its attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type "
+                      f"({where})")
+    auto = partner.stage("long_context") if partner is not None else None
+    auto_evidence = auto.status.kv_cache if auto is not None and auto.health == "ok" and auto.status is not None \
+        and auto.status.model == stage.status.model else None
+    compared = ""
+    if evidence.bytes_per_token is not None and auto_evidence is not None and not auto_evidence.problem \
+            and auto_evidence.bytes_per_token:
+        ratio = auto_evidence.bytes_per_token / evidence.bytes_per_token
+        figures["long_context_engine"].update(auto_bytes_per_token=auto_evidence.bytes_per_token, bytes_ratio=ratio)
+        compared = f", {ratio:.2f}x fewer bytes a token than the auto cell's ({auto_evidence.bytes_per_token:,.6g})"
+        if ratio < minimum:
+            broken.append(f"{label}: {evidence.bytes_per_token:,.6g} bytes a token in its KV cache spec against the "
+                          f"auto cell's passkey engine's {auto_evidence.bytes_per_token:,.6g}: {ratio:.2f}x fewer, "
+                          f"below {minimum:g}x ({where})")
+    else:
+        notes.append(f"{label}: KV cache layout not compared with the auto cell's passkey engine (not recorded by "
+                     "both)")
+    if len(broken) > failed_before:
+        return "", ""
+    sizes = "1-byte cache elements, " if evidence.element_bytes else ""
+    built = f"layers built for {', '.join(evidence.layer_kv_cache_dtypes)}" if evidence.layer_kv_cache_dtypes else ""
+    return f"{label}: {sizes}{built}{compared}".rstrip(", "), ""
 
 
 def _contract_version(cell: CellResults, run: RunResults) -> tuple[int, int] | None:

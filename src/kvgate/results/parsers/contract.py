@@ -98,7 +98,7 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
         if interleaved is not None and not isinstance(interleaved, dict):
             raise InputError(source, f"expected an object, got {kind(interleaved)}", f"{stage}.interleaved")
         kv_cache = parse_kv_cache(entry["kv_cache"], f"{stage}.kv_cache") if stage == "accuracy" and \
-            "kv_cache" in entry else None
+            "kv_cache" in entry else long_context_kv_cache(entry) if stage == "long_context" else None
         questions = parse_questions(entry["question_plan"], f"{stage}.question_plan") if stage == "accuracy" and \
             "question_plan" in entry else None
         retries = tuple(f"{r['run']}: {r['reason']}" for r in entry.get("infra_retries", ()))  # the schema checked them
@@ -115,6 +115,19 @@ def parse_status(text: str, source: str) -> dict[str, StageStatus]:
                                      entry.get("elapsed_s", entry.get("seconds") if stage == "kernels" else None)),
                                  infra_retries=retries, engines=engines, model=model)
     return out
+
+
+def long_context_kv_cache(entry: Mapping[str, Any]) -> KvCacheEvidence | None:
+    """status.json long_context.engine.kv_cache (1.12): the KV cache of the passkey task's engine of its own, read as
+    accuracy.kv_cache is (a malformed value becomes `problem`); None where the entry records none."""
+    if "engine" not in entry:
+        return None
+    engine = entry["engine"]
+    if not isinstance(engine, Mapping):
+        return KvCacheEvidence(problem=f"long_context.engine: expected an object, got {_describe(engine)}")
+    if engine.get("kv_cache") is None:
+        return None
+    return parse_kv_cache(engine["kv_cache"], "long_context.engine.kv_cache")
 
 
 def parse_engines(value: Any, source: str, where: str) -> tuple[tuple[int, ...], ...]:
