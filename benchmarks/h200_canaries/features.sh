@@ -11,21 +11,29 @@
 #                    an engine of the shipped long-position model (benchmarks/h200_engine/workloads.toml
 #                    long_context.model): canary flash-attn-long-context-k-x05 and an A/A run
 #   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
+#   $P (/tmp/h200p)  tensor parallel, on nvidia-h200-x2 only: FLASHMLA and FLASH_ATTN with CUDA graphs, plain and tp2
+#                    cells (tensor_parallel_size 2, matrix/axes.toml); heads: patches/flashmla-tp-heads-split-k-x09
+#                    (FLASHMLA's FP8 decode at 0.9 times its scale where a rank holds part of the heads; its tp2 FP8
+#                    cell must fail and its plain cells pass) and an A/A run of each backend. Not run yet: the
+#                    two-GPU kind has not been lent
 #
-#   features.sh start [graphs] [long] [eager] [train]
+#   features.sh start [graphs] [long] [eager] [train] [tp2]
 #                          the named chains in the background (graphs and long when none is named): $G's base side
 #                          and heads, $L's, $E's; train: three long-position models at once into $L/models/ (no
-#                          engine; never beside engine starts: their memory swings failed three starts on 2026-12-03)
+#                          engine; never beside engine starts: their memory swings failed three starts on 2026-12-03);
+#                          tp2: $P's, which refuses to start on a machine of fewer than two GPUs
 #   features.sh eager      $E's base side and head, in the background
 #   features.sh wait S     until every chain and run ended, or S seconds; their progress, and what the roots
 #                          hold so far (the trained model included) in $OUT/partial.tar.xz
-#   features.sh gate       run.sh gate of each root into $OUT/graphs, $OUT/long, $OUT/eager, plus the training log
+#   features.sh gate       run.sh gate of each root into $OUT/graphs, $OUT/long, $OUT/eager, $OUT/tp2, plus the
+#                          training log
 #
 # Everything runs from a frozen copy of the checkout ($T): later device calls send the working tree again, which must
 # not change the code of runs still going.
 set -uo pipefail
+self=$(realpath "$0")  # its usage, from the checkout it was called in (the frozen copy may be an older one)
 here=benchmarks/h200_canaries
-G=/tmp/h200g L=/tmp/h200l E=/tmp/h200e T=/tmp/h200f/tree
+G=/tmp/h200g L=/tmp/h200l E=/tmp/h200e P=/tmp/h200p T=/tmp/h200f/tree
 if [ "${1:-}" = start ]; then
   rm -rf "$T"; mkdir -p "$T"; cp -r src matrix benchmarks canaries pyproject.toml "$T/"
   git rev-parse HEAD > "$T/COMMIT" 2>/dev/null; git status --short > "$T/CHANGES" 2>/dev/null
@@ -88,13 +96,31 @@ eager_chain() {  # enforce_eager = true: the CUDA-graph canary must pass there
   echo "eager chain: heads started at $(date -u +%H:%M:%S)"
 }
 
+tp2_chain() {  # tensor parallel over the machine's two GPUs: base sides of both backends at once, then the heads
+  export KVGATE_CANARY_ROOT=$P KVGATE_CANARY_FEATURES=tp2
+  bash "$here/run.sh" base FLASHMLA
+  bash "$here/run.sh" base FLASH_ATTN
+  bash "$here/run.sh" heads FLASHMLA flashmla-tp-heads-split-k-x09 aa1
+  bash "$here/run.sh" heads FLASH_ATTN aa1
+  echo "tp2 chain: heads started at $(date -u +%H:%M:%S)"
+}
+
 case "${1:-}" in
 start)
   chains=${*:2}; chains=${chains:-graphs long}
   for chain in $chains; do
-    case "$chain" in graphs|long|eager|train) ;; *) echo "features.sh start: no chain '$chain' (graphs, long, eager, train)"; exit 2 ;; esac
+    case "$chain" in graphs|long|eager|train|tp2) ;; *) echo "features.sh start: no chain '$chain' (graphs, long, eager, train, tp2)"; exit 2 ;; esac
   done
-  export -f graphs_chain long_chain eager_chain train_chain train_variant; export here G L E
+  export -f graphs_chain long_chain eager_chain train_chain train_variant tp2_chain; export here G L E P
+  if [[ " $chains " == *" tp2 "* ]]; then  # said up front: tp2 cells need two GPUs of one host
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+    [ "$gpus" -ge 2 ] || { echo "features.sh start tp2: this machine has $gpus GPU(s); the tp2 cells need 2 (nvidia-h200-x2)"; exit 2; }
+    mkdir -p $P
+    KVGATE_CANARY_ROOT=$P KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=tp2 bash "$here/run.sh" setup \
+      > /tmp/setup-tp2.log 2>&1 || { tail -5 /tmp/setup-tp2.log; exit 1; }
+    grep -E "^[0-9]+$|tp2" /tmp/setup-tp2.log
+    setsid nohup bash -c tp2_chain > /tmp/chain-tp2.log 2>&1 < /dev/null &
+  fi
   if [[ " $chains " == *" graphs "* ]]; then
     KVGATE_CANARY_ROOT=$G KVGATE_CANARY_GRAPHS=1 KVGATE_CANARY_FEATURES=spec_decode bash "$here/run.sh" setup \
       > /tmp/setup-graphs.log 2>&1 || { tail -5 /tmp/setup-graphs.log; exit 1; }
@@ -117,7 +143,7 @@ wait)
   partial() {
     mkdir -p "${OUT:-/tmp/out}"
     tar cf - -C /tmp --exclude=logs --exclude=.kvgate-tasks --exclude='*.lock' --exclude=flashinfer \
-      $(cd /tmp && ls -d h200g h200l h200e chain-*.log 2>/dev/null) | xz -T8 -3 > /tmp/partial.tar.xz.new \
+      $(cd /tmp && ls -d h200g h200l h200e h200p chain-*.log 2>/dev/null) | xz -T8 -3 > /tmp/partial.tar.xz.new \
       && mv /tmp/partial.tar.xz.new "${OUT:-/tmp/out}/partial.tar.xz"
   }
   deadline=$(( $(date +%s) + ${2:-300} )) written=$(date +%s)
@@ -130,13 +156,13 @@ wait)
   echo "running: $running at $(date -u +%H:%M:%S)"
   for f in /tmp/chain-*.log; do echo "== $f"; tail -6 "$f"; done
   for f in "$L"/train*.log; do [ -f "$f" ] && { echo "== $f"; grep -E "^step [0-9]+ .*(00|50) s$|stopping|greedy" "$f" | tail -3; }; done
-  for log in $G/logs/*.log $L/logs/*.log $E/logs/*.log; do
+  for log in $G/logs/*.log $L/logs/*.log $E/logs/*.log $P/logs/*.log; do
     [ -f "$log" ] || continue
     echo "== $log"; grep -E "^kvgate: (\[|look at)|ERROR|Traceback" "$log" | tail -4
   done
   partial ;;
 gate)
-  for root in graphs:$G long:$L eager:$E; do
+  for root in graphs:$G long:$L eager:$E tp2:$P; do
     name=${root%%:*} dir=${root#*:}
     [ -d "$dir/ab" ] || continue
     mkdir -p "${OUT:-/tmp/out}/$name"
@@ -146,5 +172,5 @@ gate)
     && tar cf - -C "$L" models $(cd "$L" && ls train-*.log 2>/dev/null) | xz -T8 -6 > "${OUT:-/tmp/out}/long/models.tar.xz"
   cp /tmp/chain-*.log "$T/COMMIT" "$T/CHANGES" "${OUT:-/tmp/out}/" 2>/dev/null; true ;;
 *)
-  sed -n '2,22p' "$0"; exit 2 ;;
+  sed -n '2,32p' "$self"; exit 2 ;;
 esac
