@@ -4,7 +4,8 @@ of the plain and spec_decode cells and three A/B runs against it (the CUDA-graph
 A/A run of the spec_decode cells), judged again by today's gate (tests/fixtures/h200_canaries/
 features-round4-runs.tar.xz, trimmed by benchmarks/h200_canaries/trim_runs.py; the round's table and what it found:
 benchmarks/h200_canaries/README.md). Each canary's verdict is held against its declaration in canaries/canaries.toml
-by the code `kvgate canaries` judges with (kvgate.cli.canaries_command.judge)."""
+(the spec-verify canary's, retired since: benchmarks/h200_canaries/retired/canaries.toml) by the code `kvgate
+canaries` judges with (kvgate.cli.canaries_command.judge)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
 
 
 def canary(name: str):
-    return next(c for c in load_canaries(REPO_ROOT / "canaries") if c.name == name)
+    """A shipped canary (canaries/), or a retired one (benchmarks/h200_canaries/retired/: the spec-verify canary)."""
+    retired = REPO_ROOT / "benchmarks" / "h200_canaries" / "retired"
+    return next(c for c in load_canaries(REPO_ROOT / "canaries") + load_canaries(retired) if c.name == name)
 
 
 def test_the_base_side_answered_everything_after_three_refused_starts(judged):
@@ -108,8 +111,8 @@ def test_the_spec_verify_canary_moves_prompts_not_answers_and_misses_its_declare
     x3.2; decode divergence x0.99, x1.05): short uniform prefills take that path too, so the patch is not
     speculative-decoding-only. Every gsm8k comparison passes (FP8 0.7827 -> 0.7827 plain, -> 0.7852 with spec decode,
     at the first look), so the check canaries.toml declares, the spec_decode FP8 cell's baseline accuracy, does not
-    fail: `kvgate canaries` says NO until a patch that only the verify step takes replaces it (the README's next
-    steps)."""
+    fail: `kvgate canaries`' judge says NO. Its successor, flashmla-spec-verify-only-k-x09, got its declared verdict in
+    the sixth round (tests/test_h200_features_round6.py), and this one was retired."""
     code, verdict, _ = judged[SPEC]
     assert code == 1
     assert failing(verdict) == {("flashmla-fp8-sm90", "probe_ab"), ("flashmla-fp8-sm90-spec_decode", "probe_ab")}
