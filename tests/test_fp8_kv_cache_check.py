@@ -547,8 +547,8 @@ def test_a_passkey_engine_that_ignored_fp8_fails_the_check_its_gsm8k_engine_pass
     check = judge_long(long_context_base, tmp_path, bf16_passkey_engine)
     assert check["status"] == "fail"
     where = f"{LONG_FP8}/status.json long_context.engine.kv_cache"
-    for part in ("the passkey task's engine (kvgate:tiny-llama-long): 2-byte cache elements, the fp8 KV cache "
-                 "setting was ignored", "its attention layers' kv_cache_dtype is auto, not an FP8 type",
+    for part in ("the passkey task's engine (kvgate:tiny-llama-long): 2-byte cache elements: the fp8 KV cache "
+                 "setting was ignored", "the attention layers' kv_cache_dtype is auto, not an FP8 type",
                  "1,024 bytes a token in its KV cache spec against the auto cell's passkey engine's 1,024: 1.00x "
                  "fewer, below 1.5x", where):
         assert part in check["detail"], part

@@ -53,13 +53,7 @@ def fp8_kv_cache_check(cell: CellResults, partner: CellResults | None, run: RunR
     broken: list[str] = []
     notes: list[str] = []
     tensors = f" ({', '.join(evidence.tensor_dtypes)})" if evidence.tensor_dtypes else ""
-    if evidence.element_bytes:
-        sizes = "/".join(str(b) for b in evidence.element_bytes)
-        if set(evidence.element_bytes) != {1}:
-            broken.append(f"{sizes}-byte cache elements{tensors}: the {dtype} KV cache setting was ignored")
-    not_fp8 = [name for name in evidence.layer_kv_cache_dtypes if not is_fp8_name(name)]
-    if not_fp8:
-        broken.append(f"the attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type")
+    broken += _not_fp8(evidence, dtype, tensors)
     scales_text = _checkpoint_scales(cell, evidence, figures, threshold, broken)
     version = _contract_version(cell, run)
     if evidence.bytes_per_token is None and version is not None and version >= BYTES_PER_TOKEN_SINCE:
@@ -169,13 +163,7 @@ def _long_context_engine(cell: CellResults, partner: CellResults | None, version
                                       "element_bytes": list(evidence.element_bytes),
                                       "bytes_per_token": evidence.bytes_per_token}
     failed_before = len(broken)
-    if evidence.element_bytes and set(evidence.element_bytes) != {1}:
-        sizes = "/".join(str(b) for b in evidence.element_bytes)
-        broken.append(f"{label}: {sizes}-byte cache elements, the {dtype} KV cache setting was ignored ({where})")
-    not_fp8 = [name for name in evidence.layer_kv_cache_dtypes if not is_fp8_name(name)]
-    if not_fp8:
-        broken.append(f"{label}: its attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type "
-                      f"({where})")
+    broken += [f"{label}: {fault} ({where})" for fault in _not_fp8(evidence, dtype)]
     auto = partner.stage("long_context") if partner is not None else None
     auto_evidence = auto.status.kv_cache if auto is not None and auto.health == "ok" and auto.status is not None \
         and auto.status.model == stage.status.model else None
@@ -197,6 +185,19 @@ def _long_context_engine(cell: CellResults, partner: CellResults | None, version
     sizes = "1-byte cache elements, " if evidence.element_bytes else ""
     built = f"layers built for {', '.join(evidence.layer_kv_cache_dtypes)}" if evidence.layer_kv_cache_dtypes else ""
     return f"{label}: {sizes}{built}{compared}".rstrip(", "), ""
+
+
+def _not_fp8(evidence: KvCacheEvidence, dtype: str, tensors: str = "") -> list[str]:
+    """What in an engine's KV cache evidence says its FP8 setting was ignored: cache elements of other than 1 byte, or
+    attention layers built for a dtype that is not FP8."""
+    faults = []
+    if evidence.element_bytes and set(evidence.element_bytes) != {1}:
+        sizes = "/".join(str(b) for b in evidence.element_bytes)
+        faults.append(f"{sizes}-byte cache elements{tensors}: the {dtype} KV cache setting was ignored")
+    not_fp8 = [name for name in evidence.layer_kv_cache_dtypes if not is_fp8_name(name)]
+    if not_fp8:
+        faults.append(f"the attention layers' kv_cache_dtype is {', '.join(not_fp8)}, not an FP8 type")
+    return faults
 
 
 def _contract_version(cell: CellResults, run: RunResults) -> tuple[int, int] | None:
