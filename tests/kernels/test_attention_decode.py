@@ -8,8 +8,10 @@ So the bound is the kernel's own error: tolerance.BF16, FP8, or FP8_PV for the f
 in FP8. The cache write's layout is checked on every bf16 case (the read-back equals the input bit for
 bit); the quantisation itself is a sanity bound against the unquantised values (FP8_QUANTISATION).
 
-Cases: Llama-3.1-8B heads (32 query, 8 KV, head dim 128), the ragged batches `ragged_short` (1-257 tokens,
-the 3D Triton kernel) and `ragged_long` (5-8192), block size 16, bf16 and each FP8 kind the family has.
+Cases: Llama-3.1-8B heads (32 query, 8 KV, head dim 128), and the heads a tensor-parallel rank holds
+(GQA_RANK_HEADS: 16/4 and 4/1 of Llama-3.1-8B at TP 2 and 8, 8/1 of Llama-3.1-70B at TP 8, 2/2 of kvgate's
+tiny Llama at TP 2, head dim 64), the ragged batches `ragged_short` (1-257 tokens, the 3D Triton kernel) and
+`ragged_long` (5-8192), block size 16, bf16 and each FP8 kind the family has.
 Speed: ATTENTION_BENCH_SPECS per family and kv dtype, into timings.json. Negative controls: the kernel is
 handed a k_scale 10 % off while the cache was written with the right one; the check must fail.
 
@@ -35,7 +37,9 @@ from kvgate.kernels.cases import (
     BATCH_SPECS,
     GQA_HEAD_DIM,
     GQA_HEADS,
+    GQA_RANK_HEADS,
     AttentionCase,
+    RankHeads,
     attention_bytes_moved,
     make_attention_bench_inputs,
     make_attention_inputs,
@@ -75,9 +79,16 @@ def _marks(family: KernelFamily, kv: str) -> list[pytest.MarkDecorator]:
     return [pytest.mark.kvgate_kernel(family=family.name, kv=kv), pytest.mark.gpu]
 
 
-def _case(spec: str, kv: str, seed: int = 0) -> AttentionCase:
-    return AttentionCase(spec=BATCH_SPECS[spec], num_heads=GQA_HEADS[0], num_kv_heads=GQA_HEADS[1],
-                         head_dim=GQA_HEAD_DIM, page_size=PAGE_SIZE, kv_cache_dtype=kv, seed=seed)
+def _case(spec: str, kv: str, seed: int = 0, rank: RankHeads | None = None) -> AttentionCase:
+    heads, kv_heads, dim = (rank.num_heads, rank.num_kv_heads, rank.head_dim) if rank else (*GQA_HEADS, GQA_HEAD_DIM)
+    return AttentionCase(spec=BATCH_SPECS[spec], num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
+                         page_size=PAGE_SIZE, kv_cache_dtype=kv, seed=seed)
+
+
+def _rank_heads_of(case: AttentionCase) -> str:
+    """The models and tensor-parallel sizes whose ranks hold the case's heads ("" for GQA_HEADS at TP 1)."""
+    return "; ".join(rank.label for rank in GQA_RANK_HEADS if (rank.num_heads, rank.num_kv_heads, rank.head_dim)
+                     == (case.num_heads, case.num_kv_heads, case.head_dim))
 
 
 def _accuracy_params():
@@ -86,8 +97,9 @@ def _accuracy_params():
             if (family.name, kv) in PINNED:
                 continue
             for spec in SPECS:
-                case = _case(spec, kv)
-                yield pytest.param(family, case, id=f"{family.name}-{case.id}", marks=_marks(family, kv))
+                for rank in (None, *GQA_RANK_HEADS):
+                    case = _case(spec, kv, rank=rank)
+                    yield pytest.param(family, case, id=f"{family.name}-{case.id}", marks=_marks(family, kv))
 
 
 def _speed_params():
@@ -133,6 +145,8 @@ def test_paged_decode_matches_reference(family: KernelFamily, case: AttentionCas
     figures = tolerance.error_figures(out, ref, bound)
     record_figures("provenance", prepared.provenance)
     record_figures("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    if _rank_heads_of(case):
+        record_figures("heads_of_a_rank", _rank_heads_of(case))
     record_figures("tolerance", f"{bound.name}: rel_l2<={bound.max_rel_l2} cos_diff<{bound.max_cos_diff} "
                                 f"atol={bound.atol} rtol={bound.rtol}")
     for name, value in figures.as_dict().items():

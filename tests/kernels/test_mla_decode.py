@@ -1,6 +1,7 @@
 """Each MLA decode kernel family against the float32 reference, bf16 and FP8 e4m3 KV; and its speed.
 
-Accuracy: ragged batches (BATCH_SPECS) x heads 16/128 x the family's page sizes x kv dtype. FP8 is
+Accuracy: ragged batches (BATCH_SPECS) x heads (MLA_HEAD_COUNTS: 16 and 128, and the heads a tensor-parallel rank
+runs with, MLA_RANK_HEADS: 1, 2, 8, 12, 32) x the family's page sizes x kv dtype. FP8 is
 compared with the reference on the *dequantised* cache (the kernel's own error; tolerance.FP8, or
 tolerance.FP8_PV for a family that multiplies P.V in FP8: FLASHMLA) and,
 as figures plus a sanity bound, with the unquantised values (the quantisation error; FP8_QUANTISATION).
@@ -25,11 +26,12 @@ from kvgate.kernels.adapters import KernelUnavailable
 from kvgate.kernels.cases import (
     BATCH_SPECS,
     BENCH_SPECS,
-    HEAD_COUNTS,
+    MLA_HEAD_COUNTS,
     DecodeCase,
     bytes_moved,
     make_bench_inputs,
     make_inputs,
+    rank_heads_of,
 )
 from kvgate.kernels.families import FAMILIES, KernelFamily
 
@@ -57,7 +59,7 @@ def _accuracy_params():
             for spec in BATCH_SPECS.values():
                 if spec.gpu_only and _on_cpu(family):
                     continue
-                for heads in HEAD_COUNTS:
+                for heads in MLA_HEAD_COUNTS:
                     for page_size in family.page_sizes:
                         case = DecodeCase(spec=spec, num_heads=heads, page_size=page_size, kv_cache_dtype=kv)
                         yield pytest.param(family, case, id=f"{family.name}-{case.id}", marks=_marks(family, kv))
@@ -100,6 +102,8 @@ def test_decode_matches_reference(family: KernelFamily, case: DecodeCase, record
     figures = tolerance.error_figures(out, ref, bound)
     record_figures("provenance", prepared.provenance)
     record_figures("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    if rank_heads_of(case.num_heads):
+        record_figures("heads_of_a_rank", rank_heads_of(case.num_heads))
     record_figures("tolerance", f"{bound.name}: rel_l2<={bound.max_rel_l2} cos_diff<{bound.max_cos_diff} "
                                 f"atol={bound.atol} rtol={bound.rtol}")
     for name, value in figures.as_dict().items():

@@ -44,8 +44,54 @@ BATCH_SPECS = {
         BatchSpec(name="ragged_long", kv_lens=(1024, 8192, 3001, 4113, 5, 6000, 2048, 7777), gpu_only=True),
     )
 }
-HEAD_COUNTS = (16, 128)
+HEAD_COUNTS = (16, 128)  # DeepSeek-V3's 128 heads on one GPU, and on each of 8 tensor-parallel ranks
 PAGE_SIZES = (1, 32, 64)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankHeads:
+    """The attention heads one rank of a tensor-parallel engine runs its decode kernel with.
+
+    vLLM splits a model's query heads evenly over the ranks. A grouped-query model's KV heads are split too, and
+    each rank keeps at least one (a KV head is copied when there are more ranks than KV heads). MLA's latent cache
+    is one KV head on every rank. So at TP n the kernels run shapes that no TP 1 test reaches: 1 head a rank, or 12,
+    a count that does not divide 16 (the per-rank head counts FP8 MLA decode broke on, issue 31), while the
+    model's own head count is untouched. A GPU of one host runs them; no second GPU is needed for the kernel.
+    """
+
+    model: str
+    heads: int
+    kv_heads: int
+    tensor_parallel_size: int
+    head_dim: int = 128
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads // self.tensor_parallel_size
+
+    @property
+    def num_kv_heads(self) -> int:
+        return max(self.kv_heads // self.tensor_parallel_size, 1)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} ({self.heads} heads) at TP {self.tensor_parallel_size}"
+
+
+# MLA models at the tensor-parallel sizes their users run, each leaving a rank a head count HEAD_COUNTS lacks
+MLA_RANK_HEADS = (
+    RankHeads(model="kvgate:tiny-deepseek-v2", heads=2, kv_heads=1, tensor_parallel_size=2),  # the tp2 cells
+    RankHeads(model="DeepSeek-V2-Lite", heads=16, kv_heads=1, tensor_parallel_size=8),
+    RankHeads(model="DeepSeek-V2-Lite", heads=16, kv_heads=1, tensor_parallel_size=2),
+    RankHeads(model="Kimi-K3", heads=96, kv_heads=1, tensor_parallel_size=8),  # 12: does not divide 16
+    RankHeads(model="Kimi-K2", heads=64, kv_heads=1, tensor_parallel_size=2),
+)
+MLA_HEAD_COUNTS = tuple(sorted({*HEAD_COUNTS, *(rank.num_heads for rank in MLA_RANK_HEADS)}))
+
+
+def rank_heads_of(num_heads: int) -> str:
+    """The models and tensor-parallel sizes that leave a rank `num_heads` MLA heads ("" for HEAD_COUNTS alone)."""
+    return "; ".join(rank.label for rank in MLA_RANK_HEADS if rank.num_heads == num_heads)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -214,6 +260,13 @@ def _attention_inputs(case: AttentionCase, query: torch.Tensor, keys: list[torch
 
 GQA_HEADS = (32, 8)  # (query heads, KV heads) of Llama-3.1-8B, the matrix's non-MLA model
 GQA_HEAD_DIM = 128
+# grouped-query models at tensor-parallel sizes: the (query, KV) heads a rank holds, beside GQA_HEADS (TP 1)
+GQA_RANK_HEADS = (
+    RankHeads(model="kvgate:tiny-llama", heads=4, kv_heads=4, head_dim=64, tensor_parallel_size=2),  # the tp2 cells
+    RankHeads(model="Llama-3.1-8B", heads=32, kv_heads=8, tensor_parallel_size=2),
+    RankHeads(model="Llama-3.1-8B", heads=32, kv_heads=8, tensor_parallel_size=8),  # one KV head a rank
+    RankHeads(model="Llama-3.1-70B", heads=64, kv_heads=8, tensor_parallel_size=8),
+)
 NULL_BLOCK = 0  # vLLM keeps KV cache block 0 as its null block: no request's tokens are ever written there
 
 
