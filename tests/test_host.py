@@ -299,7 +299,7 @@ def test_the_canaries_say_which_ones_this_host_cannot_run(monkeypatch):
     cannot = cannot_run_here(canaries)
     gpu = {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless",
            "triton-mla-context-dequant-x2", "flash-attn-long-context-k-x05", "flashmla-spec-verify-only-k-x09",
-           "flashmla-cuda-graph-k-x09"}
+           "flashmla-cuda-graph-k-x09", "flashmla-rank-heads-k-x09"}
     assert set(cannot) == {"fp8-scale-mismatch", "fp8-custom-ops-scale", "fp8-decode-extra-work", "harmless-refactor",
                            "fp8-kv-scale-loader-twice-normalised", "fp8-cached-context-scale", *gpu}
     assert cannot["fp8-scale-mismatch"].startswith("cpu_attn-fp8-cpu needs a CPU with AVX-512 or AMX")

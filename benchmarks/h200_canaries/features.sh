@@ -12,10 +12,11 @@
 #                    long_context.model): canary flash-attn-long-context-k-x05 and an A/A run
 #   $E (/tmp/h200e)  eager (enforce_eager = true): flashmla-cuda-graph-k-x09 again, which must pass there
 #   $P (/tmp/h200p)  tensor parallel, on nvidia-h200-x2 only: FLASHMLA and FLASH_ATTN with CUDA graphs, plain and tp2
-#                    cells (tensor_parallel_size 2, matrix/axes.toml); heads: patches/flashmla-tp-heads-split-k-x09
-#                    (FLASHMLA's FP8 decode at 0.9 times its scale where a rank holds part of the heads; its tp2 FP8
-#                    cell must fail and its plain cells pass) and an A/A run of each backend. Not run yet: the
-#                    two-GPU kind has not been lent
+#                    cells (tensor_parallel_size 2, matrix/axes.toml); heads: canary flashmla-rank-heads-k-x09 on
+#                    FLASHMLA's four cells (its FP8 decode at 0.9 times its scale where a rank holds one query head,
+#                    as the tiny DeepSeek-V2's 2 heads leave each of 2 ranks: its tp2 FP8 cell must fail and its
+#                    plain cells pass; on one GPU its kernel tests fail it) and an A/A run of each backend. Not run
+#                    yet: the two-GPU kind has not been lent
 #
 #   features.sh start [graphs] [long] [eager] [train] [tp2]
 #                          the named chains in the background (graphs and long when none is named): $G's base side
@@ -100,7 +101,9 @@ tp2_chain() {  # tensor parallel over the machine's two GPUs: base sides of both
   export KVGATE_CANARY_ROOT=$P KVGATE_CANARY_FEATURES=tp2
   bash "$here/run.sh" base FLASHMLA
   bash "$here/run.sh" base FLASH_ATTN
-  bash "$here/run.sh" heads FLASHMLA flashmla-tp-heads-split-k-x09 aa1
+  # the canary declares the kernels stage of the plain cells (one GPU); here it runs gsm8k on the four cells
+  KVGATE_CANARY_CELLS="flashmla-auto-sm90 flashmla-fp8-sm90 flashmla-auto-sm90-tp2 flashmla-fp8-sm90-tp2" \
+    bash "$here/run.sh" heads FLASHMLA flashmla-rank-heads-k-x09 aa1
   bash "$here/run.sh" heads FLASH_ATTN aa1
   echo "tp2 chain: heads started at $(date -u +%H:%M:%S)"
 }
