@@ -10,6 +10,7 @@ import pytest
 
 from kvgate.cli import main
 from kvgate.kernels import runner
+from kvgate.kernels.cases import MLA_HEAD_COUNTS
 
 
 def _status(run_dir: Path, cell_id: str) -> dict:
@@ -27,7 +28,8 @@ def test_cpu_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     print("host:", "runs the CPU FP8 cell" if fp8_here else fp8_cpu_engine_problem(), file=sys.stderr)
     assert main(["kernels", "--run-dir", str(tmp_path), "--arch-default", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "cpu_mla-auto-cpu: ok (4 passed, 0 failed, 0 skipped" in out
+    mla_cases = 2 * len(MLA_HEAD_COUNTS)  # one_token and ragged_short at every head count, TP ranks' included
+    assert f"cpu_mla-auto-cpu: ok ({mla_cases} passed, 0 failed, 0 skipped" in out
     if not fp8_here:  # planned out, said up front and at the end, never run into an error
         assert out.startswith("kvgate: this host cannot run 1 of 3 cells; they are planned out")
         assert "kvgate: FP8 was not run here (cpu_attn-fp8-cpu): they need a CPU with AVX-512 or AMX" in out
@@ -35,9 +37,9 @@ def test_cpu_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         return
     assert "cpu_attn-fp8-cpu: ok (4 passed, 0 failed, 1 skipped" in out  # the skipped one: the strict xfail
     mla = _status(tmp_path, "cpu_mla-auto-cpu")
-    assert (mla["status"], mla["passed"], mla["failed"]) == ("ok", 4, 0)
+    assert (mla["status"], mla["passed"], mla["failed"]) == ("ok", mla_cases, 0)
     counts = runner.read_junit(tmp_path / "cpu_mla-auto-cpu" / "kernels" / "junit.xml")
-    assert (counts.tests, counts.passed) == (4, 4)
+    assert (counts.tests, counts.passed) == (mla_cases, mla_cases)
     junit = (tmp_path / "cpu_mla-auto-cpu" / "kernels" / "junit.xml").read_text()
     assert 'name="rel_l2"' in junit and "mla_decode_kvcache_cpu" in junit  # figures kept as properties
     attn = _status(tmp_path, "cpu_attn-fp8-cpu")

@@ -119,10 +119,46 @@ def test_fp8_pv_covers_flashmla_fp8_and_catches_its_negative_control(spec: str, 
     assert len(tolerance.problems(control, tolerance.FP8_PV)) == 3
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("spec", ["ragged_short", "ragged_long"])
+@pytest.mark.parametrize("page", [16, 32, 64])
+def test_bf16_scores_covers_triton_mla_at_one_head_and_catches_a_wrong_scale(kv: str, spec: str, page: int) -> None:
+    """TRITON_MLA at one query head sums its scores in bf16 (tolerance.BF16_SCORES): the model of that, on the cases
+    the H200 measured (2026-12-03: rel-L2 0.0046-0.0103; ragged_short page 16 bf16: 126 elements outside bf16's
+    1e-2, the model 124). The model stays well inside BF16_SCORES and breaks bf16's bound on ragged_short (where the
+    H200 broke it on every bf16 case); one latent k_scale 10 % off breaks all three BF16_SCORES criteria."""
+    inputs = make_inputs(DecodeCase(spec=BATCH_SPECS[spec], num_heads=1, page_size=page, kv_cache_dtype=kv))
+    plain = reference.mla_decode(inputs.query, inputs.cache, inputs.sm_scale)
+    model = reference.mla_decode(inputs.query, inputs.cache, inputs.sm_scale, bf16_scores=True).to(torch.bfloat16)
+    modelled = tolerance.error_figures(model, plain, tolerance.BF16_SCORES)
+    assert tolerance.problems(modelled, tolerance.BF16_SCORES) == [], modelled.summary()
+    assert modelled.rel_l2 <= tolerance.BF16_SCORES.max_rel_l2 / 1.8
+    assert modelled.cos_diff <= tolerance.BF16_SCORES.max_cos_diff / 2.2
+    if spec == "ragged_short":
+        assert tolerance.problems(tolerance.error_figures(model, plain, tolerance.BF16), tolerance.BF16)
+    if kv != "auto":
+        wrong = dataclasses.replace(inputs.cache, scale=inputs.cache.scale * 1.1)
+        control = tolerance.error_figures(reference.mla_decode(inputs.query, wrong, inputs.sm_scale), plain,
+                                          tolerance.BF16_SCORES)
+        assert control.rel_l2 >= 4.5 * tolerance.BF16_SCORES.max_rel_l2
+        assert len(tolerance.problems(control, tolerance.BF16_SCORES)) == 3
+
+
+def test_the_bf16_scores_model_is_the_plain_reference_at_full_precision() -> None:
+    """With operands that bf16 holds exactly and sums it adds exactly, the model equals the reference."""
+    q = torch.tensor([[1.0, 2.0, -0.5]])
+    rows = torch.tensor([[0.25, 1.0, 2.0], [4.0, -1.0, 0.5]])
+    assert torch.equal(reference._bf16_dot(q, rows), q @ rows.T)
+
+
 def test_for_kernel() -> None:
+    assert tolerance.for_kernel(torch.bfloat16, fp8_pv=False, bf16_scores=True) is tolerance.BF16_SCORES
+    assert tolerance.for_kernel(torch.float8_e4m3fn, fp8_pv=True, bf16_scores=True) is tolerance.BF16_SCORES
     assert tolerance.for_kernel(torch.float8_e4m3fn, fp8_pv=True) is tolerance.FP8_PV
     assert tolerance.for_kernel(torch.float8_e5m2, fp8_pv=False) is tolerance.FP8
     assert tolerance.for_kernel(torch.bfloat16, fp8_pv=True) is tolerance.BF16
     from kvgate.kernels.families import FAMILIES
 
     assert FAMILIES["vllm_flashmla"].fp8_pv  # its FP8 kernel rounds P to e4m3 (adapters/vllm_flashmla.py)
+    assert FAMILIES["vllm_triton_mla"].bf16_scores_heads == (1,)  # triton_decode_attention's kv_group_num == 1 kernel
+    assert not any(f.bf16_scores_heads for f in FAMILIES.values() if f.name != "vllm_triton_mla")

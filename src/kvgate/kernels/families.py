@@ -49,6 +49,8 @@ class KernelFamily:
     description: str
     mla: bool = True
     fp8_pv: bool = False  # with an FP8 cache, P.V runs in FP8 (softmax weights rounded to e4m3)
+    # query heads (a KV head) at which the kernel sums its scores in bf16 (kvgate.kernels.tolerance.BF16_SCORES)
+    bf16_scores_heads: tuple[int, ...] = ()
 
 
 FAMILIES = {
@@ -65,7 +67,8 @@ FAMILIES = {
                      description="FlashInfer trtllm-gen MLA decode (vLLM FLASHINFER_MLA)"),
         KernelFamily(name="vllm_triton_mla", module=f"{ADAPTERS}.vllm_triton_mla",
                      archs=("sm80", "sm89", "sm90", "sm100", "sm120"), kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
-                     page_sizes=(16, 32, 64), description="vLLM Triton MLA decode (vLLM TRITON_MLA)"),
+                     page_sizes=(16, 32, 64), bf16_scores_heads=(1,),  # the kv_group_num == 1 kernel
+                     description="vLLM Triton MLA decode (vLLM TRITON_MLA)"),
         KernelFamily(name="vllm_flashmla", module=f"{ADAPTERS}.vllm_flashmla", archs=("sm90",),
                      kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"), page_sizes=(64,), fp8_pv=True,
                      description="vLLM FlashMLA dense decode flash_mla_with_kvcache / flash_mla_with_kvcache_fp8 "

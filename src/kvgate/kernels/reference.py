@@ -114,14 +114,18 @@ def page_requests(rows: list[torch.Tensor], *, page_size: int, kv_lora_rank: int
 
 
 def mla_decode(q: torch.Tensor, cache: PagedLatentCache, sm_scale: float, *,
-               round_p_to: torch.dtype | None = None) -> torch.Tensor:
+               round_p_to: torch.dtype | None = None, bf16_scores: bool = False) -> torch.Tensor:
     """Reference decode on the dequantised cache: q [batch, heads, D] -> float32 [batch, heads, kv_lora_rank].
 
     `round_p_to` is not part of the reference: it models a kernel that multiplies P.V in FP8 (vLLM's
     FlashMLA FP8 decode), exactly as `gqa_decode`'s does: exp(s - max) rounded to that dtype before P.V,
     the normaliser summed unrounded.
+    `bf16_scores` is not part of it either: it models a kernel that takes each score Q.K as bf16 products
+    summed in bf16 (vLLM's Triton decode kernel for one query head a KV head, `tl.sum(q[None, :] * k, 1)`):
+    every product rounded to bf16, then summed pairwise with a bf16 rounding at each level.
     """
-    return _decode(q, cache, lambda b: cache.rows(b), qk_scale=sm_scale, v_scale=1.0, round_p_to=round_p_to)
+    return _decode(q, cache, lambda b: cache.rows(b), qk_scale=sm_scale, v_scale=1.0, round_p_to=round_p_to,
+                   bf16_scores=bf16_scores)
 
 
 def mla_decode_bmm_scales(q: torch.Tensor, cache: PagedLatentCache, bmm1_scale: float,
@@ -131,7 +135,7 @@ def mla_decode_bmm_scales(q: torch.Tensor, cache: PagedLatentCache, bmm1_scale: 
 
 
 def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: float, v_scale: float,
-            round_p_to: torch.dtype | None = None) -> torch.Tensor:
+            round_p_to: torch.dtype | None = None, bf16_scores: bool = False) -> torch.Tensor:
     batch, heads, width = q.shape
     if batch != cache.batch or width != cache.kv.shape[-1]:
         raise ValueError(f"query {tuple(q.shape)} does not match the cache (batch {cache.batch}, "
@@ -139,7 +143,7 @@ def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: floa
     out = torch.empty(batch, heads, cache.kv_lora_rank, dtype=torch.float32, device=q.device)
     for b in range(batch):
         rows = rows_of(b).to(q.device)  # [seq_len, D]
-        scores = (q[b].float() @ rows.T) * qk_scale  # [heads, seq_len]
+        scores = (_bf16_dot(q[b], rows) if bf16_scores else q[b].float() @ rows.T) * qk_scale  # [heads, seq_len]
         values = rows[:, : cache.kv_lora_rank]
         if round_p_to is None:
             out[b] = (torch.softmax(scores, dim=-1) @ values) * v_scale
@@ -147,6 +151,17 @@ def _decode(q: torch.Tensor, cache: PagedLatentCache, rows_of, *, qk_scale: floa
             weights = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
             out[b] = (weights.to(round_p_to).float() @ values) / weights.sum(dim=-1, keepdim=True) * v_scale
     return out
+
+
+def _bf16_dot(q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """q [heads, D] . rows [seq_len, D] -> float32 [heads, seq_len], as bf16 products summed pairwise in bf16."""
+    x = q.to(torch.bfloat16)[:, None, :] * rows.to(torch.bfloat16)[None, :, :]  # each product rounded to bf16
+    width = 1 << (x.shape[-1] - 1).bit_length()
+    x = torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = (x[..., :half].float() + x[..., half:].float()).to(torch.bfloat16)
+    return x[..., 0].float()
 
 
 def gqa_decode(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float,
