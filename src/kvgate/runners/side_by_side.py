@@ -14,7 +14,10 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
-CPU_BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+from kvgate.runners.environment.process_env import CPU_BIND_VARIABLE, core_groups
+
+__all__ = ["CPU_BIND_VARIABLE", "core_groups", "run_side_by_side", "why_one_at_a_time"]
+
 # One at a time unless asked: on a 2-core host the cold main job took 325 s with two engines side by side against
 # 316 s one at a time (2026-12-02, AMD EPYC with AVX-512): two cold engines' compiles contend for the cores they
 # split, and the third cell then runs alone. --jobs 2 is for hosts where the engines' starts are warm or cores spare.
@@ -24,25 +27,16 @@ Unit = TypeVar("Unit")
 Result = TypeVar("Result")
 
 
-def core_groups(allowed: Collection[int], jobs: int) -> list[str]:
-    """The allowed cores split into `jobs` groups as VLLM_CPU_OMP_THREADS_BIND writes them ("0", "1" or "0-7",
-    "8-15"); fewer groups where there are fewer cores."""
-    cores = sorted(allowed)
-    count = max(1, min(jobs, len(cores)))
-    size = len(cores) // count
-    groups = [cores[i * size:(i + 1) * size] for i in range(count)]
-    groups[-1] += cores[count * size:]
-    return [",".join(str(c) for c in group) for group in groups]
-
-
 def why_one_at_a_time(*, jobs: int, archs: Collection[str], stages: Collection[str], environ: Mapping[str, str],
-                      allowed: Collection[int]) -> str | None:
+                      allowed: Collection[int], parallel: bool = False) -> str | None:
     """Why a run's engines start one at a time although --jobs asks for more (None: they run side by side; "" for
-    jobs 1, which needs no reason said)."""
+    jobs 1, which needs no reason said). `parallel`: a cell's engine runs tensor-parallel ranks on the CPU."""
     if jobs <= 1:
         return ""
     if any(arch != "cpu" for arch in archs):
         return "a GPU cell's engine takes the GPU's memory, so its engines start one at a time"
+    if parallel:
+        return "a tensor-parallel CPU cell's engine binds a core for each rank, so the engines start one at a time"
     if set(stages) != {"accuracy"}:
         return "throughput and kernel stages run alone (a timed stage shares no core), so the engines start one at a time"
     if environ.get(CPU_BIND_VARIABLE, "").strip():

