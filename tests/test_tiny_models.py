@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,23 @@ def test_the_cache_folder_of_a_shipped_model_follows_its_files(tmp_path: Path, m
     with (shipped / "tiny-llama" / "tokenizer_config.json").open("a") as f:
         f.write(" ")
     assert model_dir("tiny-llama", tmp_path) != before
+
+
+def test_a_shipped_model_without_its_weights_is_refused_not_built_at_random(tmp_path: Path, monkeypatch) -> None:
+    """A checkout whose shipped folder lacks model.safetensors (an incomplete clone, a file moved away while a run
+    started) must not build the random recipe under the trained model's name: found on 2026-12-03, when an A/A run's
+    head side answered 0 of 405 on such a model while its base side had the trained one."""
+    shipped = tmp_path / "shipped"
+    shutil.copytree(tiny_models.SHIPPED_DIR, shipped)
+    (shipped / "tiny-deepseek-v2" / "model.safetensors").unlink()
+    monkeypatch.setattr(tiny_models, "SHIPPED_DIR", shipped)
+    with pytest.raises(InputError) as info:
+        tiny_models.ensure_model("tiny-deepseek-v2", tmp_path / "cache")
+    said = str(info.value)
+    assert str(shipped / "tiny-deepseek-v2" / "model.safetensors") in said and "untrained" in said
+    assert "git checkout -- src/kvgate/workloads/models/tiny-deepseek-v2/model.safetensors" in said
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert tiny_models.ensure_model("tiny-llama", tmp_path / "cache").is_dir()  # the others are whole
 
 
 def test_the_cache_defaults_to_kvgate_model_dir(tmp_path: Path, monkeypatch) -> None:

@@ -57,9 +57,19 @@ class TinyModel:
 
     @property
     def shipped(self) -> Path | None:
-        """The folder of trained weights kvgate ships for this model, if any."""
+        """The folder of trained weights kvgate ships for this model; None for a model it builds (no such folder).
+        A shipped folder without its weights is an incomplete checkout: refused, never replaced by the random recipe
+        (an untrained model of the same name, whose answers would be blamed on the vLLM under test)."""
         folder = SHIPPED_DIR / self.name
-        return folder if (folder / "model.safetensors").is_file() else None
+        if not folder.is_dir():
+            return None
+        weights = folder / "model.safetensors"
+        if not weights.is_file():
+            raise InputError(str(weights), "missing: kvgate ships this model's trained weights, and without them a run "
+                             "would build an untrained model of the same name",
+                             hint="Restore the file from the repository (git checkout -- "
+                                  f"src/kvgate/workloads/models/{self.name}/model.safetensors)")
+        return folder
 
 
 def _shipped_config(name: str) -> dict:
