@@ -31,7 +31,7 @@ def test_the_shipped_canaries_are_well_formed_patches_of_the_package():
                              "triton-mla-kv-scale-x08", "triton-mla-kv-scale-x09", "triton-mla-harmless",
                              "triton-mla-context-dequant-x2", "flash-attn-long-context-k-x05",
                              "flashmla-spec-verify-only-k-x09", "flashmla-cuda-graph-k-x09",
-                             "cpu-mla-rank-heads-x09", "flashmla-rank-heads-k-x09"}
+                             "cpu-mla-rank-heads-x08", "flashmla-rank-heads-k-x09"}
     assert {name for name, c in canaries.items() if c.vllm} == {"triton-mla-kv-scale-x05", "triton-mla-kv-scale-x08",
                                                                 "triton-mla-kv-scale-x09", "triton-mla-harmless",
                                                                 "triton-mla-context-dequant-x2",
