@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from h200_matrix import failing, figures
+from h200_matrix import judged_checks as decided
 from kvgate.cli.canaries_command import judge, load_canaries
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,20 +46,6 @@ def judged(tmp_path_factory) -> dict[str, tuple[int, dict, Path]]:
         assert code in (0, 1), printed
         out[run] = (code, json.loads((root / "runs" / run / "gate" / "verdict.json").read_text()), root / "runs" / run)
     return out
-
-
-def decided(verdict: dict) -> dict[tuple[str, str], str]:
-    return {(c["cell"], c["kind"]): c["status"] for c in verdict["checks"]
-            if c["status"] not in ("info", "not_run") and c.get("subject") in (None, "strict-match")}
-
-
-def failing(verdict: dict) -> set[tuple[str, str]]:
-    return {key for key, status in decided(verdict).items() if status in ("fail", "error", "missing")}
-
-
-def figures(verdict: dict, cell: str, kind: str) -> dict:
-    return next(c for c in verdict["checks"] if c["cell"] == cell and c["kind"] == kind
-                and c.get("subject") in (None, "strict-match"))["figures"]
 
 
 def declaration(tmp_path: Path):
