@@ -43,6 +43,7 @@ from kvgate.kernels.cases import (
     attention_bytes_moved,
     make_attention_bench_inputs,
     make_attention_inputs,
+    rank_heads_of,
 )
 from kvgate.kernels.families import FAMILIES, KernelFamily, storage_kinds
 
@@ -84,11 +85,6 @@ def _case(spec: str, kv: str, seed: int = 0, rank: RankHeads | None = None) -> A
     return AttentionCase(spec=BATCH_SPECS[spec], num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
                          page_size=PAGE_SIZE, kv_cache_dtype=kv, seed=seed)
 
-
-def _rank_heads_of(case: AttentionCase) -> str:
-    """The models and tensor-parallel sizes whose ranks hold the case's heads ("" for GQA_HEADS at TP 1)."""
-    return "; ".join(rank.label for rank in GQA_RANK_HEADS if (rank.num_heads, rank.num_kv_heads, rank.head_dim)
-                     == (case.num_heads, case.num_kv_heads, case.head_dim))
 
 
 def _accuracy_params():
@@ -145,8 +141,8 @@ def test_paged_decode_matches_reference(family: KernelFamily, case: AttentionCas
     figures = tolerance.error_figures(out, ref, bound)
     record_figures("provenance", prepared.provenance)
     record_figures("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-    if _rank_heads_of(case):
-        record_figures("heads_of_a_rank", _rank_heads_of(case))
+    if of_a_rank := rank_heads_of(case.num_heads, case.num_kv_heads, case.head_dim):
+        record_figures("heads_of_a_rank", of_a_rank)
     record_figures("tolerance", f"{bound.name}: rel_l2<={bound.max_rel_l2} cos_diff<{bound.max_cos_diff} "
                                 f"atol={bound.atol} rtol={bound.rtol}")
     for name, value in figures.as_dict().items():

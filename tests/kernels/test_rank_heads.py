@@ -57,6 +57,8 @@ def test_mla_head_counts_cover_the_ranks_and_a_count_that_does_not_divide_16() -
     assert any(16 % heads for heads in MLA_HEAD_COUNTS if heads < 16)  # 12: kernels that pad to 16 need divisors
     assert rank_heads_of(12) == "Kimi-K3 (96 heads) at TP 8"
     assert rank_heads_of(128) == ""
+    assert rank_heads_of(4, 1, 128) == "Llama-3.1-8B (32 heads) at TP 8"
+    assert rank_heads_of(32, 8, 128) == ""  # TP 1's GQA_HEADS
 
 
 def _param_cases(params) -> list:

@@ -89,9 +89,13 @@ MLA_RANK_HEADS = (
 MLA_HEAD_COUNTS = tuple(sorted({*HEAD_COUNTS, *(rank.num_heads for rank in MLA_RANK_HEADS)}))
 
 
-def rank_heads_of(num_heads: int) -> str:
-    """The models and tensor-parallel sizes that leave a rank `num_heads` MLA heads ("" for HEAD_COUNTS alone)."""
-    return "; ".join(rank.label for rank in MLA_RANK_HEADS if rank.num_heads == num_heads)
+def rank_heads_of(num_heads: int, num_kv_heads: int | None = None, head_dim: int | None = None) -> str:
+    """The models and tensor-parallel sizes that leave a rank these heads: MLA query heads alone, or a grouped-query
+    case's (query heads, KV heads, head dim); "" for the TP 1 shapes alone (HEAD_COUNTS, GQA_HEADS)."""
+    if num_kv_heads is None:
+        return "; ".join(rank.label for rank in MLA_RANK_HEADS if rank.num_heads == num_heads)
+    return "; ".join(rank.label for rank in GQA_RANK_HEADS
+                     if (rank.num_heads, rank.num_kv_heads, rank.head_dim) == (num_heads, num_kv_heads, head_dim))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
