@@ -250,7 +250,8 @@ def harness_changed(changed: Sequence[str]) -> list[str]:
 
 
 def unsafe_paths(changed: Sequence[str]) -> list[str]:
-    """Paths that cannot travel one a line as UTF-8 (a control character, bytes that are not UTF-8)."""
+    """Paths that cannot travel one a line as UTF-8 (a control character, bytes that are not UTF-8) or that leave
+    the repository's relative tree (absolute, `..`, a backslash)."""
     unsafe = []
     for path in changed:
         try:
@@ -258,8 +259,9 @@ def unsafe_paths(changed: Sequence[str]) -> list[str]:
         except UnicodeEncodeError:
             unsafe.append(path)
             continue
-        if _UNSAFE.search(path):
-            unsafe.append(path)
+        parts = path.split("/")
+        if _UNSAFE.search(path) or path.startswith("/") or ".." in parts or "\\" in path:
+            unsafe.append(path)  # `docs/../vllm/x.py` would match an inert glob and plan no cell
     return unsafe
 
 
@@ -460,7 +462,7 @@ def decide(event: str, changed: list[str] | None, change_of: str = "kvgate",
     unsafe = unsafe_paths(changed)
     if unsafe:
         shown = ascii(unsafe[0])[:120]
-        return None, f"A changed path cannot be matched safely ({shown}: a control character or not UTF-8): every cell."
+        return None, f"A changed path cannot be matched safely ({shown}: a control character, not UTF-8, absolute or `..`): every cell."
     if change_of == "kvgate":
         harness = harness_changed(changed)
         if harness:

@@ -109,12 +109,14 @@ def test_a_pull_request_without_a_diff_is_an_error():
     "vllm/v1/attention/backends/mla/x\u2028.py",  # str.splitlines() ends a line there
     "vllm/v1/attention/backends/mla/x\x85.py",
     "vllm/v1/attention/backends/mla/x\udcff.py",  # a byte that is not UTF-8, as git -z gives it
+    "docs/../vllm/v1/attention/backends/flash_attn.py",  # docs/** is inert: matched as listed, it would plan no cell
+    "/vllm/v1/attention/backends/flash_attn.py",
 ])
 def test_a_path_that_cannot_travel_one_a_line_plans_every_cell(path):
     selection, reason = plan.decide("pull_request", ["docs/a.md", path], "vllm")
     assert selection is None
-    assert reason == (f"A changed path cannot be matched safely ({path!a}: a control character or not UTF-8): "
-                      "every cell.")
+    assert reason == (f"A changed path cannot be matched safely ({path!a}: a control character, not UTF-8, "
+                      "absolute or `..`): every cell.")
 
 
 # ------------------------------------------------------------------------------------------------ real git

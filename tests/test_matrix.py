@@ -343,6 +343,46 @@ def test_cli_missing_changed_files_list(capsys, tmp_path):
                    "Pass the output of `git diff --name-only BASE...HEAD` saved to a file\n")
 
 
+def test_an_empty_list_in_a_match_is_refused_not_read_as_every_value(capsys, matrix_copy):
+    """`kv_cache_dtype = []` matched every dtype: one character took all eleven FLASH_ATTN cells out, exit 0."""
+    edit(matrix_copy, "exclusions.toml", 'backend = "CPU_ATTN", kv_cache_dtype = "fp8_e4m3"',
+         'backend = "FLASH_ATTN", kv_cache_dtype = []')
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(matrix_copy))
+    assert (code, out) == (2, "")
+    assert (f"ERROR {matrix_copy}/exclusions.toml: empty list in a match would match every kv_cache_dtype in "
+            "exclude[0].match.kv_cache_dtype. Name at least one kv_cache_dtype, or leave the key out\n") in err
+
+
+def test_a_matrix_file_that_is_not_utf8_is_one_line_not_a_traceback(capsys, matrix_copy):
+    with (matrix_copy / "waivers.toml").open("ab") as handle:
+        handle.write(b"\n# \xff\xfe\n")
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(matrix_copy))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"ERROR {matrix_copy}/waivers.toml: not UTF-8 text (byte ") and err.count("\n") == 1
+    assert "Save the file as UTF-8" in err
+
+
+@pytest.mark.parametrize("listing, shown", [
+    ("", None),
+    ("\n  \n", None),
+    ("docs/../vllm/v1/attention/backends/flash_attn.py\n", "'docs/../vllm/v1/attention/backends/flash_attn.py'"),
+    ("tests/../csrc/cache_kernels.cu\n", "'tests/../csrc/cache_kernels.cu'"),
+    ("/vllm/v1/attention/backends/flash_attn.py\n", "'/vllm/v1/attention/backends/flash_attn.py'"),
+    ("docs/a.md\0vllm/a\nb.py\0", "'vllm/a\\nb.py'"),
+])
+def test_a_changed_files_list_that_cannot_be_matched_safely_is_refused(capsys, tmp_path, listing, shown):
+    """Read as listed, `docs/../vllm/...` matched the inert docs/** and planned no cell (exit 0), and an empty list
+    (a failed `git diff > FILE`) planned none too."""
+    changed = tmp_path / "changed.txt"
+    changed.write_text(listing)
+    code, out, err = run_cli(capsys, "matrix", "--format", "gha", "--changed-files", str(changed))
+    assert (code, out) == (2, "")
+    if shown is None:
+        assert err.startswith(f"ERROR {changed}: the changed-files list names no path. ")
+    else:
+        assert err.startswith(f"ERROR {changed}: unsafe path {shown} in path ")
+
+
 def test_cli_has_no_traceback_for_bad_flags():
     result = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--arch", "sm9"], capture_output=True,
                             text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})

@@ -486,6 +486,11 @@ def parse_match(reader: TomlReader, value: Any, where: str, dtypes: Sequence[str
     if not value:
         reader.error("empty match would select every cell", where, "Name a backend, kv_cache_dtype, arch or feature")
         return None
+    for key, names in value.items():
+        if isinstance(names, list) and not names:  # [] would match any value of the key, not none
+            reader.error(f"empty list in a match would match every {key}", f"{where}.{key}",
+                         f"Name at least one {key}, or leave the key out")
+            return None
     match = Match(
         backend=reader.names(value.get("backend", []), f"{where}.backend", backends, "backend", allow_one=True),
         kv_cache_dtype=reader.names(value.get("kv_cache_dtype", []), f"{where}.kv_cache_dtype", dtypes,

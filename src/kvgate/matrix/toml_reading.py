@@ -29,6 +29,9 @@ def read_toml(path: Path, *, missing_hint: str, invalid_hint: str | None = None)
         raise InputError(shown, "file is missing", hint=missing_hint) from None
     except tomllib.TOMLDecodeError as error:
         raise InputError(shown, f"invalid TOML: {error}", hint=invalid_hint) from None
+    except UnicodeDecodeError as error:
+        raise InputError(shown, f"not UTF-8 text (byte {error.start}): TOML files are UTF-8",
+                         hint="Save the file as UTF-8") from None
     except OSError as error:
         raise InputError(shown, f"cannot read: {error.strerror or error}") from None
 
