@@ -170,6 +170,21 @@ def test_an_arch_without_a_queue_is_one_error_naming_the_fix(capsys):
                    "in queues. Add `sm120 = \"<queue>\"` under [queues], or leave the arch out with `--arch`\n")
 
 
+@pytest.mark.parametrize("queue", ["${BUILDKITE_AGENT_ACCESS_TOKEN}$(id)", "gpu\nqueue", "<script>", ""])
+def test_a_queue_name_that_buildkite_would_interpolate_or_break_on_is_refused(capsys, tmp_path, queue):
+    """buildkite.toml's queue names went into `agents.queue` as written: `${...}` reached upload interpolation."""
+    shutil.copytree(ROOT / "matrix", tmp_path / "matrix")
+    path = tmp_path / "matrix" / "buildkite.toml"
+    text = path.read_text()
+    assert 'sm90 = "mithril-h100-pool"' in text
+    path.write_text(text.replace('sm90 = "mithril-h100-pool"', f"sm90 = {json.dumps(queue)}", 1))
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(tmp_path / "matrix"), "--format", "buildkite",
+                             *RUN, "--vllm-base", MERGE_BASE, "--cell", "flashmla-fp8-sm90")
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and "in queues.sm90" in err
+    assert ("has characters a queue name cannot hold" in err) if queue else ("expected a non-empty string" in err)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (("--kvgate-ref", KVGATE_REF, "--vllm-base", MERGE_BASE),
      "ERROR --kvgate-repository: missing: --format buildkite needs it. Name the kvgate repository the steps clone, "

@@ -383,6 +383,17 @@ def test_a_changed_files_list_that_cannot_be_matched_safely_is_refused(capsys, t
         assert err.startswith(f"ERROR {changed}: unsafe path {shown} in path ")
 
 
+@pytest.mark.parametrize("old, new, where", [
+    ('runner = "gpu-sm90"', 'runner = "gpu-sm90\\r\\nx"', "archs.sm90.runner"),
+    ('{ "gpu-sm90-x2" = 2 }', '{ "gpu-${X}" = 2 }', "archs.sm90.multi_gpu_runners"),
+])
+def test_a_runner_label_that_a_ci_system_would_break_on_is_refused(capsys, matrix_copy, old, new, where):
+    edit(matrix_copy, "axes.toml", old, new)
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(matrix_copy), "--format", "gha")
+    assert (code, out) == (2, "")
+    assert "has characters a runner label cannot hold" in err and f" in {where}. " in err
+
+
 def test_cli_has_no_traceback_for_bad_flags():
     result = subprocess.run([sys.executable, "-m", "kvgate", "matrix", "--arch", "sm9"], capture_output=True,
                             text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})

@@ -135,10 +135,10 @@ def load_queues(matrix_dir: Path, matrix: Matrix) -> BuildkiteQueues:
     by_arch: dict[str, str] = {}
     gate = ""
     if reader.keys(document, QUEUES_FILE, ["queues", "gate"]):
-        gate = reader.string(document, "gate", QUEUES_FILE)
+        gate = reader.label(document, "gate", QUEUES_FILE, "queue name")
         table = document["queues"]
         if reader.keys(table, "queues", [], list(matrix.archs)):
-            by_arch = {arch: reader.string(table, arch, "queues") for arch in table}
+            by_arch = {arch: reader.label(table, arch, "queues", "queue name") for arch in table}
     if reader.problems:
         raise InputErrors(reader.problems)
     return BuildkiteQueues(by_arch=by_arch, gate=gate, source=source)
@@ -155,7 +155,7 @@ def cell_step(entry: Mapping[str, Any], queue: str) -> dict[str, Any]:
     return {
         "label": literal(cell_id),
         "key": literal(results),
-        "agents": {"queue": queue},
+        "agents": literal({"queue": queue}),
         "env": literal({"KVGATE_CELL": cell_id, "KVGATE_SESSIONS": json.dumps(list(entry["sessions"])),
                         "KVGATE_RUNNER_LABEL": queue}),
         "commands": [
@@ -186,7 +186,7 @@ def gate_step(plan: Mapping[str, Any], cell_keys: Sequence[str], queue: str) -> 
     step: dict[str, Any] = {
         "label": GATE_KEY,
         "key": GATE_KEY,
-        "agents": {"queue": queue},
+        "agents": literal({"queue": queue}),
         # the plan, as data: a changed path it names (selected_by) reaches the gate job unchanged, never interpolated
         "env": {"PLAN_RESULT": "success", "PLANNED_MATRIX": literal(json.dumps(plan, separators=(",", ":"))),
                 "KVGATE_SIDES": "base,head"},

@@ -170,8 +170,8 @@ def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, 
                          f"{where}.compute_capability")
         gpus, runners = _arch_gpus(reader, spec, where, name)
         archs[name] = Arch(name=name, description=reader.string(spec, "description", where),
-                           runner=reader.string(spec, "runner", where), compute_capability=capability, gpus=gpus,
-                           multi_gpu_runners=runners)
+                           runner=reader.label(spec, "runner", where, "runner label"), compute_capability=capability,
+                           gpus=gpus, multi_gpu_runners=runners)
     return tuple(dtypes), archs
 
 

@@ -20,7 +20,7 @@ from kvgate.matrix.declarations import (
     cell_id,
 )
 from kvgate.matrix.host_requirements import HostRequirement
-from kvgate.matrix.toml_reading import TomlReader, describe_value
+from kvgate.matrix.toml_reading import LABEL, TomlReader, describe_value
 
 
 def arch_gpus(reader: TomlReader, spec: Mapping[str, Any], where: str, name: str) -> tuple[int, dict[str, int]]:
@@ -39,6 +39,10 @@ def arch_gpus(reader: TomlReader, spec: Mapping[str, Any], where: str, name: str
                      f"{where}.multi_gpu_runners", 'Write { "gpu-sm90-x2" = 2 }')
         return gpus, runners
     for label, count in table.items():
+        if not LABEL.fullmatch(label):
+            reader.error(f"runner label {ascii(label)[:80]} has characters a runner label cannot hold",
+                         f"{where}.multi_gpu_runners", "Use letters, digits and . _ : / - (at most 100)")
+            continue
         if isinstance(count, bool) or not isinstance(count, int) or not gpus < count <= 64 or not label.strip():
             reader.error(f"expected more GPUs than the arch's runner has ({gpus}), at most 64, got "
                          f"{describe_value(count)}", f"{where}.multi_gpu_runners.{label}")

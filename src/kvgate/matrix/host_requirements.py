@@ -112,7 +112,7 @@ def parse_host_requirements(reader: TomlReader, value: Any, where: str, backend_
             multiple = None
         if "cpu_isa_any" not in table and "head_size_multiple" not in table:
             reader.error("a requirement with nothing required", at, "Give cpu_isa_any or head_size_multiple")
-        runner = reader.string(table, "runner", at)
+        runner = reader.label(table, "runner", at, "runner label")
         found.append(HostRequirement(kv_cache_dtypes=dtypes, cpu_isa_any=isa, head_size_multiple=multiple,
                                      runner=runner, reason=reader.string(table, "reason", at),
                                      source=reader.string(table, "source", at), where=at))

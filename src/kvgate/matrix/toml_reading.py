@@ -11,12 +11,15 @@ Stdlib only.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvgate import InputError, unknown_name_hint
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}")  # TomlReader.label
 
 
 def read_toml(path: Path, *, missing_hint: str, invalid_hint: str | None = None) -> dict[str, Any]:
@@ -72,6 +75,16 @@ class TomlReader:
         value = table.get(key, default)
         if not isinstance(value, str) or not value.strip():
             self.error(f"expected a non-empty string, got {describe_value(value)}", f"{where}.{key}")
+            return ""
+        return value
+
+    def label(self, table: Mapping[str, Any], key: str, where: str, what: str) -> str:
+        """A runner label or agent queue name: letters, digits and . _ : / - only, so that it reaches a CI system's
+        YAML or JSON as data (no `$` to interpolate, no line break, no markup)."""
+        value = self.string(table, key, where)
+        if value and not LABEL.fullmatch(value):
+            self.error(f"{what} {ascii(value)[:80]} has characters a {what} cannot hold", f"{where}.{key}",
+                       "Use letters, digits and . _ : / - (at most 100)")
             return ""
         return value
 
