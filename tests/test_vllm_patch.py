@@ -102,6 +102,10 @@ def test_paths_are_sorted_into_package_build_and_elsewhere():
     ("--- /etc/passwd\n+++ /etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "p: unsafe path '/etc/passwd' in line 1. A vLLM "
                                                               "patch names files relative to the repository root "
                                                               "(a/vllm/...)"),
+    # git quotes a path with a line break; unquoted, it printed over two lines in --explain's table
+    ('--- "a/vllm/a\\nb.py"\n+++ "b/vllm/a\\nb.py"\n@@ -1 +1 @@\n-a\n+b\n', "p: unsafe path 'vllm/a\\nb.py' in line 1. A "
+                                                                          "vLLM patch names files relative to the "
+                                                                          "repository root (a/vllm/...)"),
 ])
 def test_a_malformed_or_hostile_patch_is_one_error(text, message):
     with pytest.raises(InputError) as caught:

@@ -246,7 +246,8 @@ def _unquote(path: str, source: str, line: int) -> str:
 
 def _check_path(path: str, source: str, line: int) -> None:
     pure = PurePosixPath(path)
-    if pure.is_absolute() or ".." in pure.parts or "\x00" in path or "\\" in path or not path.strip():
+    if (pure.is_absolute() or ".." in pure.parts or "\\" in path or not path.strip()
+            or re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", path)):  # a control character: shown one a line, it breaks
         raise InputError(source, f"unsafe path {path!r}", f"line {line}",
                          "A vLLM patch names files relative to the repository root (a/vllm/...)")
 
