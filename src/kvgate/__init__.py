@@ -55,6 +55,8 @@ class InputErrors(Exception):
 
 
 _LINE_BREAKING = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+# A changed path holding one of these (a tab included) cannot be shown or matched one a line: refused where read
+PATH_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def one_line(text: object) -> str:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from kvgate import InputError
+from kvgate import PATH_CONTROL_CHARACTERS, InputError
 
 PACKAGE_ROOT = "vllm"
 COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".so", ".pyd", ".cmake")
@@ -247,7 +247,7 @@ def _unquote(path: str, source: str, line: int) -> str:
 def _check_path(path: str, source: str, line: int) -> None:
     pure = PurePosixPath(path)
     if (pure.is_absolute() or ".." in pure.parts or "\\" in path or not path.strip()
-            or re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", path)):  # a control character: shown one a line, it breaks
+            or PATH_CONTROL_CHARACTERS.search(path)):
         raise InputError(source, f"unsafe path {path!r}", f"line {line}",
                          "A vLLM patch names files relative to the repository root (a/vllm/...)")
 

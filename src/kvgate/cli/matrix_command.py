@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path, PurePosixPath
 
-from kvgate import EXIT_FAILED, EXIT_OK, InputError
+from kvgate import EXIT_FAILED, EXIT_OK, PATH_CONTROL_CHARACTERS, InputError
 from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.views import cells_table, gha_matrix, nearest_cells
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # a path that cannot be shown or matched one a line
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout: its .nox/_engine-cpu and ci/locks
 HELP = "print the matrix's cells (a table, {\"include\": [...]} for GitHub Actions, or a Buildkite pipeline)"
@@ -89,7 +86,7 @@ def read_changed_files(path: Path) -> list[str]:
                               "for every cell")
     for line, changed in enumerate(paths, 1):
         pure = PurePosixPath(changed)
-        if pure.is_absolute() or ".." in pure.parts or "\\" in changed or _CONTROL.search(changed):
+        if pure.is_absolute() or ".." in pure.parts or "\\" in changed or PATH_CONTROL_CHARACTERS.search(changed):
             # `docs/../vllm/x.py` would match docs/** (inert) and plan no cell for a change to vllm/x.py
             raise InputError(str(path), f"unsafe path {ascii(changed)[:120]}", f"path {line}",
                              "List paths relative to the repository root, as `git diff --name-only` writes them")
