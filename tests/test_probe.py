@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -246,6 +247,20 @@ def test_a_missing_probe_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(InputError) as error:
         probe_file.read(tmp_path / "probe.json")
     assert str(error.value) == f"{tmp_path / 'probe.json'}: no probe file. Did the probe stage run for this cell?"
+
+
+@pytest.mark.parametrize(("make", "what"), [
+    (lambda path: path.symlink_to("/nonexistent/probe.json"), "cannot read: No such file or directory"),
+    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, device or socket). Write the file itself at this name"),
+    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, device or socket). "
+                                                "Write the file itself at this name"),
+], ids=["dangling", "fifo", "dev-zero"])
+def test_a_probe_file_that_is_no_regular_file_is_refused_unopened(tmp_path: Path, make, what) -> None:
+    """A dangling link is not "no probe file"; a FIFO (a hang) or /dev/zero (a MemoryError) is never opened."""
+    make(tmp_path / "probe.json")
+    with pytest.raises(InputError) as error:
+        probe_file.read(tmp_path / "probe.json")
+    assert str(error.value) == f"{tmp_path / 'probe.json'}: {what}"
 
 
 def test_the_fixed_prompts_are_sixteen_distinct_texts() -> None:

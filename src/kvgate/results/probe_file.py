@@ -31,7 +31,13 @@ from typing import Any
 
 from kvgate import InputError
 from kvgate.results import schema
-from kvgate.results.parsers.reading import OutOfRangeNumber, out_of_range_place, strict_json
+from kvgate.results.parsers.reading import (
+    OutOfRangeNumber,
+    out_of_range_place,
+    present,
+    read_text,
+    strict_json,
+)
 from kvgate.results.parsers.reading import kind as kind_of
 
 FORMAT = "kvgate-probe"
@@ -102,12 +108,9 @@ def write(record: dict, folder: Path) -> Path:
 def read(path: Path) -> ProbeRecord:
     """Read and check a probe file; InputError names the file and the place of the first problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(source, "no probe file", hint="Did the probe stage run for this cell?") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(source, f"cannot read the probe file ({error})") from None
+    if not present(path):
+        raise InputError(source, "no probe file", hint="Did the probe stage run for this cell?")
+    text = read_text(path, source)  # a regular file within the cap, else InputError (a FIFO, /dev/zero, a dangling link)
     try:
         data = strict_json(text)
     except OutOfRangeNumber as error:

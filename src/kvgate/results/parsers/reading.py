@@ -5,28 +5,57 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
 
+MAX_FILE_BYTES = 256 * 1024 * 1024  # of a contract file (a probe file or a sample log is a few MB; more is hostile)
 
-def read_text(path: Path, source: str | None = None) -> str:
+
+def present(path: Path) -> bool:
+    """Something is at `path`: a file, a folder, or a link, even a dangling one or a loop (Path.exists() says False
+    for those, which would read a broken link to status.json as "no status.json": a fail-open)."""
+    return os.path.lexists(path)
+
+
+def read_bytes(path: Path, source: str | None = None, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file (a link is followed), at most `max_bytes`; InputError for anything else: a dangling
+    link or a loop (cannot read), a folder, FIFO or device (never opened: a FIFO blocks, /dev/zero never ends), or a
+    file past the cap."""
     source = source or str(path)
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(source, f"not UTF-8 text (byte {error.start})") from None
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            what = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, device or socket"
+            raise InputError(source, f"not a regular file ({what})", hint="Write the file itself at this name")
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
     except OSError as error:
         raise InputError(source, f"cannot read: {error.strerror or error}") from None
+    if len(data) > max_bytes:
+        raise InputError(source, f"larger than {_size(max_bytes)}, the most a contract file is read",
+                         hint="Is this the file the tool wrote?")
+    return data
 
 
-def read_bytes(path: Path, source: str | None = None) -> bytes:
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count} bytes"
+
+
+def read_text(path: Path, source: str | None = None, *, max_bytes: int | None = None) -> str:
+    source = source or str(path)
+    data = read_bytes(path, source, max_bytes=max_bytes)
     try:
-        return Path(path).read_bytes()
-    except OSError as error:
-        raise InputError(source or str(path), f"cannot read: {error.strerror or error}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(source, f"not UTF-8 text (byte {error.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as a text-mode open reads
+
 
 
 def _no_constants(name: str) -> Any:
