@@ -210,6 +210,14 @@ def malformed(change) -> dict:
      'Write "inf" or "-inf"'),
     (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [5, 7.0]))).replace("7.0", "NaN"),
      'NaN is not a number JSON allows in the file. Write "nan", "inf" or "-inf"'),
+    (json.dumps(malformed(lambda r: r["prompts"][1]["generated_logprobs"].__setitem__(3, -10 ** 400))),
+     "expected a logprob (a finite number), got a whole number past a float's range in "
+     'prompts[1].generated_logprobs[3]. Write "inf" or "-inf"'),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_token_ids"].__setitem__(2, 10 ** 400))),
+     "expected a token id (a whole number >= 0), got a whole number past a float's range in "
+     "prompts[0].prompt_token_ids[2]"),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [10 ** 400, -0.5]))),
+     "expected a whole number, got a whole number past a float's range in prompts[0].prompt_top[1][0][0]"),
 ])
 def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "probe.json"

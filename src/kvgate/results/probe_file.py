@@ -34,6 +34,7 @@ from kvgate.results import schema
 from kvgate.results.parsers.reading import (
     OutOfRangeNumber,
     out_of_range_place,
+    past_float_range,
     present,
     read_text,
     strict_json,
@@ -224,10 +225,10 @@ def _types(values: Iterable[Any]) -> set[type]:
 
 
 def _token_ids(values: list, source: str, where: str) -> tuple[int, ...]:
-    if _types(values) <= {int} and (not values or min(values) >= 0):  # the common case, all at once
+    if _types(values) <= {int} and (not values or (min(values) >= 0 and not past_float_range(max(values)))):
         return tuple(values)
     for i, value in enumerate(values):
-        if type(value) is not int or value < 0:
+        if type(value) is not int or value < 0 or past_float_range(value):
             raise InputError(source, f"expected a token id (a whole number >= 0), got {kind_of(value)}",
                              f"{where}[{i}]")
     return tuple(values)
@@ -239,6 +240,9 @@ def _logprob(value: Any, source: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(source, f'expected a logprob (a number, or "nan", "inf", "-inf"), got {kind_of(value)}',
                          where)
+    if isinstance(value, int) and past_float_range(value):  # float() would raise OverflowError
+        raise InputError(source, f"expected a logprob (a finite number), got {kind_of(value)}", where,
+                         'Write "inf" or "-inf"')
     return float(value)
 
 
@@ -255,7 +259,8 @@ def _top_lists(values: list, source: str, where: str, start: int = 0) -> tuple[T
     if _types(tops) <= {list} and all(tops):  # the common case, all at once: non-empty lists of [int, float]
         pairs = list(itertools.chain.from_iterable(tops))
         if _types(pairs) <= {list} and set(map(len, pairs)) <= {2} and _types(map(_TOKEN, pairs)) <= {int} \
-                and _types(map(_LOGPROB, pairs)) <= {float}:
+                and _types(map(_LOGPROB, pairs)) <= {float} \
+                and not past_float_range(max(map(abs, map(_TOKEN, pairs)), default=0)):
             return tuple(tuple(map(tuple, top)) for top in tops)
     return tuple(_top_list(values[i], source, f"{where}[{i}]") for i in range(start, len(values)))
 
@@ -272,7 +277,7 @@ def _top_list(value: Any, source: str, where: str) -> TopList:
     for i, pair in enumerate(value):
         if not (isinstance(pair, list) and len(pair) == 2):
             raise InputError(source, f"expected a [token id, logprob] pair, got {kind_of(pair)}", f"{where}[{i}]")
-        if type(pair[0]) is not int:
+        if type(pair[0]) is not int or past_float_range(pair[0]):
             raise InputError(source, f"expected a whole number, got {kind_of(pair[0])}", f"{where}[{i}][0]")
         pairs.append((pair[0], _logprob(pair[1], source, f"{where}[{i}][1]")))
     return tuple(pairs)

@@ -148,6 +148,20 @@ def past_float_range(value: int) -> bool:
     return False
 
 
+def past_float_range_place(data: Any) -> str | None:
+    """The JSON path of the first whole number in `data` past a float's range (None if there is none)."""
+    pending: list[tuple[str, Any]] = [("", data)]
+    while pending:  # depth first, in document order
+        where, value = pending.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and past_float_range(value):
+            return where or "the top level"
+        if isinstance(value, dict):
+            pending.extend(reversed([(path_join(where, key), item) for key, item in value.items()]))
+        elif isinstance(value, list):
+            pending.extend(reversed([(path_join(where, i), item) for i, item in enumerate(value)]))
+    return None
+
+
 def kind(value: Any) -> str:
     """How a value reads in an error message: its JSON type and a short repr."""
     if value is None:
@@ -203,6 +217,8 @@ def expect_int(value: Any, source: str, where: str, *, minimum: int = 0) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(source, f"expected an integer, got {kind(value)}", where)
+    if past_float_range(value):  # no figure the gate computes holds it
+        raise InputError(source, f"expected a finite integer, got {kind(value)}", where)
     if value < minimum:
         raise InputError(source, f"expected an integer >= {minimum}, got {value}", where)
     return value
