@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import pathlib
+
+import pytest
 
 import synthetic_run
 from kvgate.cli import main
+from kvgate.results.parsers import reading
 
 
 def test_unreadable_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
@@ -30,3 +34,66 @@ def test_unreadable_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
     errored = [c for c in verdict["checks"] if c["status"] == "error" and c["kind"] == "accuracy"]
     assert [c["detail"] for c in errored] == [
         f"accuracy stage unreadable: {blocked}: cannot read: Permission denied. Check the permissions of the run folder"]
+
+
+def _fp8_cell(run: pathlib.Path) -> pathlib.Path:
+    return next(p for p in run.iterdir() if p.is_dir() and json.loads((p / "cell.json").read_text())[
+        "kv_cache_dtype"] == "fp8")
+
+
+def _gate_errors(run, tmp_path, capsys) -> tuple[int, list[str]]:
+    code = main(["gate", str(run), "--out", str(tmp_path / "gate")])
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("ERROR ")]
+
+
+def test_seed_run_passes(tmp_path, capsys):  # the baseline of the hostile cases below
+    assert _gate_errors(synthetic_run.write_seed_run(tmp_path / "run"), tmp_path, capsys) == (0, [])
+
+
+@pytest.mark.parametrize(("make", "what"), [
+    (lambda path: path.symlink_to("/nonexistent/status.json"), "cannot read: No such file or directory"),
+    (lambda path: path.symlink_to(path.name), "cannot read: Too many levels of symbolic links"),
+    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, device or socket). "
+                                                "Write the file itself at this name"),
+    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, device or socket). Write the file itself at this name"),
+    (lambda path: path.mkdir(), "not a regular file (a folder). Write the file itself at this name"),
+], ids=["dangling", "loop", "dev-zero", "fifo", "folder"])
+def test_status_json_that_cannot_be_read_errors_the_cell(tmp_path, capsys, make, what):
+    """A link that leads nowhere is not an absent status.json (that passed a failing cell); a FIFO or /dev/zero is never
+    opened (a hang, a MemoryError)."""
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    status = _fp8_cell(run) / "status.json"
+    make(status)
+    code, errors = _gate_errors(run, tmp_path, capsys)
+    assert (code, errors) == (1, [f"ERROR {status}: {what}"])
+    assert (tmp_path / "gate" / "verdict.json").is_file()
+
+
+@pytest.mark.parametrize("target", ["/nonexistent/run.json", "run.json"], ids=["dangling", "loop"])
+def test_run_json_link_that_leads_nowhere_is_bad_input(tmp_path, capsys, target):
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    (run / "run.json").symlink_to(target)
+    code, errors = _gate_errors(run, tmp_path, capsys)
+    assert code == 2
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR {run}/run.json: cannot read: ")
+
+
+@pytest.mark.parametrize("name", ["throughput/repeat-1.log", "kernels/timings.json", "kernels/junit.xml"])
+def test_stage_file_link_that_leads_nowhere_errors_the_stage(tmp_path, capsys, name):
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    path = _fp8_cell(run) / name
+    path.unlink(missing_ok=True)
+    path.symlink_to("/nonexistent/file")
+    code, errors = _gate_errors(run, tmp_path, capsys)
+    assert (code, errors) == (1, [f"ERROR {path}: cannot read: No such file or directory"])
+
+
+def test_contract_file_past_the_cap_errors_the_cell(tmp_path, capsys, monkeypatch):
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    status = _fp8_cell(run) / "status.json"
+    status.write_text("{}" + " " * 5000)  # a huge file, at a cap of 4096 bytes (cell.json is smaller)
+    monkeypatch.setattr(reading, "MAX_FILE_BYTES", 4096)
+    code, errors = _gate_errors(run, tmp_path, capsys)
+    assert code == 1  # (the sample logs are past such a cap too)
+    assert f"ERROR {status}: larger than 4096 bytes, the most a contract file is read. Is this the file the tool " \
+           "wrote?" in errors

@@ -91,6 +91,7 @@ def test_samples_without_doc_hash_join_on_doc_id():
     ('{"doc_id": 0, "filter": "strict-match", "exact_match": 1}',
      "s.jsonl: duplicate record for document doc_id:0 and filter 'strict-match' in line 2. One samples file must hold one run"),
     ("[1, 2]", "s.jsonl: expected a JSON object, got a list in line 2"),
+    ("[" * 100_000 + "]" * 100_000, "s.jsonl: JSON nested too deeply in line 2"),
 ])
 def test_bad_sample_lines_name_the_file_and_line(line, message):
     first = json.dumps({"doc_id": 0, "filter": "strict-match", "exact_match": 1.0})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -47,6 +48,8 @@ def test_pytorch_format_file_is_not_a_repeat():
     ({"requests_per_second": "fast"}, "b.json: expected a number, got string 'fast' in requests_per_second"),
     ({"num_requests": 2.5}, "b.json: expected an integer, got number 2.5 in num_requests"),
     ({"elapsed_time": None}, "b.json: expected a number, got null in elapsed_time"),
+    ({"total_num_tokens": 10 ** 400},
+     "b.json: expected a finite integer, got a whole number past a float's range in total_num_tokens"),
 ])
 def test_bad_figures_are_refused(change, message):
     data = {**json.loads(read_text(FIXTURES / "repeat-1.json")), **change}
@@ -73,6 +76,20 @@ def test_an_infinite_figure_in_the_log_is_refused():
     with pytest.raises(InputError) as error:
         vllm_bench.parse_log("x\nThroughput: 1e999 requests/s, 2.0 tokens/s\n", "t.log")
     assert str(error.value) == "t.log: requests/s must be finite, got inf in line 2"
+
+
+@pytest.mark.parametrize(("digits", "message"), [
+    (400, "l: output token count of 400 digits is out of range in line 2"),
+    (5000, "l: output token count of 5000 digits is out of range in line 2"),  # past Python's int() limit
+    (300, "l: output tokens/s must be finite in line 2"),  # a float, over an elapsed time of 1e-10 s
+])
+def test_an_output_token_count_past_range_is_refused(digits, message):
+    repeat = vllm_bench.parse_output_json(read_text(FIXTURES / "repeat-2.json"), "r")
+    repeat = dataclasses.replace(repeat, elapsed_time=1e-10) if digits == 300 else repeat
+    with pytest.raises(InputError) as error:
+        vllm_bench.with_log(repeat, f"Throughput: 1.00 requests/s, 2.00 tokens/s\nTotal num output tokens:  {'9' * digits}\n",
+                            "l")
+    assert str(error.value) == message
 
 
 def test_missing_keys_are_listed():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -209,6 +210,14 @@ def malformed(change) -> dict:
      'Write "inf" or "-inf"'),
     (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [5, 7.0]))).replace("7.0", "NaN"),
      'NaN is not a number JSON allows in the file. Write "nan", "inf" or "-inf"'),
+    (json.dumps(malformed(lambda r: r["prompts"][1]["generated_logprobs"].__setitem__(3, -10 ** 400))),
+     "expected a logprob (a finite number), got a whole number past a float's range in "
+     'prompts[1].generated_logprobs[3]. Write "inf" or "-inf"'),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_token_ids"].__setitem__(2, 10 ** 400))),
+     "expected a token id (a whole number >= 0), got a whole number past a float's range in "
+     "prompts[0].prompt_token_ids[2]"),
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [10 ** 400, -0.5]))),
+     "expected a whole number, got a whole number past a float's range in prompts[0].prompt_top[1][0][0]"),
 ])
 def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "probe.json"
@@ -246,6 +255,20 @@ def test_a_missing_probe_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(InputError) as error:
         probe_file.read(tmp_path / "probe.json")
     assert str(error.value) == f"{tmp_path / 'probe.json'}: no probe file. Did the probe stage run for this cell?"
+
+
+@pytest.mark.parametrize(("make", "what"), [
+    (lambda path: path.symlink_to("/nonexistent/probe.json"), "cannot read: No such file or directory"),
+    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, device or socket). Write the file itself at this name"),
+    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, device or socket). "
+                                                "Write the file itself at this name"),
+], ids=["dangling", "fifo", "dev-zero"])
+def test_a_probe_file_that_is_no_regular_file_is_refused_unopened(tmp_path: Path, make, what) -> None:
+    """A dangling link is not "no probe file"; a FIFO (a hang) or /dev/zero (a MemoryError) is never opened."""
+    make(tmp_path / "probe.json")
+    with pytest.raises(InputError) as error:
+        probe_file.read(tmp_path / "probe.json")
+    assert str(error.value) == f"{tmp_path / 'probe.json'}: {what}"
 
 
 def test_the_fixed_prompts_are_sixteen_distinct_texts() -> None:

@@ -86,6 +86,22 @@ def test_a_lost_base_probe_is_missing_not_passed(tmp_path):
     assert check["status"] == "missing" and "the base FP8 cell's probe is not run" in check["detail"]
 
 
+def test_an_fp8_probe_of_other_prompts_errors_its_checks_and_the_report_stands(tmp_path, capsys):
+    """The FP8 probe holds 3 prompts, its auto cell's 4: not comparable, so this cell's probe checks error (exit 1)
+    with the reason, instead of the whole gate stopping at exit 2 with no report."""
+    run = ab_run(tmp_path, head_fp8={"decode_shift": 0.01, "prompts": 3})
+    assert main(["gate", str(run), "--require-baseline", "--today", "2026-11-30"]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    verdict = json.loads((run / "gate" / "verdict.json").read_text())
+    checks = {c["kind"]: c for c in verdict["checks"] if c["kind"] in ("probe", "probe_ab") and c["cell"] == FP8
+              and c["status"] == "error"}
+    assert set(checks) == {"probe", "probe_ab"}
+    assert checks["probe"]["detail"].startswith("cannot compare logprobs with the auto cell: ")
+    assert checks["probe_ab"]["detail"].startswith("cannot compare head with base: ")
+    for check in checks.values():
+        assert "3 prompts, but the reference" in check["detail"] and "has 4" in check["detail"]
+
+
 def test_the_policy_states_its_limits_and_checks_them():
     policy = policy_module.load()
     limits = policy.probe_ab.limits("sm90")

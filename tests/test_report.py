@@ -202,3 +202,28 @@ def test_a_run_where_nothing_ran_says_so(tmp_path):
     assert verdict.exit_status == 0  # docs/results-folder.md: stages never requested fail only with --require
     assert headline(verdict) == ("⚠️ kvgate: nothing was checked (4 stages not run); pass --require to make missing "
                                  "stages fail")
+
+
+def test_text_of_the_folder_that_xml_and_utf8_cannot_hold_is_escaped_and_the_report_written(tmp_path):
+    """A failed stage's reason with a control character (BEL), a cell folder named with one, and a folder name that is
+    not UTF-8 (it reads with a lone surrogate): every output is written, junit.xml parses, the characters escaped."""
+    import os
+
+    from kvgate.cli import main
+
+    run = write_seed_run(tmp_path / "run")
+    fp8 = next(p for p in run.iterdir() if p.name.endswith("-fp8-sm100"))
+    (fp8 / "status.json").write_text(json.dumps({"throughput": {"status": "error",
+                                                                "reason": "vllm bench exited \u0007with status 1"}}))
+    (run / "bell\u0007cell").mkdir()
+    (run / "bell\u0007cell" / "status.json").write_text("{}")
+    os.mkdir(os.fsencode(run) + b"/latin\xe9")
+    (run / os.fsdecode(b"latin\xe9") / "status.json").write_text("{}")
+    assert main(["gate", str(run), "--out", str(tmp_path / "gate")]) == 1
+    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text(encoding="utf-8"))
+    assert {"bell\u0007cell", "latin\udce9"} <= {check["cell"] for check in verdict["checks"]}
+    junit = (tmp_path / "gate" / "junit.xml").read_text(encoding="utf-8")
+    assert "exited \\x07with status 1" in junit and "bell\\x07cell" in junit and "latin\\udce9" in junit
+    JUnitXml.fromfile(str(tmp_path / "gate" / "junit.xml"))
+    for name in ("report.md", "report.html"):
+        (tmp_path / "gate" / name).read_text(encoding="utf-8")

@@ -275,6 +275,18 @@ def test_a_figure_json_has_no_number_for_is_one_line_naming_the_file_and_the_pla
     assert str(raised.value) == f"run/cell/kernels/timings.json: {message} in {place}. Write a finite number or null"
 
 
+@pytest.mark.parametrize("figure", ["median_us", "batch"])
+def test_a_whole_number_past_a_floats_range_is_one_line_naming_the_place(tmp_path, figure):
+    """JSON reads 400 digits as an exact integer, which a schema's "number" and "integer" take: refused all the same."""
+    path = tmp_path / "timings.json"
+    path.write_text(json.dumps({"format": "kvgate-kernel-timings", "version": 1,
+                                "entries": [TIMING, {**TIMING, figure: 10 ** 400}]}))
+    with pytest.raises(InputError) as raised:
+        schema.read_file(path, "timings", "run/cell/kernels/timings.json")
+    assert str(raised.value) == ("run/cell/kernels/timings.json: expected a finite integer, got a whole number past a "
+                                 f"float's range in entries[1].{figure}")
+
+
 # The probe reader's checks of the rules the gate's structural pass leaves to it (schema.READER_CHECKED), one or more
 # hostile entries each: (the entry's place, what is put there, the one line both the reader and the whole schema say)
 PROBE_WITH_CACHE = _with(PROBE, lambda d: d.update(cached_context=[{

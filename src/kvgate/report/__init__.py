@@ -28,11 +28,13 @@ __all__ = ["OUTPUT_FILES", "HistoryPlots", "headline", "render_all", "write_all"
 
 def render_all(verdict: Verdict, history: HistoryPlots | None = None) -> dict[str, bytes]:
     """Every output; report.html gains "History of main" when the CLI recorded the run there (`history`)."""
+    # a lone surrogate (a folder name that is not UTF-8 reads with them) written as its escape, `\udcff`: UTF-8 has
+    # no such character, and verdict.json reads the escape back as the same name
     return {
         "verdict.json": (json.dumps(verdict_record(verdict), indent=2, ensure_ascii=False, allow_nan=False)
-                         + "\n").encode(),
-        "report.md": render_markdown(verdict).encode(),
-        "report.html": render_html(verdict, history).encode(),
+                         + "\n").encode(errors="backslashreplace"),
+        "report.md": render_markdown(verdict).encode(errors="backslashreplace"),
+        "report.html": render_html(verdict, history).encode(errors="backslashreplace"),
         "junit.xml": render_junit(verdict),
     }
 

@@ -11,6 +11,8 @@ error of a broken stage's log with its place, and the command that reruns the ce
 
 from __future__ import annotations
 
+import re
+
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from kvgate.gate import rerun
@@ -25,7 +27,7 @@ def render_junit(verdict: Verdict) -> bytes:
         outcomes = check.test_outcomes()
         if outcomes:
             for test, outcome in outcomes:
-                case = TestCase(test.name, classname=f"kvgate.kernels.{check.cell}")
+                case = TestCase(xml_text(test.name), classname=xml_text(f"kvgate.kernels.{check.cell}"))
                 label = words.label(words.word_of(check)) if outcome == "skipped" and check.word == words.WAIVED \
                     else test.outcome
                 message = " | ".join(part for part in (f"{label}: {test.message or test.outcome}",
@@ -35,9 +37,9 @@ def render_junit(verdict: Verdict) -> bytes:
                     case.time = test.seconds
                 cases.setdefault(check.kind, []).append(case)
             continue
-        case = TestCase(check.name if check.subject else check.cell, classname=f"kvgate.{check.kind}")
+        case = TestCase(xml_text(check.name if check.subject else check.cell), classname=f"kvgate.{check.kind}")
         if check.subject:
-            case.name = f"{check.cell}[{check.subject}]"
+            case.name = xml_text(f"{check.cell}[{check.subject}]")
         message = " | ".join([_message(check), *follow])
         _set(case, JUNIT_OUTCOME[check.word], message, type_="regression" if check.word == words.FAIL else check.status)
         if check.seconds is not None:
@@ -52,7 +54,19 @@ def render_junit(verdict: Verdict) -> bytes:
     return xml.tostring()
 
 
+# what XML 1.0 cannot hold (lxml refuses it): control characters but tab, newline and carriage return, lone surrogates
+# (a folder name that is not UTF-8 reads with them), U+FFFE and U+FFFF
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """Text of a results folder (a cell folder's name, a stage's reason) as XML holds it: what it cannot hold written
+    as a visible escape (`\\x07`, `\\udcff`)."""
+    return NOT_XML.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
 def _set(case: TestCase, outcome: str, message: str, *, type_: str) -> None:
+    message, type_ = xml_text(message), xml_text(type_)
     if outcome == "failure":
         case.result = [Failure(message, type_=type_)]
     elif outcome == "error":

@@ -31,7 +31,14 @@ from typing import Any
 
 from kvgate import InputError
 from kvgate.results import schema
-from kvgate.results.parsers.reading import OutOfRangeNumber, out_of_range_place, strict_json
+from kvgate.results.parsers.reading import (
+    OutOfRangeNumber,
+    out_of_range_place,
+    past_float_range,
+    present,
+    read_text,
+    strict_json,
+)
 from kvgate.results.parsers.reading import kind as kind_of
 
 FORMAT = "kvgate-probe"
@@ -102,12 +109,9 @@ def write(record: dict, folder: Path) -> Path:
 def read(path: Path) -> ProbeRecord:
     """Read and check a probe file; InputError names the file and the place of the first problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(source, "no probe file", hint="Did the probe stage run for this cell?") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(source, f"cannot read the probe file ({error})") from None
+    if not present(path):
+        raise InputError(source, "no probe file", hint="Did the probe stage run for this cell?")
+    text = read_text(path, source)  # a regular file within the cap, else InputError (a FIFO, /dev/zero, a dangling link)
     try:
         data = strict_json(text)
     except OutOfRangeNumber as error:
@@ -221,10 +225,10 @@ def _types(values: Iterable[Any]) -> set[type]:
 
 
 def _token_ids(values: list, source: str, where: str) -> tuple[int, ...]:
-    if _types(values) <= {int} and (not values or min(values) >= 0):  # the common case, all at once
+    if _types(values) <= {int} and (not values or (min(values) >= 0 and not past_float_range(max(values)))):
         return tuple(values)
     for i, value in enumerate(values):
-        if type(value) is not int or value < 0:
+        if type(value) is not int or value < 0 or past_float_range(value):
             raise InputError(source, f"expected a token id (a whole number >= 0), got {kind_of(value)}",
                              f"{where}[{i}]")
     return tuple(values)
@@ -236,6 +240,9 @@ def _logprob(value: Any, source: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(source, f'expected a logprob (a number, or "nan", "inf", "-inf"), got {kind_of(value)}',
                          where)
+    if isinstance(value, int) and past_float_range(value):  # float() would raise OverflowError
+        raise InputError(source, f"expected a logprob (a finite number), got {kind_of(value)}", where,
+                         'Write "inf" or "-inf"')
     return float(value)
 
 
@@ -252,7 +259,8 @@ def _top_lists(values: list, source: str, where: str, start: int = 0) -> tuple[T
     if _types(tops) <= {list} and all(tops):  # the common case, all at once: non-empty lists of [int, float]
         pairs = list(itertools.chain.from_iterable(tops))
         if _types(pairs) <= {list} and set(map(len, pairs)) <= {2} and _types(map(_TOKEN, pairs)) <= {int} \
-                and _types(map(_LOGPROB, pairs)) <= {float}:
+                and _types(map(_LOGPROB, pairs)) <= {float} \
+                and not past_float_range(max(map(abs, map(_TOKEN, pairs)), default=0)):
             return tuple(tuple(map(tuple, top)) for top in tops)
     return tuple(_top_list(values[i], source, f"{where}[{i}]") for i in range(start, len(values)))
 
@@ -269,7 +277,7 @@ def _top_list(value: Any, source: str, where: str) -> TopList:
     for i, pair in enumerate(value):
         if not (isinstance(pair, list) and len(pair) == 2):
             raise InputError(source, f"expected a [token id, logprob] pair, got {kind_of(pair)}", f"{where}[{i}]")
-        if type(pair[0]) is not int:
+        if type(pair[0]) is not int or past_float_range(pair[0]):
             raise InputError(source, f"expected a whole number, got {kind_of(pair[0])}", f"{where}[{i}][0]")
         pairs.append((pair[0], _logprob(pair[1], source, f"{where}[{i}][1]")))
     return tuple(pairs)

@@ -25,7 +25,7 @@ from typing import Any
 from kvgate import InputError, InputErrors, problems_of
 from kvgate.results import probe_file, schema
 from kvgate.results.parsers import contract, junit, lm_eval, tool_log, vllm_bench
-from kvgate.results.parsers.reading import read_bytes, read_text
+from kvgate.results.parsers.reading import present, read_bytes, read_text
 from kvgate.results.records import (
     HEAD,
     LONG_CONTEXT_TASK,
@@ -73,7 +73,7 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         raise InputError(shown, "not a folder", hint="Pass the run folder, not a file in it")
     problems: list[InputError] = []
     run_info: dict[str, Any] = {}
-    if (run_dir / "run.json").exists():
+    if present(run_dir / "run.json"):  # a dangling link too: it cannot be read
         try:
             run_info = contract.parse_run(read_text(run_dir / "run.json", f"{shown}/run.json"), f"{shown}/run.json")
         except InputError as error:
@@ -84,8 +84,8 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
     jobs = []
     for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         cell_shown = f"{shown}/{folder.name}"
-        if not (folder / "cell.json").exists():
-            if folder.name != GATE_FOLDER and any((folder / marker).exists() for marker in _CELL_MARKERS):
+        if not present(folder / "cell.json"):
+            if folder.name != GATE_FOLDER and any(present(folder / marker) for marker in _CELL_MARKERS):
                 unreadable.append(_unreadable(folder.name, cell_shown, [InputError(
                     cell_shown, "cell folder without cell.json",
                     hint="Write cell.json with backend, kv_cache_dtype, arch and model")]))
@@ -185,7 +185,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         backends=known.backends, kv_cache_dtypes=known.kv_cache_dtypes, archs=known.archs, features=known.features)
     side = extra.get("side", HEAD)
     statuses: dict[str, StageStatus] = {}
-    if (folder / "status.json").exists():
+    if present(folder / "status.json"):  # a dangling link or a loop: the cell errors
         try:
             statuses = contract.parse_status(read_text(folder / "status.json", f"{shown}/status.json"),
                                              f"{shown}/status.json")
@@ -294,7 +294,7 @@ def _read_throughput(stage_dir: Path, shown: str, identity: CellIdentity, metric
         try:
             repeat = vllm_bench.parse_output_json(read_text(path, source), source)
             log = path.with_suffix(".log")
-            if log.exists():
+            if present(log):
                 log_source = f"{shown}/{log.name}"
                 repeat = vllm_bench.with_log(repeat, read_text(log, log_source), log_source)
             repeats.append(repeat)
@@ -307,10 +307,10 @@ def _read_throughput(stage_dir: Path, shown: str, identity: CellIdentity, metric
 
 def _read_kernels(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
     path = stage_dir / "junit.xml"
-    if not path.exists():
+    if not present(path):
         return None, f"no junit.xml in {shown}/"
     timings = stage_dir / "timings.json"
-    if timings.exists():  # not judged, but a contract file: a corrupt one is the stage's error
+    if present(timings):  # not judged, but a contract file: a corrupt one is the stage's error
         schema.read_file(timings, "timings", f"{shown}/timings.json")
     source = f"{shown}/junit.xml"
     return junit.parse_junit(read_text(path, source), source), None
@@ -318,7 +318,7 @@ def _read_kernels(stage_dir: Path, shown: str, identity: CellIdentity, metric: s
 
 def _read_probe(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
     path = stage_dir / probe_file.FILE_NAME
-    if not path.exists():
+    if not present(path):
         return None, f"no {probe_file.FILE_NAME} in {shown}/"
     return probe_file.read(path), None
 

@@ -33,7 +33,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from kvgate import InputError, did_you_mean, unknown_name_hint
-from kvgate.results.parsers.reading import kind, loads, path_join, read_text
+from kvgate.results.parsers.reading import kind, loads, past_float_range_place, path_join, read_text
 from kvgate.results.records import CONTRACT_VERSION
 
 KINDS = ("cell", "status", "run", "probe", "timings", "verdict")
@@ -106,6 +106,9 @@ def read_file(path: Path, kind_name: str, source: str | None = None) -> Any:
     source = source or str(path)
     data = loads(read_text(path, source), source)
     validate(data, kind_name, source)
+    place = past_float_range_place(data)  # a schema's "integer" takes 400 digits; no figure holds them
+    if place is not None:
+        raise InputError(source, "expected a finite integer, got a whole number past a float's range", place)
     return data
 
 

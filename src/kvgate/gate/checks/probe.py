@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvgate import InputError
+from kvgate import InputError, InputErrors, problems_of
 from kvgate.gate.checks.formatting import fmt
 from kvgate.gate.checks.health import health_check
 from kvgate.gate.policy import Policy
@@ -29,7 +29,11 @@ def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Map
         return Check(**base, status="missing", reference="auto cell", detail=f"cannot compare logprobs: {why}")
     if probe_compare is None:
         return Check(**base, status="error", detail="this kvgate cannot compare probe outputs (kvgate.results.probe_file missing)")
-    agreement = probe_compare(partner.stage("probe").data, cell.stage("probe").data)
+    try:
+        agreement = probe_compare(partner.stage("probe").data, cell.stage("probe").data)
+    except (InputError, InputErrors) as error:  # probes of different prompts or settings: this cell's error
+        return Check(**base, status="error", reference="auto cell",
+                     detail=f"cannot compare logprobs with the auto cell: {_problems(error)}")
     limits = probe_limits(policy, cell.identity)
     figures = {k: v for k, v in as_mapping(agreement).items() if isinstance(v, (int, float, str))}
     broken = []
@@ -54,6 +58,10 @@ def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Map
                  threshold=dict(limits), threshold_text=threshold_text,
                  notes=(*cached_context_notes(figures), *context_length_notes(agreement)),
                  detail=("; ".join(broken) if broken else shown) + " vs the auto cell")
+
+
+def _problems(error: InputError | InputErrors) -> str:
+    return "; ".join(str(problem) for problem in problems_of(error))
 
 
 def context_length_notes(agreement: Any) -> tuple[str, ...]:
@@ -124,10 +132,14 @@ def probe_ab_check(cell: CellResults, run: RunResults, base: RunResults, policy:
     if probe_compare is None:
         return Check(**base_check, status="error", detail="this kvgate cannot compare probe outputs")
     data = {who: c.stage("probe").data for who, c in sides.items()}
-    head = as_mapping(probe_compare(data["head auto"], cell.stage("probe").data))
-    base_side = as_mapping(probe_compare(data["base auto"], data["base FP8"]))
-    same_fp8 = as_mapping(probe_compare(data["base FP8"], cell.stage("probe").data))
-    same_auto = as_mapping(probe_compare(data["base auto"], data["head auto"]))
+    try:
+        head = as_mapping(probe_compare(data["head auto"], cell.stage("probe").data))
+        base_side = as_mapping(probe_compare(data["base auto"], data["base FP8"]))
+        same_fp8 = as_mapping(probe_compare(data["base FP8"], cell.stage("probe").data))
+        same_auto = as_mapping(probe_compare(data["base auto"], data["head auto"]))
+    except (InputError, InputErrors) as error:  # probes of different prompts or settings: this cell's error
+        return Check(**base_check, status="error", detail=f"cannot compare head with base: {_problems(error)}",
+                     headline="head-vs-base probe not comparable")
     figures: dict[str, Any] = {
         "head_decode_mean_abs_logprob_diff": head.get("decode_mean_abs_logprob_diff"),
         "base_decode_mean_abs_logprob_diff": base_side.get("decode_mean_abs_logprob_diff"),

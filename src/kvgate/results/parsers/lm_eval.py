@@ -118,6 +118,8 @@ def parse_samples(text: str | bytes, source: str, *, metric: str = DEFAULT_METRI
                              "Each line must be one sample record as lm-eval --log_samples writes it") from None
         except ValueError as error:
             raise InputError(source, str(error), f"line {number}") from None
+        except RecursionError:  # a line of 100,000 `[`: past Python's recursion limit
+            raise InputError(source, "JSON nested too deeply", f"line {number}") from None
         # the common, well-formed record without a call per field; anything else gets the checks that explain
         doc_id, filter_name, value = (record.get("doc_id"), record.get("filter"), record.get(metric)) \
             if type(record) is dict else (None, None, None)

@@ -5,28 +5,57 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
 
+MAX_FILE_BYTES = 256 * 1024 * 1024  # of a contract file (a probe file or a sample log is a few MB; more is hostile)
 
-def read_text(path: Path, source: str | None = None) -> str:
+
+def present(path: Path) -> bool:
+    """Something is at `path`: a file, a folder, or a link, even a dangling one or a loop (Path.exists() says False
+    for those, which would read a broken link to status.json as "no status.json": a fail-open)."""
+    return os.path.lexists(path)
+
+
+def read_bytes(path: Path, source: str | None = None, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file (a link is followed), at most `max_bytes`; InputError for anything else: a dangling
+    link or a loop (cannot read), a folder, FIFO or device (never opened: a FIFO blocks, /dev/zero never ends), or a
+    file past the cap."""
     source = source or str(path)
+    max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(source, f"not UTF-8 text (byte {error.start})") from None
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            what = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, device or socket"
+            raise InputError(source, f"not a regular file ({what})", hint="Write the file itself at this name")
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
     except OSError as error:
         raise InputError(source, f"cannot read: {error.strerror or error}") from None
+    if len(data) > max_bytes:
+        raise InputError(source, f"larger than {_size(max_bytes)}, the most a contract file is read",
+                         hint="Is this the file the tool wrote?")
+    return data
 
 
-def read_bytes(path: Path, source: str | None = None) -> bytes:
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024)} MiB" if count >= 1024 * 1024 else f"{count} bytes"
+
+
+def read_text(path: Path, source: str | None = None, *, max_bytes: int | None = None) -> str:
+    source = source or str(path)
+    data = read_bytes(path, source, max_bytes=max_bytes)
     try:
-        return Path(path).read_bytes()
-    except OSError as error:
-        raise InputError(source or str(path), f"cannot read: {error.strerror or error}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(source, f"not UTF-8 text (byte {error.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as a text-mode open reads
+
 
 
 def _no_constants(name: str) -> Any:
@@ -119,6 +148,20 @@ def past_float_range(value: int) -> bool:
     return False
 
 
+def past_float_range_place(data: Any) -> str | None:
+    """The JSON path of the first whole number in `data` past a float's range (None if there is none)."""
+    pending: list[tuple[str, Any]] = [("", data)]
+    while pending:  # depth first, in document order
+        where, value = pending.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and past_float_range(value):
+            return where or "the top level"
+        if isinstance(value, dict):
+            pending.extend(reversed([(path_join(where, key), item) for key, item in value.items()]))
+        elif isinstance(value, list):
+            pending.extend(reversed([(path_join(where, i), item) for i, item in enumerate(value)]))
+    return None
+
+
 def kind(value: Any) -> str:
     """How a value reads in an error message: its JSON type and a short repr."""
     if value is None:
@@ -174,6 +217,8 @@ def expect_int(value: Any, source: str, where: str, *, minimum: int = 0) -> int:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(source, f"expected an integer, got {kind(value)}", where)
+    if past_float_range(value):  # no figure the gate computes holds it
+        raise InputError(source, f"expected a finite integer, got {kind(value)}", where)
     if value < minimum:
         raise InputError(source, f"expected an integer >= {minimum}, got {value}", where)
     return value

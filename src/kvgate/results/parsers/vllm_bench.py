@@ -67,7 +67,15 @@ def with_log(repeat: ThroughputRepeat, log_text: str, log_source: str) -> Throug
     if output_tps is None:
         counts = OUTPUT_TOKENS_LINE.findall(log_text)
         if counts:
-            output_tps = int(counts[-1]) / repeat.elapsed_time
+            count = counts[-1]
+            if len(count) > 300:  # past a float's range (and Python's 4,300-digit limit): no throughput
+                line = log_text.count("\n", 0, log_text.rfind("Total num output tokens:")) + 1
+                raise InputError(log_source, f"output token count of {len(count)} digits is out of range",
+                                 f"line {line}")
+            output_tps = int(count) / repeat.elapsed_time
+            if math.isinf(output_tps):
+                line = log_text.count("\n", 0, log_text.rfind("Total num output tokens:")) + 1
+                raise InputError(log_source, "output tokens/s must be finite", f"line {line}")
     return ThroughputRepeat(
         source=repeat.source, requests_per_second=repeat.requests_per_second,
         tokens_per_second=repeat.tokens_per_second, elapsed_time=repeat.elapsed_time,
