@@ -294,6 +294,38 @@ def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
         selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/v1/attention/backends/cpu_attn.py"
 
 
+def test_a_backend_whose_module_the_tree_lacks_owns_no_package(tmp_path, matrix):
+    """vLLM 0.32's registry names NO_ATTENTION in a module it does not ship: the package above it is not that backend's
+    own, so shared code still reaches the package's shared modules (there registry.py, fa_utils.py and mla/prefill/
+    planned no FP8 cell)."""
+    files = {
+        "vllm/__init__.py": "",
+        "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.v1.attention.backends.utils\n",
+        "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
+        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
+                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
+                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n"
+                                                  "    NO_ATTENTION = 'vllm.v1.attention.backends.no_attention.NoAttentionBackend'\n",
+        "vllm/v1/attention/backends/cpu_attn.py": "", "vllm/v1/attention/backends/cpu_mla.py": "",
+        "vllm/v1/attention/backends/utils.py": "",
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    changed, base, head = code_sides.from_folder(tmp_path, ["vllm/v1/attention/backends/utils.py"], matrix)
+    assert "NO_ATTENTION" not in base.backend_modules
+    cpu = [c for c in matrix.cells if c.backend in ("CPU_ATTN", "CPU_MLA")]
+    selection = select(matrix, changed, cpu, base=base, head=head)
+    assert [c.id for c in selection.cells] == [c.id for c in cpu] and selection.paths[0].verdict == "loaded"
+
+
+@needs_vllm
+@pytest.mark.parametrize("path", ["vllm/v1/attention/backends/registry.py", "vllm/v1/attention/backends/fa_utils.py",
+                                  "vllm/v1/attention/backends/mla/prefill/selector.py"])
+def test_the_attention_packages_shared_modules_plan_every_cell_on_the_real_tree(matrix, real, path):
+    assert len(plan(matrix, real, path).cells) == len(matrix.cells)
+
+
 # ---------------------------------------------------------------------------------------- no vLLM tree given
 
 FLASHMLA_ONLY = "vllm/v1/attention/backends/mla/flashmla.py"

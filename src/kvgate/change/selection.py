@@ -48,7 +48,12 @@ class VllmCode:
         rules = matrix.selection
         attention = registry_texts.get(rules.attention_registry)
         models = registry_texts.get(rules.model_registry)
-        backends = {name: graph.resolve(path) for name, path in attention_registry(attention or "").items()}
+        # A backend's module is the one its class path names ("vllm.a.b.Class" -> vllm.a.b), never a package above
+        # it: vLLM 0.32's registry names NO_ATTENTION in a module it does not ship, and taking the longest prefix made
+        # all of vllm.v1.attention.backends that backend's own, out of every other cell's reach (registry.py,
+        # fa_utils.py and mla/prefill/ planned no FP8 cell). A backend whose module the tree lacks is not in this
+        # side's registry (_missing_backend: its cells count as touched by any module change).
+        backends = {name: _class_module(graph, path) for name, path in attention_registry(attention or "").items()}
         return cls(graph=graph, backend_modules={k: v for k, v in backends.items() if v},
                    model_modules={arch: module for arch, module in model_registry(models or "").items()
                                   if graph.resolve(module) == module})
@@ -58,6 +63,13 @@ class VllmCode:
         owned = {module: f"model:{module}" for module in self.model_modules.values()}
         owned.update({module: f"backend:{name}" for name, module in self.backend_modules.items()})
         return owned
+
+
+def _class_module(graph: ImportGraph, class_path: str) -> str | None:
+    """The module of the tree that "vllm.a.b.Class" (or "vllm.a.b") names: vllm.a.b, or None where the tree has no
+    such module (a package above it is another module, not this backend's)."""
+    module = graph.resolve(class_path)
+    return module if module in (class_path, class_path.rpartition(".")[0]) else None
 
 
 def attention_registry(text: str) -> dict[str, str]:
