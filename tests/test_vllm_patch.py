@@ -106,6 +106,11 @@ def test_paths_are_sorted_into_package_build_and_elsewhere():
     ('--- "a/vllm/a\\nb.py"\n+++ "b/vllm/a\\nb.py"\n@@ -1 +1 @@\n-a\n+b\n', "p: unsafe path 'vllm/a\\nb.py' in line 1. A "
                                                                           "vLLM patch names files relative to the "
                                                                           "repository root (a/vllm/...)"),
+    # a number of thousands of digits: int() refuses it (ValueError), a traceback before
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -" + "9" * 5000 + ",1 +1 @@\n-a\n+b\n",
+     "p: malformed hunk header '@@ -" + "9" * 56 + "' in line 3. Expected '@@ -START,COUNT +START,COUNT @@'"),
+    ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1," + "9" * 5000 + " +1 @@\n-a\n+b\n",
+     "p: malformed hunk header '@@ -1," + "9" * 54 + "' in line 3. Expected '@@ -START,COUNT +START,COUNT @@'"),
 ])
 def test_a_malformed_or_hostile_patch_is_one_error(text, message):
     with pytest.raises(InputError) as caught:
@@ -148,3 +153,16 @@ def test_bad_specs(text, message):
     with pytest.raises(InputError) as caught:
         parse_spec(text)
     assert str(caught.value) == message
+
+
+def test_a_hunk_that_claims_a_line_far_past_the_end_is_found_at_once():
+    """`@@ -99999999` counted down one line at a time to the file's end: minutes for a file of 30 lines."""
+    import time
+
+    patch = parse_patch("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -999999999,2 +999999999,2 @@\n line29\n-line30\n+LINE30\n",
+                        "p")[0]
+    started = time.monotonic()
+    text = apply_file_patch("".join(f"line{i}\n" for i in range(1, 31)), patch, "p")
+    assert text.endswith("line29\nLINE30\n") and time.monotonic() - started < 1
+    with pytest.raises(InputError, match=r"hunk 1 of vllm/x\.py does not apply"):
+        apply_file_patch("a\n", patch, "p")

@@ -27,7 +27,8 @@ COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp", ".so", ".
 BUILD_FILES = ("CMakeLists.txt", "setup.py", "pyproject.toml", "MANIFEST.in", "use_existing_torch.py")
 BUILD_FOLDERS = ("csrc", "cmake", "requirements")
 
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+# At most 9 digits a number: no file of vLLM comes near a billion lines, and int() of thousands of digits raises
+_HUNK = re.compile(r"^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@")
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
@@ -313,9 +314,11 @@ def _find(lines: list[str], block: list[str], wanted: int, cursor: int) -> int |
     limit = len(lines) - len(block)
     if limit < cursor:
         return None
-    for distance in range(0, max(limit - cursor, abs(wanted - cursor)) + 1):
+    wanted = min(max(wanted, cursor), limit)  # a start past the file's end searched from its end, not counted down to
+    first = block[0]
+    for distance in range(0, max(limit - wanted, wanted - cursor) + 1):
         for at in ((wanted - distance, wanted + distance) if distance else (wanted,)):
-            if cursor <= at <= limit and lines[at:at + len(block)] == block:
+            if cursor <= at <= limit and lines[at] == first and lines[at:at + len(block)] == block:
                 return at
     return None
 
