@@ -166,3 +166,56 @@ def test_a_hunk_that_claims_a_line_far_past_the_end_is_found_at_once():
     assert text.endswith("line29\nLINE30\n") and time.monotonic() - started < 1
     with pytest.raises(InputError, match=r"hunk 1 of vllm/x\.py does not apply"):
         apply_file_patch("a\n", patch, "p")
+
+
+CUSTOM_OPS = "--- a/vllm/_custom_ops.py\n+++ b/vllm/_custom_ops.py\n@@ -1 +1 @@\n-a\n+b\n"
+DOCS = "--- a/docs/x.md\n+++ b/docs/x.md\n@@ -1 +1 @@\n-a\n+b\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # the first file's header damaged: its hunk was dropped, or read as the previous file's, and the file planned no cell
+    (CUSTOM_OPS.replace("--- a/", "-- a/") + DOCS, "p: a hunk before any file header ('--- a/FILE' / '+++ b/FILE') in "
+                                                   "line 3. Was the header cut or edited by hand?"),
+    (DOCS + CUSTOM_OPS.replace("--- a/", "---a/"), "p: a file header '---a/vllm/_custom_ops.py' without its '+++' line "
+                                                   "in line 6. Was the header cut or edited by hand?"),
+    (DOCS + CUSTOM_OPS.replace("+++ b/", "+++b/"), "p: a file header '--- a/vllm/_custom_ops.py' without its '+++' line "
+                                                   "in line 6. Was the header cut or edited by hand?"),
+    # `diff -r` without -N: a deleted file is a line of prose, not a section
+    (DOCS + "Only in a/vllm: _custom_ops.py\n", "p: 'Only in a/vllm: _custom_ops.py': `diff -r` without -N leaves out a "
+                                                "file that only one side has in line 6. Make it with `diff -ruN` or "
+                                                "`git diff`"),
+])
+def test_a_file_the_parser_would_lose_is_one_error(text, message):
+    with pytest.raises(InputError) as caught:
+        parse_patch(text, "p")
+    assert str(caught.value) == message
+
+
+def test_what_plain_diff_and_editors_write_keeps_every_file():
+    # a byte order mark before the first header (an editor's UTF-8 with BOM)
+    assert changed_paths(parse_patch("\ufeff" + CUSTOM_OPS + DOCS, "p")) == ["vllm/_custom_ops.py", "docs/x.md"]
+    # `diff -ru`'s line for a binary file is a file of the change, refused when applied
+    binary = parse_patch(DOCS + "Binary files a/vllm/_C.abi3.so and b/vllm/_C.abi3.so differ\n", "p")
+    assert changed_paths(binary) == ["docs/x.md", "vllm/_C.abi3.so"] and binary[1].binary
+    # git's header of a mode-only change to a path holding " b/": the name twice, not split at the first " b/"
+    mode = parse_patch("diff --git a/vllm/x b/y.py b/vllm/x b/y.py\nold mode 100644\nnew mode 100755\n", "p")
+    assert changed_paths(mode) == ["vllm/x b/y.py"]
+    # a quoted path (git quotes one with a '"') that holds UTF-8 as it is: read, not refused as not UTF-8
+    quoted = parse_patch('--- "a/vllm/\u00e9\\"x.py"\n+++ "b/vllm/\u00e9\\"x.py"\n@@ -1 +1 @@\n-a\n+b\n', "p")
+    assert changed_paths(quoted) == ['vllm/\u00e9"x.py']
+
+
+def test_a_format_patch_series_keeps_its_commit_messages_apart(repo):
+    (repo / "vllm/a/x.py").write_text((repo / "vllm/a/x.py").read_text().replace("line2\n", "LINE2\n"))
+    git(repo, "commit", "-qam", "one\n\n--- not a header\n+++ nor this\n@@ -1 +1 @@ a quoted hunk")
+    (repo / "vllm/gone.py").write_text("still here\n")
+    git(repo, "commit", "-qam", "two")
+    patches = parse_patch(git(repo, "format-patch", "--stdout", "HEAD~2"), "p")
+    assert changed_paths(patches) == ["vllm/a/x.py", "vllm/gone.py"]
+
+
+def test_a_mail_whose_message_has_no_separator_line_still_reads_its_diff():
+    mail = ("From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\n"
+            "--- a quoted header\n+++ in the message\n\ndiff --git a/vllm/x.py b/vllm/x.py\n" + CUSTOM_OPS.replace(
+                "_custom_ops", "x"))
+    assert changed_paths(parse_patch(mail, "p")) == ["vllm/x.py"]

@@ -30,6 +30,8 @@ BUILD_FOLDERS = ("csrc", "cmake", "requirements")
 # At most 9 digits a number: no file of vLLM comes near a billion lines, and int() of thousands of digits raises
 _HUNK = re.compile(r"^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@")
 _OCTAL = re.compile(rb"\\([0-7]{3})")
+_MAIL_START = re.compile(r"^From [0-9a-f]{40} ")
+_PLAIN_BINARY = re.compile(r"^(?:Binary files|Files) (.+) and (.+) differ$")
 
 
 def classify(path: str) -> str:
@@ -92,15 +94,32 @@ class _Section:
 
 def parse_patch(text: str, source: str) -> list[FilePatch]:
     """The file sections of a unified diff (plain `diff -u` or `git diff`, renames and copies included)."""
-    lines = text.split("\n")
+    lines = text.removeprefix("\ufeff").split("\n")  # an editor's byte order mark hid the first file's header
     if lines and lines[-1] == "":
         lines.pop()
     sections: list[_Section] = []
     current: _Section | None = None
+    in_message = False  # inside a `git format-patch` mail's header and message: free text, up to its "---" line
     i = 0
     while i < len(lines):
         line = lines[i] if lines[i].startswith((" ", "+", "-")) else lines[i].rstrip("\r")
-        if line.startswith("diff --git "):
+        if _MAIL_START.match(line):
+            current, in_message = None, True
+        if in_message:
+            in_message = line != "---" and not line.startswith("diff ")
+            if in_message or line == "---":
+                i += 1
+                continue
+        if line.startswith("Only in ") and ": " in line:
+            raise InputError(source, f"{line[:120]!r}: `diff -r` without -N leaves out a file that only one side has",
+                             f"line {i + 1}", "Make it with `diff -ruN` or `git diff`")
+        elif (current is None or current.saw_old) and _PLAIN_BINARY.match(line):
+            match = _PLAIN_BINARY.match(line)
+            current = _Section(start=i + 1, binary=True, saw_old=True, saw_new=True)
+            sections.append(current)
+            current.old_path = _header_path(match[1], source, i + 1)
+            current.new_path = _header_path(match[2], source, i + 1)
+        elif line.startswith("diff --git "):
             current = _Section(start=i + 1)
             sections.append(current)
             old, new = _git_header_paths(line[len("diff --git "):], source, i + 1)
@@ -118,6 +137,13 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
             hunk, i = _read_hunk(lines, i, source)
             current.hunks.append(hunk)
             continue
+        elif current is None and _HUNK.match(line):
+            raise InputError(source, "a hunk before any file header ('--- a/FILE' / '+++ b/FILE')", f"line {i + 1}",
+                             "Was the header cut or edited by hand?")
+        elif current is not None and (line.startswith("+++") or (line.startswith("---") and line.strip("-"))):
+            # a header whose other half is damaged: its hunks would be read as the previous file's
+            raise InputError(source, f"a file header {line[:80]!r} without its '{'---' if line[0] == '+' else '+++'}' "
+                                     "line", f"line {i + 1}", "Was the header cut or edited by hand?")
         elif current is not None and not current.saw_old:
             if line.startswith("rename from ") or line.startswith("copy from "):
                 current.rename_from = _unquote(line.split(" from ", 1)[1], source, i + 1)
@@ -194,6 +220,8 @@ def _read_hunk(lines: list[str], i: int, source: str) -> tuple[Hunk, int]:
 def _git_header_paths(rest: str, source: str, line: int) -> tuple[str | None, str | None]:
     if rest.startswith('"'):
         first, _, tail = _split_quoted(rest, source, line)
+    elif len(rest) % 2 and rest[len(rest) // 2] == " " and rest[:len(rest) // 2][2:] == rest[len(rest) // 2 + 1:][2:]:
+        first, tail = rest[:len(rest) // 2], rest[len(rest) // 2 + 1:]  # "a/x b/y.py b/x b/y.py": one name twice
     else:
         first, _, tail = rest.partition(" b/")
         tail = "b/" + tail if tail else ""
@@ -234,7 +262,7 @@ def _unquote(path: str, source: str, line: int) -> str:
     path = path.strip()
     if not (len(path) >= 2 and path.startswith('"') and path.endswith('"')):
         return path
-    body = path[1:-1].encode("latin-1", "backslashreplace")
+    body = path[1:-1].encode("utf-8", "surrogateescape")  # octal escapes, and any character git left as it is
     body = _OCTAL.sub(lambda m: bytes([int(m[1], 8)]), body)
     simple = {b"\\n": b"\n", b"\\t": b"\t", b'\\"': b'"', b"\\\\": b"\\"}
     for escaped, plain in simple.items():
