@@ -100,6 +100,31 @@ def test_a_patch_that_cannot_run_is_one_error_naming_the_place(tmp_path, release
     assert not (tmp_path / "overlays").exists() or not any((tmp_path / "overlays").iterdir())
 
 
+def test_a_copy_keeps_its_source_and_a_series_applies_in_order(tmp_path, release, checkout):
+    """`git diff -C` copies a file (the release's cpu_attn.py was deleted in the overlay, as by a rename); a
+    `git format-patch` series changes one file twice (the second section was applied to the release's text, and the
+    first commit's change was lost)."""
+    copy = CPU_ATTN.replace("cpu_attn", "cpu_attn_copy")
+    (checkout / copy).write_text(ORIGINAL)
+    (checkout / CPU_ATTN).write_text(ORIGINAL.replace("def write(k_scale):\n    return k_scale",
+                                                      "def write(k_scale):\n    return 2 * k_scale"))
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-qm", "one")
+    (checkout / CPU_ATTN).write_text((checkout / CPU_ATTN).read_text().replace("def read(k_scale):\n    return k_scale",
+                                                                               "def read(k_scale):\n    return k_scale / 2"))
+    git(checkout, "commit", "-qam", "two")
+    series = git(checkout, "format-patch", "-C", "--find-copies-harder", "--stdout", "HEAD~2")
+    assert f"copy from {CPU_ATTN}" in series and series.count(f"+++ b/{CPU_ATTN}") == 2
+    under_test = prepare(parse_spec(f"patch:{write_patch(tmp_path, series)}"), release, tmp_path / "overlays")
+    assert (under_test.overlay / CPU_ATTN).read_text() == (checkout / CPU_ATTN).read_text()
+    assert (under_test.overlay / copy).read_text() == ORIGINAL
+    assert under_test.deleted_files == () and under_test.changed_files == (CPU_ATTN, copy)
+    # the two diffs concatenated, without their mail headers: the same, in order
+    plain = "".join(git(checkout, "diff", "-C", "--find-copies-harder", f"HEAD~{n}", f"HEAD~{n - 1}") for n in (2, 1))
+    again = prepare(parse_spec(f"patch:{write_patch(tmp_path, plain, 'plain.patch')}"), release, tmp_path / "overlays")
+    assert again.overlay == under_test.overlay
+
+
 def test_a_missing_patch_file_is_one_error(tmp_path, release):
     with pytest.raises(InputError) as caught:
         prepare(parse_spec(f"patch:{tmp_path / 'nope.patch'}"), release)

@@ -188,15 +188,28 @@ def _from_patch(spec: VllmSpec, release: Release, root: Path) -> VllmUnderTest:
     paths = changed_paths(patches)
     _refuse_build_changes(shown, paths)
     files: dict[str, str | None] = {}
+    before: dict[str, str | None] = {}  # the files as the mails before this one left them
+
+    def text_of(path: str, moved: bool) -> str | None:
+        """The file as the earlier mails of a `git format-patch` series left it (a series may change one file twice),
+        else the release's; a copy or rename within one diff reads its source as it was before that diff, and a file
+        changed twice within one (diffs concatenated) the first change's result."""
+        state = before if moved else files
+        return state[path] if path in state else _release_text(release, path, shown)
+
+    part = 0
     for patch in patches:
+        if patch.part != part:
+            before, part = dict(files), patch.part
         if not any(classify(p) == "package" for p in patch.paths):
             continue
-        original = _release_text(release, patch.old_path, shown) if patch.old_path else None
-        if patch.old_path is None and patch.new_path and (release.package_dir.parent / patch.new_path).exists():
-            original = _release_text(release, patch.new_path, shown)
+        moved = patch.old_path != patch.new_path
+        original = text_of(patch.old_path, moved) if patch.old_path else None
+        if patch.old_path is None and patch.new_path:
+            original = text_of(patch.new_path, False)
         new_text = apply_file_patch(original, patch, shown)
-        if patch.old_path and patch.new_path and patch.old_path != patch.new_path:
-            files[patch.old_path] = None  # a rename leaves the old path
+        if patch.old_path and patch.new_path and patch.old_path != patch.new_path and not patch.copy:
+            files[patch.old_path] = None  # a rename leaves the old path; a copy keeps it
         if patch.new_path is not None:
             files[patch.new_path] = new_text
         elif patch.old_path is not None:

@@ -65,6 +65,8 @@ class FilePatch:
     hunks: tuple[Hunk, ...] = ()
     binary: bool = False
     patch_line: int = 0  # the first line of this file's section
+    copy: bool = False  # old_path -> new_path is a copy (`copy from`/`copy to`): the old path stays
+    part: int = 0  # which mail of a `git format-patch` series (0 for a plain diff): each applies to the one before's result
 
     @property
     def path(self) -> str:
@@ -80,12 +82,14 @@ class FilePatch:
 @dataclass(kw_only=True)
 class _Section:
     start: int
+    part: int = 0
     old_path: str | None = None
     new_path: str | None = None
     saw_old: bool = False
     saw_new: bool = False
     rename_from: str | None = None
     rename_to: str | None = None
+    copied: bool = False
     new_file: bool = False
     deleted_file: bool = False
     binary: bool = False
@@ -100,11 +104,12 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
     sections: list[_Section] = []
     current: _Section | None = None
     in_message = False  # inside a `git format-patch` mail's header and message: free text, up to its "---" line
+    part = 0
     i = 0
     while i < len(lines):
         line = lines[i] if lines[i].startswith((" ", "+", "-")) else lines[i].rstrip("\r")
         if _MAIL_START.match(line):
-            current, in_message = None, True
+            current, in_message, part = None, True, part + 1
         if in_message:
             in_message = line != "---" and not line.startswith("diff ")
             if in_message or line == "---":
@@ -115,18 +120,18 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
                              f"line {i + 1}", "Make it with `diff -ruN` or `git diff`")
         elif (current is None or current.saw_old) and _PLAIN_BINARY.match(line):
             match = _PLAIN_BINARY.match(line)
-            current = _Section(start=i + 1, binary=True, saw_old=True, saw_new=True)
+            current = _Section(start=i + 1, part=part, binary=True, saw_old=True, saw_new=True)
             sections.append(current)
             current.old_path = _header_path(match[1], source, i + 1)
             current.new_path = _header_path(match[2], source, i + 1)
         elif line.startswith("diff --git "):
-            current = _Section(start=i + 1)
+            current = _Section(start=i + 1, part=part)
             sections.append(current)
             old, new = _git_header_paths(line[len("diff --git "):], source, i + 1)
             current.old_path, current.new_path = old, new
         elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
             if current is None or current.saw_old or current.hunks:
-                current = _Section(start=i + 1)
+                current = _Section(start=i + 1, part=part)
                 sections.append(current)
             current.old_path = _header_path(line[4:], source, i + 1)
             current.new_path = _header_path(lines[i + 1][4:], source, i + 2)
@@ -147,6 +152,7 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
         elif current is not None and not current.saw_old:
             if line.startswith("rename from ") or line.startswith("copy from "):
                 current.rename_from = _unquote(line.split(" from ", 1)[1], source, i + 1)
+                current.copied = line.startswith("copy ")
             elif line.startswith("rename to ") or line.startswith("copy to "):
                 current.rename_to = _unquote(line.split(" to ", 1)[1], source, i + 1)
             elif line.startswith("new file mode"):
@@ -176,7 +182,7 @@ def _finish(section: _Section, source: str) -> FilePatch:
         if path is not None:
             _check_path(path, source, section.start)
     return FilePatch(old_path=old, new_path=new, hunks=tuple(section.hunks), binary=section.binary,
-                     patch_line=section.start)
+                     patch_line=section.start, copy=section.copied, part=section.part)
 
 
 def _read_hunk(lines: list[str], i: int, source: str) -> tuple[Hunk, int]:
