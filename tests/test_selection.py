@@ -326,6 +326,36 @@ def test_the_attention_packages_shared_modules_plan_every_cell_on_the_real_tree(
     assert len(plan(matrix, real, path).cells) == len(matrix.cells)
 
 
+def test_a_trees_symlinked_folders_fifos_and_depth_are_read_as_python_would(tmp_path):
+    """A subpackage that is a symlink (a developer's checkout) was not followed: its modules were no module of the graph,
+    and a change to one planned no cell. A FIFO named .py hung the read; a folder 1100 deep was a RecursionError."""
+    import os
+
+    from kvgate import InputError
+
+    tree, elsewhere = tmp_path / "tree", tmp_path / "elsewhere"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm/__init__.py").write_text("import vllm.quant.kv_cache\n")
+    (elsewhere / "quant").mkdir(parents=True)
+    (elsewhere / "quant/__init__.py").write_text("")
+    (elsewhere / "quant/kv_cache.py").write_text("import vllm.helper\n")
+    (tree / "vllm/quant").symlink_to(elsewhere / "quant")
+    (tree / "vllm/loop").symlink_to("..")  # a loop back up: not followed
+    (tree / "vllm/gone.py").symlink_to(tmp_path / "nowhere.py")  # Python cannot import it either: left out
+    deep = tree / "vllm" / "/".join(["d"] * 1100)
+    subprocess.run(["mkdir", "-p", str(deep)], check=True)
+    (deep / "x.py").write_text("import vllm.helper\n")
+    sources = folder_sources(tree)
+    assert sources["vllm/quant/kv_cache.py"] == "import vllm.helper\n"
+    assert "vllm/gone.py" not in sources and not any(path.startswith("vllm/loop/") for path in sources)
+    assert sources["vllm/" + "d/" * 1100 + "x.py"] == "import vllm.helper\n"
+    os.mkfifo(tree / "vllm/pipe.py")
+    with pytest.raises(InputError) as caught:
+        folder_sources(tree)
+    assert str(caught.value) == (f"vllm/pipe.py: is not a regular file (a FIFO, socket or device) in the vLLM tree "
+                                 f"{tree}. Remove it, or pass a clean vLLM checkout")
+
+
 # ---------------------------------------------------------------------------------------- no vLLM tree given
 
 FLASHMLA_ONLY = "vllm/v1/attention/backends/mla/flashmla.py"

@@ -12,8 +12,10 @@ seconds from a folder.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
+import stat
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,23 +23,70 @@ from pathlib import Path
 from kvgate import InputError
 from kvgate.change.import_graph import PACKAGE
 
+MAX_SOURCE_BYTES = 16 * 1024 * 1024  # one .py file; vLLM's largest is well under 1 MiB
+MAX_SOURCE_FILES = 100_000  # vLLM has a few thousand
+
 
 def folder_sources(root: Path) -> dict[str, str]:
+    """Every vllm/**/*.py under `root`, as Python would import them: through symlinked folders (a loop back to a
+    folder above is not followed), at any depth. A file that cannot be read is one error naming it, never skipped (its
+    imports would be missing from the graph and the cells they reach unplanned); one that Python could not import
+    either (a link to nothing, or to itself) is left out."""
     package = Path(root) / PACKAGE
     if not (package / "__init__.py").is_file():
         raise InputError(str(root), f"no {PACKAGE}/__init__.py here", hint="Pass a vLLM checkout or a folder holding "
                                                                           "the installed vllm package")
-    sources = {}
-    for folder, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-        for name in files:
-            if name.endswith(".py"):
-                path = Path(folder) / name
-                try:
-                    sources[path.relative_to(root).as_posix()] = path.read_text(encoding="utf-8", errors="replace")
-                except OSError:
-                    continue
+    sources: dict[str, str] = {}
+    top = os.stat(package)
+    stack = [(package, PACKAGE, frozenset({(top.st_dev, top.st_ino)}))]
+    while stack:
+        folder, relative, above = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name, reverse=True)
+        except OSError as error:
+            raise InputError(str(folder), f"cannot list this folder of the vLLM tree ({error.strerror})",
+                             hint="Pass a vLLM tree kvgate can read") from None
+        for entry in entries:
+            name = f"{relative}/{entry.name}"
+            try:
+                info = entry.stat()  # follows links
+            except OSError as error:
+                if entry.is_symlink() and error.errno in (errno.ENOENT, errno.ELOOP):
+                    continue  # a link to nothing: Python cannot import it either
+                raise InputError(name, f"cannot read this file of the vLLM tree {root} ({error.strerror})",
+                                 hint="Pass a vLLM tree kvgate can read") from None
+            if stat.S_ISDIR(info.st_mode):
+                if entry.name != "__pycache__" and not entry.name.startswith(".") and \
+                        (info.st_dev, info.st_ino) not in above:
+                    stack.append((Path(entry.path), name, above | {(info.st_dev, info.st_ino)}))
+            elif entry.name.endswith(".py"):
+                sources[name] = _read_source(Path(entry.path), name, info, root)
+                if len(sources) > MAX_SOURCE_FILES:
+                    raise InputError(str(root), f"holds more than {MAX_SOURCE_FILES} vllm/**/*.py files",
+                                     hint="Pass a vLLM checkout or a folder holding the installed vllm package")
     return sources
+
+
+def _read_source(path: Path, name: str, info: os.stat_result, root: Path) -> str:
+    """One .py file's text; a FIFO or device (reading it would block or never end), a file past MAX_SOURCE_BYTES or
+    one that cannot be read is one error naming it."""
+    where = f"the vLLM tree {root}"
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(name, f"is not a regular file (a FIFO, socket or device) in {where}",
+                         hint="Remove it, or pass a clean vLLM checkout")
+    if info.st_size > MAX_SOURCE_BYTES:
+        raise InputError(name, f"is {info.st_size} bytes, more than the {MAX_SOURCE_BYTES} kvgate reads from one source "
+                               f"file, in {where}", hint="Pass a clean vLLM checkout")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SOURCE_BYTES + 1)
+    except OSError as error:
+        raise InputError(name, f"cannot read this file of {where} ({error.strerror})",
+                         hint="Pass a vLLM tree kvgate can read") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise InputError(name, f"is more than the {MAX_SOURCE_BYTES} bytes kvgate reads from one source file, in {where}",
+                         hint="Pass a clean vLLM checkout")
+    return data.decode("utf-8", "replace")
 
 
 def git_sources(repo: Path, rev: str) -> dict[str, str]:
