@@ -292,6 +292,14 @@ def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
     assert set(helper.cells) == {"cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"}  # through the head's new import only
     assert selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/helper.py" or \
         selection.reasons["cpu_attn-fp8-cpu"].path == "vllm/v1/attention/backends/cpu_attn.py"
+    # a side that is not a commit (a tree, a blob, nothing) is one error, not a diff against a tree read as a commit
+    from kvgate import InputError
+
+    for rev in ("HEAD:vllm", "HEAD:vllm/helper.py", "nope"):
+        with pytest.raises(InputError) as caught:
+            code_sides.from_git(repo, "HEAD~1", rev, None, matrix)
+        assert str(caught.value) == (f"--vllm-head: {rev!r} is not a commit of the git checkout {repo}. Pass a commit "
+                                     "SHA, a branch or a tag, and check out both commits (fetch-depth: 0)")
 
 
 def test_a_backend_whose_module_the_tree_lacks_owns_no_package(tmp_path, matrix):
@@ -345,7 +353,10 @@ def test_a_trees_symlinked_folders_fifos_and_depth_are_read_as_python_would(tmp_
     deep = tree / "vllm" / "/".join(["d"] * 1100)
     subprocess.run(["mkdir", "-p", str(deep)], check=True)
     (deep / "x.py").write_text("import vllm.helper\n")
-    sources = folder_sources(tree)
+    try:
+        sources = folder_sources(tree)
+    finally:
+        subprocess.run(["rm", "-rf", str(tree / "vllm/d")], check=True)  # pytest's own clean-up recurses per folder
     assert sources["vllm/quant/kv_cache.py"] == "import vllm.helper\n"
     assert "vllm/gone.py" not in sources and not any(path.startswith("vllm/loop/") for path in sources)
     assert sources["vllm/" + "d/" * 1100 + "x.py"] == "import vllm.helper\n"

@@ -33,12 +33,26 @@ def from_git(repo: Path, base: str, head: str, changed: Sequence[str] | None, ma
     for flag, rev in (("--vllm-base", base), ("--vllm-head", head)):
         if not rev or rev.startswith("-"):
             raise InputError(flag, f"{rev!r} is not a git revision", hint="Pass a commit SHA, a branch or a tag")
+    # each side is a commit, read at its SHA: `HEAD:vllm` (a tree) diffed as one and found no file at `<tree>:vllm/...`
+    base, head = _commit(repo, "--vllm-base", base), _commit(repo, "--vllm-head", head)
     paths = list(changed) if changed is not None else git_changed_paths(repo, base, head)
     base_sources = git_sources(repo, base)
     base_code = code_from_sources(base_sources, matrix)
     modules = [p for p in paths if module_of(p) is not None]
     head_code = code_with_changes(base_code, base_sources, git_files(repo, head, modules), matrix)
     return paths, base_code, head_code
+
+
+def _commit(repo: Path, flag: str, rev: str) -> str:
+    try:
+        process = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "--end-of-options",
+                                  f"{rev}^{{commit}}"], capture_output=True, check=False)
+    except OSError as error:
+        raise InputError("git", f"cannot run git ({error.strerror})", hint="Install git") from None
+    if process.returncode != 0:
+        raise InputError(flag, f"{rev!r} is not a commit of the git checkout {repo}",
+                         hint="Pass a commit SHA, a branch or a tag, and check out both commits (fetch-depth: 0)")
+    return process.stdout.decode().strip()
 
 
 def git_changed_paths(repo: Path, base: str, head: str) -> list[str]:
