@@ -148,6 +148,9 @@ def test_specs(text, kind, path, version, base):
     ("release:", "--vllm: 'release:' names no version. Write release or release:VERSION, e.g. release:0.32.0"),
     ("source:@v1", "--vllm: 'source:@v1': expected source:PATH@BASE with both parts. e.g. source:../vllm@v0.32.0, "
                    "or source:../vllm for the release's tag"),
+    ("patch:~no-such-user-here/fix.diff", "--vllm: 'patch:~no-such-user-here/fix.diff': cannot expand "
+                                          "'~no-such-user-here' (no such user or home directory). Write patch:PATH with "
+                                          "the folder spelled out"),  # was expanduser's RuntimeError
 ])
 def test_bad_specs(text, message):
     with pytest.raises(InputError) as caught:

@@ -53,4 +53,9 @@ def parse_spec(text: str, flag: str = "--vllm") -> VllmSpec:
         if not base_rev.strip() or not rest.strip():
             raise InputError(flag, f"'{text}': expected source:PATH@BASE with both parts",
                              hint="e.g. source:../vllm@v0.32.0, or source:../vllm for the release's tag")
-    return VllmSpec(kind=kind, text=spec, path=Path(rest.strip()).expanduser(), base_rev=base_rev)
+    try:
+        path = Path(rest.strip()).expanduser()
+    except RuntimeError:  # ~USER of no such user, or ~ with no home directory
+        raise InputError(flag, f"'{text}': cannot expand {rest.strip().split('/', 1)[0]!r} (no such user or home "
+                               "directory)", hint=f"Write {kind}:PATH with the folder spelled out") from None
+    return VllmSpec(kind=kind, text=spec, path=path, base_rev=base_rev)
