@@ -109,7 +109,7 @@ class ImportGraph:
         return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in self.paths]
 
 
-_FROM = re.compile(r"(?m)(?:^|[;:])[ \t]*from[ \t]+(\.*[A-Za-z_][\w.]*|\.+)[ \t]+import[ \t]*(\([^)]*\)|[^\n;]*)")
+_FROM = re.compile(r"(?m)(?:^|[;:])[ \t]*from[ \t]+(\.*[A-Za-z_][\w.]*|\.+)[ \t]+import[ \t]*(\([^)(]*\)|[^\n;]*)")
 _IMPORT = re.compile(r"(?m)(?:^|[;:])[ \t]*import[ \t]+([^\n;]*)")
 _STRING = re.compile(r"""["'](vllm(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\.?["']""")
 _COMMENT = re.compile(r"#[^\n]*")
