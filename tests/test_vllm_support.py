@@ -114,3 +114,18 @@ def test_host_requirements_are_held_against_vllms_own_isa_chooser(tmp_path):
     assert ("CPU_ATTN fp8 with head size 80: vLLM's _get_attn_isa refuses it, matrix/backends.toml host_requirements "
             "accept it") in disagreements
     assert not any(" auto " in line for line in disagreements)
+
+
+@pytest.mark.parametrize("source", ["class FlashInferMLABackend(:\n", "x = 1\0\n",
+                                    "class FlashInferMLABackend:\n    x = " + "(" * 300 + ")" * 300 + "\n"])
+def test_a_backend_source_that_does_not_parse_is_unknown_not_a_traceback(source, real_matrix):
+    declared = declarations_from_source(source, "FlashInferMLABackend", "import failed")
+    assert declared.route == "unavailable" and declared.note.startswith("import failed; source does not parse (")
+    report = compare(real_matrix, {"FLASHINFER_MLA": declared}, "0.32.0")
+    assert any(line.startswith("FLASHINFER_MLA: not readable from this vLLM") for line in report.unknowns)
+
+
+def test_a_multiple_that_is_not_a_whole_number_is_not_read():
+    source = FLASHINFER_MLA_SOURCE.replace("return [32, 64]", "return [MultipleOf('x')]")
+    declared = declarations_from_source(source, "FlashInferMLABackend")
+    assert declared.block_sizes is None and declared.block_size_multiple is None

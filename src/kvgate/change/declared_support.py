@@ -207,14 +207,23 @@ def read_backend_source(class_path: str, reason: str) -> Declared:
         spec = None
     if spec is None or not spec.origin:
         return Declared("unavailable", None, None, None, None, f"{reason}; source not found")
-    with open(spec.origin, encoding="utf-8") as handle:
-        source = handle.read()
+    try:
+        with open(spec.origin, encoding="utf-8") as handle:
+            source = handle.read()
+    except (OSError, UnicodeDecodeError) as error:  # unknown, never agreement, and not a traceback
+        return Declared("unavailable", None, None, None, None, f"{reason}; source {spec.origin} not readable "
+                                                                f"({type(error).__name__})")
     return declarations_from_source(source, class_name, reason)
 
 
 def declarations_from_source(source: str, class_name: str, reason: str = "") -> Declared:
-    """Pure: parse one class's declarations from module source text."""
-    tree = ast.parse(source)
+    """Pure: parse one class's declarations from module source text; a source that does not parse declares nothing
+    readable (unavailable: unknown, never agreement)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        return Declared("unavailable", None, None, None, None,
+                        f"{reason}; source does not parse ({type(error).__name__}: {str(error)[:80]})")
     cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name), None)
     if cls is None:
         return Declared("unavailable", None, None, None, None, f"{reason}; class {class_name} not in source")
@@ -261,8 +270,9 @@ def _literal_blocks(node: ast.List) -> tuple[tuple[int, ...], int | None] | None
         if isinstance(element, ast.Constant) and isinstance(element.value, int):
             sizes.append(element.value)
         elif (isinstance(element, ast.Call) and isinstance(element.func, ast.Name) and element.func.id == "MultipleOf"
-              and len(element.args) == 1 and isinstance(element.args[0], ast.Constant)):
-            multiple = int(element.args[0].value)
+              and len(element.args) == 1 and isinstance(element.args[0], ast.Constant)
+              and type(element.args[0].value) is int):  # MultipleOf("x") was int()'s ValueError
+            multiple = element.args[0].value
         else:
             return None
     return tuple(sizes), multiple
