@@ -125,6 +125,23 @@ def test_a_copy_keeps_its_source_and_a_series_applies_in_order(tmp_path, release
     assert again.overlay == under_test.overlay
 
 
+def test_a_device_or_fifo_read_without_end_is_one_error(tmp_path, release, checkout, monkeypatch):
+    """patch:/dev/zero was read to the end of memory; a source: checkout's link to a FIFO blocked forever."""
+    from kvgate.change import overlay
+
+    monkeypatch.setattr(overlay, "MAX_PATCH_BYTES", 1024 * 1024)
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec("patch:/dev/zero"), release, tmp_path / "overlays")
+    assert str(caught.value) == ("/dev/zero: is more than 1048576 bytes, more than any vLLM change. Check the path in "
+                                 "patch:/dev/zero")
+    os.mkfifo(tmp_path / "pipe")
+    (checkout / "vllm/pipe.py").symlink_to(tmp_path / "pipe")  # untracked: part of the change
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"source:{checkout}"), release, tmp_path / "overlays")
+    assert str(caught.value) == (f"{checkout}: {checkout / 'vllm/pipe.py'} is not a regular file (a FIFO, socket or "
+                                 "device behind a link). Remove it from the checkout, or commit the file itself")
+
+
 def test_a_missing_patch_file_is_one_error(tmp_path, release):
     with pytest.raises(InputError) as caught:
         prepare(parse_spec(f"patch:{tmp_path / 'nope.patch'}"), release)

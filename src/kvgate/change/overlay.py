@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -168,10 +169,20 @@ def prepare(spec: VllmSpec, release: Release, overlay_root: Path | None = None,
 
 # ---------------------------------------------------------------------------------------------- patch
 
+MAX_PATCH_BYTES = 256 * 1024 * 1024  # a patch file (patch:/dev/zero read without end)
+MAX_SOURCE_FILE_BYTES = 64 * 1024 * 1024  # one file of a source: checkout (a link to /dev/zero read without end)
+
+
 def _read_patch(spec: VllmSpec) -> str:
     shown = str(spec.path)
     try:
-        return spec.path.read_text(encoding="utf-8")
+        with open(spec.path, "rb") as handle:  # a pipe too: patch:<(git diff)
+            data = handle.read(MAX_PATCH_BYTES + 1)
+        if len(data) > MAX_PATCH_BYTES:
+            raise InputError(shown, f"is more than {MAX_PATCH_BYTES} bytes, more than any vLLM change",
+                             hint=f"Check the path in {spec.text}")
+        # as read_text did: universal newlines
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except FileNotFoundError:
         raise InputError(shown, "no such patch file", hint=f"Check the path in {spec.text}") from None
     except IsADirectoryError:
@@ -370,10 +381,20 @@ def _name_status(raw: bytes) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def _read_bytes(path: Path, source: str) -> bytes:
+    """A changed file of a source: checkout, through links as Python would import it; a FIFO or device behind a link
+    (reading it would block, or never end) or a file past MAX_SOURCE_FILE_BYTES is one error naming it."""
     try:
-        return path.read_bytes()
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(source, f"{path} is not a regular file (a FIFO, socket or device behind a link)",
+                             hint="Remove it from the checkout, or commit the file itself")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SOURCE_FILE_BYTES + 1)
     except OSError as error:
         raise InputError(source, f"cannot read {path.name}: {error.strerror or error}") from None
+    if len(data) > MAX_SOURCE_FILE_BYTES:
+        raise InputError(source, f"{path} is more than {MAX_SOURCE_FILE_BYTES} bytes", hint="Pass the change as a wheel")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- wheel
