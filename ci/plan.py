@@ -58,6 +58,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# A changed-files list past this is not one (vLLM's whole tree is a few hundred kB of paths).
+MAX_CHANGED_FILES_BYTES = 256 * 1024 * 1024
 # GitHub Actions refuses a generated matrix of more than 256 jobs.
 MAX_JOBS = 256
 # Keys every matrix entry carries (kvgate.matrix.views.gha_matrix); the workflow reads them.
@@ -509,9 +511,12 @@ def _append(path: str | None, text: str) -> None:
 def read_changed_list(path: Path) -> list[str]:
     """--changed-files: one path a line, or NUL-separated (`git diff -z --name-only`) when it holds a NUL."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:  # a pipe too
+            data = handle.read(MAX_CHANGED_FILES_BYTES + 1)
     except OSError as error:
         raise PlanError(f"{path}: cannot read the changed-files list ({error.strerror})") from None
+    if len(data) > MAX_CHANGED_FILES_BYTES:  # /dev/zero was read to the end of memory
+        raise PlanError(f"{path}: the changed-files list is more than {MAX_CHANGED_FILES_BYTES} bytes")
     parts = data.split(b"\0") if b"\0" in data else data.splitlines()
     return [p.decode("utf-8", "surrogateescape").strip() for p in parts if p.strip()]
 

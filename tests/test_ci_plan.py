@@ -287,6 +287,14 @@ def test_a_nul_separated_list_is_read_as_such(tmp_path):
     assert plan.read_changed_list(listing) == ["vllm/a b.py", "vllm/é.py"]
 
 
+def test_a_list_without_end_is_one_error(monkeypatch):
+    """--changed-files /dev/zero was read to the end of memory."""
+    monkeypatch.setattr(plan, "MAX_CHANGED_FILES_BYTES", 1024 * 1024)
+    with pytest.raises(plan.PlanError) as caught:
+        plan.read_changed_list(Path("/dev/zero"))
+    assert str(caught.value) == "/dev/zero: the changed-files list is more than 1048576 bytes"
+
+
 def test_self_hosted_cells_get_the_pool_label_and_hosted_ones_do_not():
     cpu = {**ENTRY, "cell": "cpu_attn-fp8-cpu", "runner": "ubuntu-latest"}
     matrix = plan.with_runner_pool({"include": [ENTRY, cpu]}, "kvgate-pr")

@@ -429,6 +429,16 @@ def test_changed_paths_outside_the_package_need_no_tree(capsys, tmp_path):
                    "was needed\n")
 
 
+def test_a_changed_files_list_without_end_is_one_error(capsys, monkeypatch):
+    """--changed-files /dev/zero was read to the end of memory."""
+    from kvgate.cli import main, matrix_command
+
+    monkeypatch.setattr(matrix_command, "MAX_CHANGED_FILES_BYTES", 1024 * 1024)
+    assert main(["matrix", "--format", "ids", "--changed-files", "/dev/zero"]) == 2
+    assert capsys.readouterr().err == ("ERROR /dev/zero: the changed-files list is more than 1048576 bytes. Pass the "
+                                       "output of `git diff --name-only BASE...HEAD` saved to a file\n")
+
+
 @needs_vllm
 def test_a_cached_download_of_the_pinned_release_is_fetched_once_by_pip_with_the_locks_hashes(tmp_path, matrix):
     """No vLLM anywhere here: pip fetches the lock's wheel (hash-checked; here from a local folder holding a wheel of

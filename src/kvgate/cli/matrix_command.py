@@ -21,6 +21,7 @@ from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.views import cells_table, gha_matrix, nearest_cells
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout: its .nox/_engine-cpu and ci/locks
+MAX_CHANGED_FILES_BYTES = 256 * 1024 * 1024  # vLLM's whole tree is a few hundred kB of paths
 HELP = "print the matrix's cells (a table, {\"include\": [...]} for GitHub Actions, or a Buildkite pipeline)"
 
 
@@ -73,10 +74,14 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 def read_changed_files(path: Path) -> list[str]:
     """One path a line, or NUL-separated (`git diff -z --name-only`) when the file holds a NUL."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:  # a pipe too: --changed-files <(git diff --name-only ...)
+            data = handle.read(MAX_CHANGED_FILES_BYTES + 1)
     except OSError as error:
         raise InputError(str(path), f"cannot read the changed-files list: {error.strerror}",
                          hint="Pass the output of `git diff --name-only BASE...HEAD` saved to a file") from None
+    if len(data) > MAX_CHANGED_FILES_BYTES:  # /dev/zero was read to the end of memory
+        raise InputError(str(path), f"the changed-files list is more than {MAX_CHANGED_FILES_BYTES} bytes",
+                         hint="Pass the output of `git diff --name-only BASE...HEAD` saved to a file")
     text = data.decode("utf-8", "surrogateescape")
     parts = text.split("\0") if "\0" in text else text.splitlines()
     paths = [p.strip().removeprefix("./") for p in parts if p.strip()]
