@@ -340,3 +340,19 @@ def test_a_wheel_that_cannot_load_here_is_refused(tmp_path, release, name, messa
     with pytest.raises(InputError) as caught:
         prepare(parse_spec(f"wheel:{wheel}"), release, tmp_path / "overlays")
     assert str(caught.value).startswith(f"{wheel}: {message}")
+
+
+def test_a_wheel_that_unpacks_past_any_vllm_wheel_is_refused_before_it_is_read(tmp_path, release, monkeypatch):
+    """A zip bomb (a few kB that unpack to gigabytes) was read into memory whole."""
+    from kvgate.change import overlay
+
+    monkeypatch.setattr(overlay, "MAX_WHEEL_BYTES", 1024 * 1024)
+    wheel = tmp_path / "vllm-0.32.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("vllm/__init__.py", b"")
+        archive.writestr("vllm/bomb.py", bytes(2 ** 21))
+    assert wheel.stat().st_size < 64 * 1024
+    with pytest.raises(InputError) as caught:
+        prepare(parse_spec(f"wheel:{wheel}"), release, tmp_path / "overlays")
+    assert str(caught.value) == (f"{wheel}: unpacks to {2 ** 21} bytes, more than the 1048576 of any vLLM wheel. Pass "
+                                 "vLLM's own wheel")

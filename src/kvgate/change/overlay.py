@@ -171,6 +171,7 @@ def prepare(spec: VllmSpec, release: Release, overlay_root: Path | None = None,
 
 MAX_PATCH_BYTES = 256 * 1024 * 1024  # a patch file (patch:/dev/zero read without end)
 MAX_SOURCE_FILE_BYTES = 64 * 1024 * 1024  # one file of a source: checkout (a link to /dev/zero read without end)
+MAX_WHEEL_BYTES = 8 * 1024 * 1024 * 1024  # a wheel's vllm/ unpacked (a CUDA wheel is about 1.5 GB)
 
 
 def _read_patch(spec: VllmSpec) -> str:
@@ -427,6 +428,10 @@ def _from_wheel(spec: VllmSpec, release: Release, root: Path) -> VllmUnderTest:
         members = [m for m in archive.infolist() if m.filename.startswith("vllm/") and not m.is_dir()]
         if not members:
             raise InputError(shown, "holds no vllm/ package")
+        unpacked = sum(m.file_size for m in members)  # zipfile reads no member past its declared size
+        if unpacked > MAX_WHEEL_BYTES:  # a zip bomb was read into memory to its end
+            raise InputError(shown, f"unpacks to {unpacked} bytes, more than the {MAX_WHEEL_BYTES} of any vLLM wheel",
+                             hint="Pass vLLM's own wheel")
         contents: dict[str, bytes] = {}
         for member in members:
             pure = PurePosixPath(member.filename)
