@@ -552,8 +552,16 @@ def changed_paths(args: argparse.Namespace) -> list[str] | None:
     return git_changed_paths(args.repo, args.merge_base, head)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one `ERROR` line and exit 2, as every other refusal here (argparse printed its usage too)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"ERROR ci/plan.py: {message}. See `python ci/plan.py --help`", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ci/plan.py", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="ci/plan.py", description=__doc__.splitlines()[0])
     parser.add_argument("--event", default=os.environ.get("GITHUB_EVENT_NAME", "pull_request"),
                         help="GitHub event name (default: $GITHUB_EVENT_NAME, else pull_request)")
     parser.add_argument("--changed-files", type=Path, metavar="FILE",

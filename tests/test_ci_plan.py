@@ -281,6 +281,17 @@ def test_bad_planning_input_is_one_error_line(vllm_repo, tmp_path, capsys, args,
     assert (status, capsys.readouterr().err) == (2, f"ERROR {message.format(**fill)}\n")
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--head"], "argument --head: expected one argument"),  # `--head --output=x` as a revision: an option, refused
+    (["--change-of", "torch"], "argument --change-of: invalid choice: 'torch' (choose from 'kvgate', 'vllm')"),
+])
+def test_bad_arguments_are_one_error_line(capsys, args, message):
+    with pytest.raises(SystemExit) as caught:
+        plan.main(args)
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"ERROR ci/plan.py: {message}. See `python ci/plan.py --help`\n"
+
+
 def test_a_nul_separated_list_is_read_as_such(tmp_path):
     listing = tmp_path / "changed"
     listing.write_bytes(b"vllm/a b.py\0vllm/\xc3\xa9.py\0")
