@@ -429,6 +429,23 @@ def test_changed_paths_outside_the_package_need_no_tree(capsys, tmp_path):
                    "was needed\n")
 
 
+def test_the_explain_file_takes_any_path_and_a_bad_place_is_one_error(capsys, tmp_path):
+    """A changed path git gives as bytes that are not UTF-8 was a UnicodeEncodeError writing --explain-file; a folder
+    that does not exist was a FileNotFoundError."""
+    from kvgate.cli import main
+
+    changed = tmp_path / "changed.txt"
+    changed.write_bytes(b"src/\xff.cu\n")
+    explain = tmp_path / "explain.md"
+    assert main(["matrix", "--format", "ids", "--changed-files", str(changed), "--explain-file", str(explain)]) == 0
+    assert "`src/\\udcff.cu`: unknown:" in explain.read_text(encoding="utf-8")
+    capsys.readouterr()
+    missing = tmp_path / "no-such-folder" / "explain.md"
+    assert main(["matrix", "--format", "ids", "--changed-files", str(changed), "--explain-file", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (f"ERROR {missing}: cannot write the explanation: No such file or "
+                                                        "directory. Pass --explain-file a path in a folder that exists")
+
+
 def test_a_changed_files_list_without_end_is_one_error(capsys, monkeypatch):
     """--changed-files /dev/zero was read to the end of memory."""
     from kvgate.cli import main, matrix_command

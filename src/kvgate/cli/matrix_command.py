@@ -252,5 +252,9 @@ def run(args: argparse.Namespace) -> int:
             stream = sys.stdout if args.format == "table" else sys.stderr
             print("\n".join(lines), file=stream)
         if args.explain_file is not None:
-            args.explain_file.write_text(selection.markdown(seconds), encoding="utf-8")
+            try:  # a path git gave as bytes that are not UTF-8 is written escaped, not a UnicodeEncodeError
+                args.explain_file.write_text(selection.markdown(seconds), encoding="utf-8", errors="backslashreplace")
+            except OSError as error:
+                raise InputError(str(args.explain_file), f"cannot write the explanation: {error.strerror or error}",
+                                 hint="Pass --explain-file a path in a folder that exists") from None
     return EXIT_OK
