@@ -377,6 +377,35 @@ def test_a_trees_symlinked_folders_fifos_and_depth_are_read_as_python_would(tmp_
                                  f"{tree}. Remove it, or pass a clean vLLM checkout")
 
 
+def test_a_blob_the_clone_lacks_is_one_error(tmp_path, matrix):
+    """A blob ls-tree names but the object store lacks (a partial or damaged clone): cat-file answers "<sha> missing",
+    which was int()'s ValueError."""
+    from kvgate import InputError
+
+    repo = tmp_path / "vllm"
+    (repo / "vllm").mkdir(parents=True)
+    (repo / "vllm/__init__.py").write_text("")
+    (repo / "vllm/a.py").write_text("import vllm.b  # only here\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "HEAD:vllm/a.py"], capture_output=True, text=True, check=True).stdout.strip()
+    (repo / ".git/objects" / sha[:2] / sha[2:]).unlink()
+    with pytest.raises(InputError) as caught:
+        code_sides.from_git(repo, "HEAD", "HEAD", [], matrix)
+    assert str(caught.value) == (f"git cat-file in {repo}: blob {sha} is not in the repository ({sha} missing). Check "
+                                 "out the full history (fetch-depth: 0), without a blob filter")
+    from kvgate.change.vllm_tree import git_files
+
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert git_files(repo, head, ["vllm/gone.py"]) == {"vllm/gone.py": None}  # not at that commit: deleted there
+    with pytest.raises(InputError) as caught:  # at that commit, but not in the clone: was read as deleted
+        git_files(repo, head, ["vllm/a.py"])
+    assert str(caught.value) == (f"git cat-file in {repo}: vllm/a.py at {head} is not in the repository ({head}:vllm/a.py "
+                                 "missing). Check out the full history (fetch-depth: 0), without a blob filter")
+
+
 # ---------------------------------------------------------------------------------------- no vLLM tree given
 
 FLASHMLA_ONLY = "vllm/v1/attention/backends/mla/flashmla.py"

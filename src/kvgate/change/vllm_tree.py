@@ -104,13 +104,21 @@ def git_files(repo: Path, rev: str, paths: Iterable[str]) -> dict[str, str | Non
         f"{rev}:{path}\n" for path in paths).encode("utf-8", "surrogateescape"), capture_output=True, check=False)
     if process.returncode != 0:
         raise InputError(f"git cat-file in {repo}", process.stderr.decode("utf-8", "replace").strip() or "failed")
+    # the paths the commit has: cat-file says "missing" both for a path the commit lacks and for a blob the clone lacks
+    listed = set(_git(repo, "ls-tree", "-r", "-z", "--name-only", "--full-tree", rev).decode(
+        "utf-8", "surrogateescape").split("\0"))
     found, data, index = {}, process.stdout, 0
     for path in paths:
         header_end = data.index(b"\n", index)
         header = data[index:header_end].decode("utf-8", "replace")
         index = header_end + 1
-        if header.endswith(" missing"):
-            found[path] = None
+        if header.endswith(" missing") or not header.rpartition(" ")[2].isdigit():
+            if path in listed:
+                # the commit has the file, the clone lacks its blob: read as deleted, it planned no cell
+                raise InputError(f"git cat-file in {repo}", f"{path} at {rev} is not in the repository "
+                                                            f"({header[:80]})",
+                                 hint="Check out the full history (fetch-depth: 0), without a blob filter")
+            found[path] = None  # no such path at that commit: deleted there
             continue
         size = int(header.split()[-1])
         found[path] = data[index:index + size].decode("utf-8", "replace")
@@ -126,9 +134,14 @@ def _cat_blobs(repo: Path, shas: list[str]) -> list[str]:
     if process.returncode != 0:
         raise InputError(f"git cat-file in {repo}", process.stderr.decode("utf-8", "replace").strip() or "failed")
     texts, data, index = [], process.stdout, 0
-    for _ in shas:
+    for sha in shas:
         header_end = data.index(b"\n", index)
-        size = int(data[index:header_end].split()[-1])
+        header = data[index:header_end].split()
+        if len(header) != 3 or not header[2].isdigit():  # "<sha> missing": a shallow, partial or damaged clone
+            raise InputError(f"git cat-file in {repo}", f"blob {sha} is not in the repository "
+                                                        f"({b' '.join(header).decode('utf-8', 'replace')[:80]})",
+                             hint="Check out the full history (fetch-depth: 0), without a blob filter")
+        size = int(header[2])
         index = header_end + 1
         texts.append(data[index:index + size].decode("utf-8", "replace"))
         index += size + 1
