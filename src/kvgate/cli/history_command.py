@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         if args.acknowledge:
             cell, measure, commit = args.acknowledge
             history.acknowledge(cell, measure, commit)
-            print(f"kvgate history: acknowledged the change point of {cell} {measure} at {commit}")
+            print(f"kvgate history: acknowledged the change point of {trends.shown(cell)} {trends.shown(measure)} at "
+                  f"{trends.shown(commit)}")
             return EXIT_OK
         names = history.series_names(args.branch)
         selected = _select(names, args.cell, args.measure, history.shown, args.branch)
