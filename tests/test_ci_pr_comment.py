@@ -21,6 +21,7 @@ HEAD = "0123456789abcdef0123456789abcdef01234567"
 RUN_URL = "https://github.com/acme/kvgate/actions/runs/123456"
 
 pr_comment = load_ci_script("pr_comment")
+inert_markdown = load_ci_script("inert_markdown")
 WJ = "\u2060"  # the word joiner the sanitiser puts after a broken `@`, `#` or `GH-`
 
 
@@ -370,3 +371,49 @@ def test_the_comment_job_renders_from_its_sparse_checkout_alone(tmp_path):
     assert result.returncode == 0, result.stderr
     body = json.loads((tmp_path / "c.json").read_text())["body"]
     assert body.endswith(f"- @{WJ}octocat x\n\n")
+
+
+FILLER = "\n\n".join(["filler paragraph " + "x" * 200] * 400)  # ~80,000 characters: the comment must be folded
+
+
+def folded_comment(tmp_path: Path, report: str) -> str:
+    folder = gate_artifact(tmp_path, report)
+    body = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "failure",
+                                       "GITHUB_REPOSITORY": "acme/kvgate"})["body"]
+    assert len(body) <= pr_comment.BODY_LIMIT + 1
+    return body
+
+
+@pytest.mark.parametrize("code", [
+    "```\n</details>\n[evil](https://evil.example/x) ![i](https://evil.example/i.png) <img src=x>\n```",
+    "~~~\n</details>\n<script>alert(1)</script> [evil](https://evil.example/y)\n~~~",
+    "    </details>\n    [evil](https://evil.example/z)",  # an indented code block: written out as a fence
+])
+def test_attack_folding_a_details_block_never_takes_a_code_fence_away(tmp_path, code):
+    """A report too long for a comment has its `<details>` blocks folded, matched from `<details>` to the next line
+    `</details>`: one inside a code block ended the match there, the fence that opened the code went with the block,
+    and the code's verbatim text after it (a link, an image, raw HTML) became live Markdown in the comment."""
+    body = folded_comment(tmp_path, f"<details>\n<summary>s</summary>\n\n{code}\n\n</details>\n\n{FILLER}")
+    rest = body.split("\n", 1)[1]
+    assert inert_markdown.inert_problem(rest.replace(f"[workflow run]({RUN_URL})", ""), "acme/kvgate") is None
+    rendered = inert_markdown.parser().render(body)
+    assert "evil.example" not in "".join(re.findall(r'(?:href|src)="([^"]*)"', rendered))
+    assert "<img" not in rendered and "<script" not in rendered
+
+
+def test_attack_a_folded_blocks_summary_stays_text(tmp_path):
+    """The summary of a folded block (an HTML block's text, which Markdown did not parse) went into a Markdown line:
+    a link in it, `[l](/other/repo/issues/1)`, became a live link (a backlink on another repository's issue)."""
+    report = ("<details>\n<summary>[l](/other/repo/issues/1) [m](https://evil.example) *x*</summary>\n\nbody\n\n"
+              f"</details>\n\n{FILLER}")
+    body = folded_comment(tmp_path, report)
+    assert "Folded to fit a comment: \\[l\\]\\(/other/repo/issues/1\\)" in body
+    links = re.findall(r'href="([^"]*)"', inert_markdown.parser().render(body))
+    assert set(links) == {RUN_URL}
+
+
+def test_a_details_block_outside_code_is_folded(tmp_path):
+    body = folded_comment(tmp_path, f"<details>\n<summary>The cells' logs</summary>\n\n```\nlog\n```\n\n</details>\n\n"
+                                    f"kept\n\n<details>\n<summary>big</summary>\n\n{FILLER}\n\n</details>\n")
+    assert f"<sub>Folded to fit a comment: big; see the [workflow run]({RUN_URL}).</sub>" in body
+    assert "<summary>The cells' logs</summary>" in body and "kept" in body
