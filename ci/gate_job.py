@@ -113,6 +113,19 @@ def _cell_record(cell_json: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _no_json_number(literal: str) -> Any:
+    raise ValueError(f"{literal} is not a number JSON allows")
+
+
+def _finite_float(literal: str) -> float:
+    """A job's run.json goes into the run's run.json as it is: a number that reads as infinity would be written out
+    as `Infinity`, which is no JSON, and the gate would refuse the run.json this job wrote."""
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{literal[:24]} is out of a float's range")
+    return value
+
+
 def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> str | None:
     """Why a folder in cell <id>'s artifact is not one of that cell's own; None when it is."""
     cell_id = str(entry["cell"])
@@ -142,9 +155,11 @@ def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, 
             continue
         if (artifact / "run.json").is_file():
             try:
-                found.run_infos[artifact.name] = json.loads((artifact / "run.json").read_text(encoding="utf-8"))
+                found.run_infos[artifact.name] = json.loads((artifact / "run.json").read_text(encoding="utf-8"),
+                                                            parse_constant=_no_json_number, parse_float=_finite_float)
             except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-                found.problems.append(f"{artifact.name}/run.json is unreadable; left out of run.json")
+                found.problems.append(f"{artifact.name}/run.json is unreadable (not JSON, or a number JSON does not "
+                                      "allow: NaN, Infinity, out of a float's range); left out of run.json")
         for cell_json in sorted(artifact.glob("*/cell.json")):
             source = cell_json.parent
             problem = foreign_folder(source.name, _cell_record(cell_json), entry)
@@ -164,16 +179,18 @@ def mark_unreported_stages(cell_dir: Path, stages: Sequence[str], reason: str) -
     """
     status_path = cell_dir / "status.json"
     status: dict[str, Any] = {}
-    if status_path.exists():
+    if status_path.exists() or status_path.is_symlink():
         try:
             status = json.loads(status_path.read_text(encoding="utf-8"))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-            return []  # the gate reports the unreadable file (exit 2)
+            return []  # the gate reports the unreadable file (exit 2); a dangling link is one too
         if not isinstance(status, dict):
             return []
     unreported = [stage for stage in stages if not (cell_dir / stage).is_dir() and stage not in status]
     if unreported:
         status.update({stage: {"status": "error", "reason": reason} for stage in unreported})
+        if status_path.is_symlink():  # an artifact's link: its copy becomes a file; nothing is written where it led
+            status_path.unlink()
         status_path.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
     return unreported
 
@@ -280,12 +297,13 @@ def pull_request_info(event_path: str | None) -> dict[str, Any] | None:
         return None
     try:
         event = json.loads(Path(event_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     pr = event.get("pull_request") if isinstance(event, dict) else None
-    if not isinstance(pr, dict) or not isinstance(pr.get("number"), int):
+    if not isinstance(pr, dict) or isinstance(pr.get("number"), bool) or not isinstance(pr.get("number"), int):
         return None
-    return {"number": pr["number"], "head_sha": str((pr.get("head") or {}).get("sha", ""))}
+    head = pr.get("head") if isinstance(pr.get("head"), dict) else {}
+    return {"number": pr["number"], "head_sha": str(head.get("sha", ""))}
 
 
 def clip(text: str, limit: int, note: str) -> str:
