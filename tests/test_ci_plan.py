@@ -534,3 +534,21 @@ def test_the_planned_cells_timeouts_come_from_the_trusted_matrix():
     assert plan.DEFAULT_STAGE_TIMEOUT_S == DEFAULT_TIMEOUT_SECONDS  # the kernels stage's timeout
     cell = kvmatrix.load(ROOT / "matrix").cell("flashmla-fp8-sm90")
     assert plan.workload_timeouts({"include": [SM90]}) == {"flashmla-fp8-sm90": dict(cell.workload.timeouts)}
+
+
+@pytest.mark.parametrize(("sessions", "run_dir_is_a_file", "message"), [
+    ("[" * 100_000, False, "$KVGATE_SESSIONS: not a JSON list of nox session names"),  # RecursionError before
+    ("[" + "9" * 5000 + "]", False, "$KVGATE_SESSIONS: not a JSON list of nox session names"),  # ValueError before
+    ('["cell(x)"]', True, "is not a folder. Point it at the folder the artifact uploads"),  # FileExistsError before
+])
+def test_the_cell_job_says_a_bad_environment_in_one_line_not_a_traceback(tmp_path, sessions, run_dir_is_a_file,
+                                                                         message):
+    run_dir = tmp_path / "run"
+    if run_dir_is_a_file:
+        run_dir.write_text("x")
+    env = {**os.environ, "KVGATE_CELL": "x", "KVGATE_SESSIONS": sessions, "KVGATE_RUN_DIR": str(run_dir),
+           "KVGATE_NOX": "true", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-I", str(ROOT / "ci" / "cell_job.py")], env=env, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("ERROR ") and result.stderr.count("\n") == 1 and message in result.stderr
