@@ -108,7 +108,7 @@ def kernel_workers(environ: dict[str, str], gpu_count: int) -> str | None:
     """The KVGATE_KERNEL_WORKERS value for the cell's sessions; None leaves kvgate's default (one process)."""
     for value in (environ.get(WORKERS_OVERRIDE_ENV, ""), environ.get(WORKERS_ENV, "")):
         if value.strip():
-            if not value.strip().isdigit():
+            if not re.fullmatch(r"[0-9]+", value.strip()):  # str.isdigit() takes '²', which int() refuses
                 raise CellJobError(f"KVGATE_KERNEL_WORKERS={value!r}: expected a whole number of pytest-xdist workers")
             return value.strip()
     return str(gpu_count) if gpu_count > 1 else None

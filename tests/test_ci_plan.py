@@ -348,6 +348,8 @@ def test_kernel_workers_one_per_gpu_unless_told(environ, gpus, expected):
 def test_kernel_workers_must_be_a_number():
     with pytest.raises(cell_job.CellJobError, match="KVGATE_KERNEL_WORKERS='all': expected a whole number"):
         cell_job.kernel_workers({"KVGATE_KERNEL_WORKERS_OVERRIDE": "all"}, 2)
+    with pytest.raises(cell_job.CellJobError, match="expected a whole number"):  # isdigit() took it; int() does not
+        cell_job.kernel_workers({"KVGATE_KERNEL_WORKERS_OVERRIDE": "\u00b2"}, 2)
 
 
 def test_the_workers_variable_is_the_one_kvgate_kernels_reads():
