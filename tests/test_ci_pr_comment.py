@@ -417,3 +417,24 @@ def test_a_details_block_outside_code_is_folded(tmp_path):
                                     f"kept\n\n<details>\n<summary>big</summary>\n\n{FILLER}\n\n</details>\n")
     assert f"<sub>Folded to fit a comment: big; see the [workflow run]({RUN_URL}).</sub>" in body
     assert "<summary>The cells' logs</summary>" in body and "kept" in body
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # the text of an image or a dropped link meets the text beside it: escaped apart, `@` and `octocat` made a mention
+    ("&#64;![octocat](x.png)", f"@{WJ}octocat"),
+    ("@[octocat](https://evil.example)", f"@{WJ}octocat"),
+    ("#![12](x.png)", f"\\#{WJ}12"),
+    ("GH-[12](https://evil.example)", f"GH-{WJ}12"),
+    ("https:![//evil.example/x](y.png)", "https[:]//evil.example/x"),
+    ("![@octocat](x.png)", f"@{WJ}octocat"),
+    # GitHub's autolinker (cmark-gfm) takes a scheme after `_` or a digit, and `www.` after `_`, which `\b` missed
+    ("a_https://evil.example/x", "a_https[:]//evil.example/x"),
+    ("1https://evil.example/x", "1https[:]//evil.example/x"),
+    ("a_www.evil.example", "a_www[.]evil.example"),
+    # one match of an address took a second one with it, and only the first was defanged
+    ("x(https://a.example)(https://evil.example/b)", "x(https[:]//a.example)(https[:]//evil.example/b)"),
+    ("https://a.example/*https://evil.example/b", "https[:]//a.example/\\*https[:]//evil.example/b"),
+    ("https://a.example/_www.evil.example", "https[:]//a.example/\\_www[.]evil.example"),
+])
+def test_attack_no_mention_reference_or_autolink_forms_across_a_boundary(text, expected):
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
