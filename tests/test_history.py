@@ -532,3 +532,14 @@ def test_a_locked_store_says_so(tmp_path, capsys):
         holder.close()
     assert capsys.readouterr().err == (f"ERROR {db}: cannot set up the history tables (database is locked). Another "
                                        "process holds it (a gate of main writing now?): try again when that ends\n")
+
+
+def test_an_svg_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
+    """--svg naming a folder, or a path under a file, was a traceback (IsADirectoryError, FileExistsError)."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0])
+    (tmp_path / "folder").mkdir()
+    for target, reason in ((tmp_path / "folder", "Is a directory"), (db / "t.svg", "File exists")):
+        assert main(["history", "--db", str(db), "--svg", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"ERROR --svg: cannot write {target} ({reason}). Name a file in a folder kvgate can write\n"

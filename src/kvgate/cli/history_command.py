@@ -61,8 +61,12 @@ def run(args: argparse.Namespace) -> int:
                     flagged.append(point)
             plots.append(trends.svg(cell, measure, points, found))
         if args.svg is not None:
-            args.svg.parent.mkdir(parents=True, exist_ok=True)
-            args.svg.write_text(trends.stacked(plots), encoding="utf-8")
+            try:
+                args.svg.parent.mkdir(parents=True, exist_ok=True)
+                args.svg.write_text(trends.stacked(plots), encoding="utf-8")
+            except OSError as error:
+                raise InputError("--svg", f"cannot write {args.svg} ({error.strerror})",
+                                 hint="Name a file in a folder kvgate can write") from None
             print(f"kvgate history: wrote {args.svg}", file=sys.stderr)
         if args.detect:
             print(f"kvgate history: {len(flagged)} change point(s) not acknowledged over {len(selected)} series "
