@@ -9,7 +9,8 @@ workflow runs it from the trusted copy (the base commit, or a pinned kvgate), ne
 
 actions/download-artifact lays out one folder per artifact (`kvgate-cell-<id>/`), each holding that job's run
 folder: `run.json` and `<cell folder>/cell.json ...`. The artifact of cell <id> may bring only that cell's
-folders (`<id>/`, and `<id>--base/` in an A/B run) whose cell.json names that cell and side; anything else in
+folders (`<id>/`, and `<id>--base/` in an A/B run: $KVGATE_SIDES base,head) whose cell.json names that cell and
+side; anything else in
 it is left out with a warning, so one job cannot stand in for another whose results were lost.
 
 Planned means required: the plan's matrix goes to the gate as `--expect-cells`, so a planned cell with no
@@ -126,11 +127,16 @@ def _finite_float(literal: str) -> float:
     return value
 
 
-def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> str | None:
-    """Why a folder in cell <id>'s artifact is not one of that cell's own; None when it is."""
+def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[str, Any],
+                   sides: Sequence[str] = ()) -> str | None:
+    """Why a folder in cell <id>'s artifact is not one of that cell's own; None when it is. A base side's folder is
+    one only where the workflow runs a base side ($KVGATE_SIDES base,head): elsewhere the baseline is main's run, and
+    a base side the cell job brought would be a baseline the pull request chose."""
     cell_id = str(entry["cell"])
     if name not in (cell_id, cell_id + BASE_SUFFIX):
         return f"is not a folder of cell {cell_id} ({cell_id}/ or {cell_id}{BASE_SUFFIX}/)"
+    if name.endswith(BASE_SUFFIX) and "base" not in sides:
+        return "is a base side's folder, but this workflow runs no base side ($KVGATE_SIDES)"
     if record is None:
         return None
     if identity(record) != identity(entry):
@@ -141,8 +147,10 @@ def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[s
     return None
 
 
-def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, Any]]) -> Assembly:
-    """Copy each planned cell's own folders from its own artifact into run_dir; leave anything else out, said."""
+def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, Any]],
+             sides: Sequence[str] = ()) -> Assembly:
+    """Copy each planned cell's own folders from its own artifact into run_dir (its base side's only where `sides`
+    holds base); leave anything else out, said."""
     found = Assembly()
     if not artifacts_dir.is_dir():
         return found
@@ -162,7 +170,7 @@ def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, 
                                       "allow: NaN, Infinity, out of a float's range); left out of run.json")
         for cell_json in sorted(artifact.glob("*/cell.json")):
             source = cell_json.parent
-            problem = foreign_folder(source.name, _cell_record(cell_json), entry)
+            problem = foreign_folder(source.name, _cell_record(cell_json), entry, sides)
             if problem:
                 found.problems.append(f"artifact {artifact.name}: {source.name}/ {problem}; left out")
                 continue
@@ -381,7 +389,7 @@ def run(environ: Mapping[str, str]) -> int:
             "ran. Pass."])
         return _finish(gate_dir, summary, report, 0, environ)
 
-    assembly = assemble(artifacts_dir, run_dir, planned)
+    assembly = assemble(artifacts_dir, run_dir, planned, sides)
     cells_result = environ.get("CELLS_RESULT", "")
     stages_of = {str(e["cell"]): e.get("stages") or CELL_STAGES for e in planned}  # the plan's stages per cell
     for name in assembly.cells:

@@ -368,7 +368,7 @@ def test_a_cells_artifact_brings_its_own_folders_only(tmp_path):
     (tmp_path / "run").mkdir()
     planned = json.loads(planned_matrix(FLASHINFER_MLA_DIFF))["include"]
 
-    found = gate_job.assemble(artifacts, tmp_path / "run", planned)
+    found = gate_job.assemble(artifacts, tmp_path / "run", planned, ["base", "head"])
 
     assert sorted(found.cells) == [SEED_CELLS[0]]
     assert found.problems == [
@@ -472,3 +472,20 @@ def test_an_odd_event_payload_names_no_pull_request_sha_rather_than_a_traceback(
     path.write_text(json.dumps(event), encoding="utf-8")
     info = gate_job.pull_request_info(str(path))
     assert info is None or info == {"number": 5, "head_sha": ""}
+
+
+@pytest.mark.slow
+def test_attack_a_cell_job_cannot_bring_its_own_base_side_as_the_baseline(tmp_path, capsys):
+    """kvgate.yml runs no base side: its baseline is main's run. A pull request's cell job that uploaded a made-up
+    `<id>--base` folder beside its own made the run an A/B run that the gate judged against that base side: with no
+    baseline of main to be had (none yet, expired, gh failed) the run passed under --require-baseline, compared with
+    what the pull request chose. Such folders are now left out where $KVGATE_SIDES names no base side."""
+    seed = seed_cells(tmp_path)
+    ab_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success")  # no KVGATE_SIDES
+
+    assert gate_job.run(env) == 1
+    assert failing_checks(tmp_path) == {("(run)", "baseline", "missing")}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir()) == sorted(["gate", *SEED_CELLS])
+    out = capsys.readouterr().out
+    assert all(f"{cell}--base/ is a base side's folder, but this workflow runs no base side" in out for cell in SEED_CELLS)
