@@ -413,6 +413,13 @@ def test_a_bad_ab_setting_is_one_error(environ, message):
     ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
     ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/try-this"}, "kvgate-pr"),
     ({"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),  # never main's pool
+    ({"GITHUB_EVENT_NAME": "schedule", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
+    # a caller of kvgate-vllm.yml with an empty runner-pool-label on an event that serves a pull request or a comment:
+    # GITHUB_REF names main, but the pull request's code would run on main's pool
+    ({"GITHUB_EVENT_NAME": "pull_request_target", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
+    ({"GITHUB_EVENT_NAME": "issue_comment", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
+    ({"GITHUB_EVENT_NAME": "workflow_run", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
+    ({"GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
     ({}, "kvgate-pr"),
 ])
 def test_only_mains_own_runs_use_the_main_runner_pool(environ, label):
