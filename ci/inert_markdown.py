@@ -129,7 +129,8 @@ class _Writer:
         `@` and `octocat` were escaped apart), and `#[12](https://evil.example)` the text `#12`."""
         out: list[str] = []
         run: list[str] = []
-        for piece in self._pieces(node.children):
+        pieces = self._pieces(node.children)
+        for piece in pieces:
             if isinstance(piece, str):
                 run.append(piece)
                 continue
@@ -139,7 +140,7 @@ class _Writer:
             out.append(self._inline(piece, in_table))
         if run:
             out.append(escape_text("".join(run), self.repository))
-        if line_start and out and node.children and node.children[0].type in ("text", "text_special", "image"):
+        if line_start and out and isinstance(pieces[0], str):  # text first, a dropped link's or an image's too
             out[0] = _start_of_line(out[0])
         return "".join(out)
 

@@ -438,3 +438,16 @@ def test_a_details_block_outside_code_is_folded(tmp_path):
 ])
 def test_attack_no_mention_reference_or_autolink_forms_across_a_boundary(text, expected):
     assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[# Passed](https://evil.example)", "\\# Passed"),  # a heading of the attacker's words
+    ("[> quoted](https://evil.example)", "\\> quoted"),
+    ("[- item](https://evil.example)", "\\- item"),
+    ("[1. item](https://evil.example)", "1\\. item"),
+    ("![# h](x.png)", "\\# h"),
+])
+def test_attack_a_dropped_links_text_first_in_a_line_opens_no_block(text, expected):
+    """A link out of the repository keeps only its text; first in a line, that text was written unescaped there and
+    opened a heading, a quote or a list item of the pull request's words."""
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
