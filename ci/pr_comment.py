@@ -145,7 +145,8 @@ def _one_line(text: str) -> str:
 def pull_request_number(text: str, head_sha: str) -> int:
     data = _json(text, "pull_request.json")
     number = data.get("number") if isinstance(data, dict) else None
-    if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+    # past 2**53 - 1 the posting step's JavaScript cannot hold it: its job would fail instead of posting nothing
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 2**53:
         raise ArtifactError("pull_request.json: 'number' is not a positive integer")
     if not SHA.fullmatch(head_sha or ""):
         raise ArtifactError("HEAD_SHA: not a commit SHA")

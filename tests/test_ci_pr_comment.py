@@ -125,6 +125,8 @@ def test_a_report_bigger_than_kvgate_reads_is_not_read_whole(tmp_path):
     ({"number": "17", "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
     ({"number": True, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
     ({"number": -3, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
+    ({"number": 2**53, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
+    ({"number": 10**400, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
     ({"number": 17, "head_sha": "f" * 40}, HEAD, "pull_request.json: its head_sha is not this run's head commit"),
     ({"number": 17, "head_sha": HEAD}, "main", "HEAD_SHA: not a commit SHA"),
 ])
