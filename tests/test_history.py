@@ -543,3 +543,15 @@ def test_an_svg_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
         assert main(["history", "--db", str(db), "--svg", str(target)]) == 2
         err = capsys.readouterr().err
         assert err == f"ERROR --svg: cannot write {target} ({reason}). Name a file in a folder kvgate can write\n"
+
+
+def test_a_change_points_line_quotes_odd_stored_text():
+    """`kvgate history --detect` prints one line per change point: its run's stored time and commits are quoted where
+    they are not plain, as the table's are, so none opens a line with `::`."""
+    points = [store.Point(recorded_at="2026-10-01\n::error::t", commit="c\n::add-mask::x", vllm_commit="::warning::v",
+                          value=v, low=None, high=None) for v in (10.0, 10.0, 9.0, 9.0)]
+    line = trends.describe("cell", "m", points, detect.ChangePoint(index=2, p_value=1e-6, mean_before=10.0,
+                                                                   mean_after=9.0))
+    print(line)
+    assert "\n" not in line and "'2026-10-01\\n::error::t'" in line and "'c\\n::add-mask'" in line  # its first 12 characters
+    assert "\"'::warning::v'\"" not in line and "'::warning::v'" in line

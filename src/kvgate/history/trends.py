@@ -32,7 +32,7 @@ def describe(cell: str, measure: str, points: Sequence[Point], point: ChangePoin
     first = points[point.index]
     vllm = f" (vLLM {short(first.vllm_commit)})" if first.vllm_commit else ""
     return (f"{shown(cell)} {shown(measure)}: change point at run {point.index + 1} of {len(points)}, commit {short(first.commit)}"
-            f"{vllm}, {first.recorded_at}: {point.mean_before:.6g} -> {point.mean_after:.6g} "
+            f"{vllm}, {shown(first.recorded_at)}: {point.mean_before:.6g} -> {point.mean_after:.6g} "
             f"({point.change_percent:+.2f} %), p = {point.p_value:.2g}")
 
 
