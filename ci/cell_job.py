@@ -51,13 +51,16 @@ def read_environment(environ: dict[str, str]) -> tuple[str, list[str], Path]:
         raise CellJobError("$KVGATE_CELL: not set. The workflow passes the matrix entry's `cell`")
     try:
         sessions = json.loads(environ.get("KVGATE_SESSIONS", ""))
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, an integer of over 4300 digits, nested too deep
         raise CellJobError("$KVGATE_SESSIONS: not a JSON list of nox session names") from None
     if not isinstance(sessions, list) or not sessions or not all(isinstance(s, str) and s for s in sessions):
         raise CellJobError("$KVGATE_SESSIONS: expected a non-empty JSON list of nox session names")
     run_dir = environ.get("KVGATE_RUN_DIR", "")
     if not run_dir:
         raise CellJobError("$KVGATE_RUN_DIR: not set. Point it at the folder the artifact uploads")
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise CellJobError(f"$KVGATE_RUN_DIR: {run_dir[:200]!r} is not a folder. Point it at the folder the artifact "
+                           "uploads")
     if Path(run_dir).is_dir() and any(Path(run_dir).iterdir()):
         raise CellJobError(f"$KVGATE_RUN_DIR: {run_dir[:200]!r} holds files already; the results folder must start "
                            "empty (its files are uploaded as this cell's results)")
@@ -105,7 +108,7 @@ def kernel_workers(environ: dict[str, str], gpu_count: int) -> str | None:
     """The KVGATE_KERNEL_WORKERS value for the cell's sessions; None leaves kvgate's default (one process)."""
     for value in (environ.get(WORKERS_OVERRIDE_ENV, ""), environ.get(WORKERS_ENV, "")):
         if value.strip():
-            if not value.strip().isdigit():
+            if not re.fullmatch(r"[0-9]+", value.strip()):  # str.isdigit() takes '²', which int() refuses
                 raise CellJobError(f"KVGATE_KERNEL_WORKERS={value!r}: expected a whole number of pytest-xdist workers")
             return value.strip()
     return str(gpu_count) if gpu_count > 1 else None

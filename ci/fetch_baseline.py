@@ -86,11 +86,15 @@ def fetch(environ: Mapping[str, str]) -> str | None:
     if not environ.get("BASELINE_DIR"):
         raise BaselineError("$BASELINE_DIR: not set. Point it at the folder the gate reads the baseline from")
     target = Path(environ["BASELINE_DIR"])
+    if target.exists() and not target.is_dir():
+        raise BaselineError(f"{target}: not a folder. Point $BASELINE_DIR at the folder the gate reads the baseline from")
     if target.exists() and any(target.iterdir()):
         raise BaselineError(f"{target}: the baseline folder must start empty")
     workflow = environ.get("KVGATE_WORKFLOW_FILE", "kvgate.yml")
     branch = environ.get("KVGATE_BASELINE_BRANCH", "main")
     gh = environ.get("KVGATE_GH", "gh").split()
+    if not gh:
+        raise BaselineError("$KVGATE_GH: empty. Leave it unset (gh) or name the GitHub CLI")
     try:
         runs = candidates(gh, repository, workflow, branch, environ.get("GITHUB_RUN_ID", ""))
     except GhFailed as error:

@@ -9,7 +9,8 @@ workflow runs it from the trusted copy (the base commit, or a pinned kvgate), ne
 
 actions/download-artifact lays out one folder per artifact (`kvgate-cell-<id>/`), each holding that job's run
 folder: `run.json` and `<cell folder>/cell.json ...`. The artifact of cell <id> may bring only that cell's
-folders (`<id>/`, and `<id>--base/` in an A/B run) whose cell.json names that cell and side; anything else in
+folders (`<id>/`, and `<id>--base/` in an A/B run: $KVGATE_SIDES base,head) whose cell.json names that cell and
+side; anything else in
 it is left out with a warning, so one job cannot stand in for another whose results were lost.
 
 Planned means required: the plan's matrix goes to the gate as `--expect-cells`, so a planned cell with no
@@ -113,11 +114,29 @@ def _cell_record(cell_json: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> str | None:
-    """Why a folder in cell <id>'s artifact is not one of that cell's own; None when it is."""
+def _no_json_number(literal: str) -> Any:
+    raise ValueError(f"{literal} is not a number JSON allows")
+
+
+def _finite_float(literal: str) -> float:
+    """A job's run.json goes into the run's run.json as it is: a number that reads as infinity would be written out
+    as `Infinity`, which is no JSON, and the gate would refuse the run.json this job wrote."""
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{literal[:24]} is out of a float's range")
+    return value
+
+
+def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[str, Any],
+                   sides: Sequence[str] = ()) -> str | None:
+    """Why a folder in cell <id>'s artifact is not one of that cell's own; None when it is. A base side's folder is
+    one only where the workflow runs a base side ($KVGATE_SIDES base,head): elsewhere the baseline is main's run, and
+    a base side the cell job brought would be a baseline the pull request chose."""
     cell_id = str(entry["cell"])
     if name not in (cell_id, cell_id + BASE_SUFFIX):
         return f"is not a folder of cell {cell_id} ({cell_id}/ or {cell_id}{BASE_SUFFIX}/)"
+    if name.endswith(BASE_SUFFIX) and "base" not in sides:
+        return "is a base side's folder, but this workflow runs no base side ($KVGATE_SIDES)"
     if record is None:
         return None
     if identity(record) != identity(entry):
@@ -128,8 +147,10 @@ def foreign_folder(name: str, record: Mapping[str, Any] | None, entry: Mapping[s
     return None
 
 
-def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, Any]]) -> Assembly:
-    """Copy each planned cell's own folders from its own artifact into run_dir; leave anything else out, said."""
+def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, Any]],
+             sides: Sequence[str] = ()) -> Assembly:
+    """Copy each planned cell's own folders from its own artifact into run_dir (its base side's only where `sides`
+    holds base); leave anything else out, said."""
     found = Assembly()
     if not artifacts_dir.is_dir():
         return found
@@ -142,12 +163,14 @@ def assemble(artifacts_dir: Path, run_dir: Path, planned: Sequence[Mapping[str, 
             continue
         if (artifact / "run.json").is_file():
             try:
-                found.run_infos[artifact.name] = json.loads((artifact / "run.json").read_text(encoding="utf-8"))
+                found.run_infos[artifact.name] = json.loads((artifact / "run.json").read_text(encoding="utf-8"),
+                                                            parse_constant=_no_json_number, parse_float=_finite_float)
             except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-                found.problems.append(f"{artifact.name}/run.json is unreadable; left out of run.json")
+                found.problems.append(f"{artifact.name}/run.json is unreadable (not JSON, or a number JSON does not "
+                                      "allow: NaN, Infinity, out of a float's range); left out of run.json")
         for cell_json in sorted(artifact.glob("*/cell.json")):
             source = cell_json.parent
-            problem = foreign_folder(source.name, _cell_record(cell_json), entry)
+            problem = foreign_folder(source.name, _cell_record(cell_json), entry, sides)
             if problem:
                 found.problems.append(f"artifact {artifact.name}: {source.name}/ {problem}; left out")
                 continue
@@ -164,16 +187,18 @@ def mark_unreported_stages(cell_dir: Path, stages: Sequence[str], reason: str) -
     """
     status_path = cell_dir / "status.json"
     status: dict[str, Any] = {}
-    if status_path.exists():
+    if status_path.exists() or status_path.is_symlink():
         try:
             status = json.loads(status_path.read_text(encoding="utf-8"))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-            return []  # the gate reports the unreadable file (exit 2)
+            return []  # the gate reports the unreadable file (exit 2); a dangling link is one too
         if not isinstance(status, dict):
             return []
     unreported = [stage for stage in stages if not (cell_dir / stage).is_dir() and stage not in status]
     if unreported:
         status.update({stage: {"status": "error", "reason": reason} for stage in unreported})
+        if status_path.is_symlink():  # an artifact's link: its copy becomes a file; nothing is written where it led
+            status_path.unlink()
         status_path.write_text(json.dumps(status, indent=2) + "\n", encoding="utf-8")
     return unreported
 
@@ -280,12 +305,13 @@ def pull_request_info(event_path: str | None) -> dict[str, Any] | None:
         return None
     try:
         event = json.loads(Path(event_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     pr = event.get("pull_request") if isinstance(event, dict) else None
-    if not isinstance(pr, dict) or not isinstance(pr.get("number"), int):
+    if not isinstance(pr, dict) or isinstance(pr.get("number"), bool) or not isinstance(pr.get("number"), int):
         return None
-    return {"number": pr["number"], "head_sha": str((pr.get("head") or {}).get("sha", ""))}
+    head = pr.get("head") if isinstance(pr.get("head"), dict) else {}
+    return {"number": pr["number"], "head_sha": str(head.get("sha", ""))}
 
 
 def clip(text: str, limit: int, note: str) -> str:
@@ -363,7 +389,7 @@ def run(environ: Mapping[str, str]) -> int:
             "ran. Pass."])
         return _finish(gate_dir, summary, report, 0, environ)
 
-    assembly = assemble(artifacts_dir, run_dir, planned)
+    assembly = assemble(artifacts_dir, run_dir, planned, sides)
     cells_result = environ.get("CELLS_RESULT", "")
     stages_of = {str(e["cell"]): e.get("stages") or CELL_STAGES for e in planned}  # the plan's stages per cell
     for name in assembly.cells:

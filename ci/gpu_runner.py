@@ -48,6 +48,7 @@ JIT_CONFIG_INSIDE = "/run/kvgate/jitconfig"
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _IMAGE_DIGEST = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
 _TIME = re.compile(r"[0-9]+[smhd]")
+_ORG = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})")
 
 
 class SettingsError(Exception):
@@ -78,8 +79,11 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
             raise SettingsError(f"${name}: not set (see ci/README.md, \"The runner recipe\")")
         return value
 
+    org = need("KVGATE_RUNNER_ORG")
+    if not _ORG.fullmatch(org):  # it goes into the API's path: `acme/../..` would send the token's request elsewhere
+        raise SettingsError(f"$KVGATE_RUNNER_ORG: {org[:40]!r} is not an organization's login")
     group = need("KVGATE_RUNNER_GROUP_ID")
-    if not group.isdigit():
+    if not re.fullmatch(r"[0-9]+", group):  # str.isdigit() takes '²', which int() refuses
         raise SettingsError(f"$KVGATE_RUNNER_GROUP_ID: {group[:40]!r} is not a runner group id (a number)")
     labels = tuple(label.strip() for label in need("KVGATE_RUNNER_LABELS").split(",") if label.strip())
     bad = [label for label in labels if not _LABEL.fullmatch(label)]
@@ -116,7 +120,7 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
     user = environ.get("KVGATE_RUNNER_USER", DEFAULT_USER).strip()
     if not re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user):
         raise SettingsError(f"$KVGATE_RUNNER_USER: {user[:40]!r} is not a non-root UID:GID (e.g. 1001:1001)")
-    return Settings(org=need("KVGATE_RUNNER_ORG"), group_id=int(group), labels=labels, image=image,
+    return Settings(org=org, group_id=int(group), labels=labels, image=image,
                     token_file=need("KVGATE_RUNNER_TOKEN_FILE"), gpu=gpu, caches=tuple(caches), time_cap=time_cap,
                     hf_home=hf_home, network=network, proxy=proxy, user=user)
 
@@ -183,7 +187,11 @@ def request_jit_config(settings: Settings, name: str) -> str:
         "Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
         "X-GitHub-Api-Version": "2022-11-28"})
     with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)["encoded_jit_config"]
+        answer = json.load(response)
+    config = answer.get("encoded_jit_config") if isinstance(answer, dict) else None
+    if not isinstance(config, str) or not config:
+        raise ValueError("GitHub's answer holds no encoded_jit_config")
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

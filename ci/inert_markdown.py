@@ -122,11 +122,41 @@ class _Writer:
 
     # -- inline
     def inline(self, node: SyntaxTreeNode, *, in_table: bool = False, line_start: bool = False) -> str:
-        """The inline nodes as Markdown; line_start: they open a line, so text first in it must not open a block."""
-        out = [self._inline(child, in_table) for child in node.children]
-        if line_start and out and node.children[0].type in ("text", "text_special"):
+        """The inline nodes as Markdown; line_start: they open a line, so text first in it must not open a block.
+
+        Text is escaped a run at a time, never a node at a time: an image (its alt text) or a link that is not kept
+        (its text) is text beside the text around it, so `@![octocat](x.png)` is the text `@octocat` (a mention, if
+        `@` and `octocat` were escaped apart), and `#[12](https://evil.example)` the text `#12`."""
+        out: list[str] = []
+        run: list[str] = []
+        pieces = self._pieces(node.children)
+        for piece in pieces:
+            if isinstance(piece, str):
+                run.append(piece)
+                continue
+            if run:
+                out.append(escape_text("".join(run), self.repository))
+                run = []
+            out.append(self._inline(piece, in_table))
+        if run:
+            out.append(escape_text("".join(run), self.repository))
+        if line_start and out and isinstance(pieces[0], str):  # text first, a dropped link's or an image's too
             out[0] = _start_of_line(out[0])
         return "".join(out)
+
+    def _pieces(self, children: list[SyntaxTreeNode]) -> list[str | SyntaxTreeNode]:
+        """The inline nodes with what becomes plain text as strings: text, and the text of images and of links that
+        are not kept (out of the repository), as deep as they nest."""
+        pieces: list[str | SyntaxTreeNode] = []
+        for child in children:
+            if child.type in ("text", "text_special"):
+                pieces.append(child.content)
+            elif child.type == "image" or (child.type == "link" and own_address(
+                    str(child.attrs.get("href", "")), self.repository) is None):
+                pieces.extend(self._pieces(child.children))
+            else:
+                pieces.append(child)
+        return pieces
 
     def _inline(self, node: SyntaxTreeNode, in_table: bool) -> str:
         kind = node.type

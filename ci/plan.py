@@ -521,10 +521,15 @@ def read_changed_list(path: Path) -> list[str]:
     return [p.decode("utf-8", "surrogateescape").strip() for p in parts if p.strip()]
 
 
+MAIN_POOL_EVENTS = ("push", "schedule", "workflow_dispatch")  # kvgate.runners.environment.ci.BRANCH_EVENTS
+
+
 def default_pool_label(environ: Mapping[str, str]) -> str:
-    """The runner pool of self-hosted cells: kvgate-main for main's own runs (push or manual run on main), else
-    kvgate-pr. GitHub enforces it where the main pool's runner group admits only workflows on refs/heads/main."""
-    if environ.get("GITHUB_EVENT_NAME") != "pull_request" and environ.get("GITHUB_REF") == "refs/heads/main":
+    """The runner pool of self-hosted cells: kvgate-main for main's own runs (a push, scheduled or manual run on
+    main), else kvgate-pr. GitHub enforces it where the main pool's runner group admits only workflows on
+    refs/heads/main, which a run serving a pull request or a comment (pull_request_target, issue_comment,
+    workflow_run: GITHUB_REF names the default branch) passes too: such a run is never main's own."""
+    if environ.get("GITHUB_EVENT_NAME") in MAIN_POOL_EVENTS and environ.get("GITHUB_REF") == "refs/heads/main":
         return "kvgate-main"
     return "kvgate-pr"
 

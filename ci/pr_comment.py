@@ -12,9 +12,10 @@ raw HTML kept only as a few inert tags; images reduced to their text; links kept
 address's `..` resolved first); every `@` before a name character broken, so nobody is pinged; issue references
 (`#12`, `owner/repo#12`, `GH-12`) broken and autolinks (`https://`, `www.`) out of the repository defanged, so no
 other issue or pull request gets a backlink. The body
-is fitted to a comment by folding, never by cutting a table: the report's `<details>` blocks, largest first, each
-become one line naming what was folded (the step summary and the artifact keep the whole report), then whole
-paragraphs from the end go. The heading says "passed" only when the run concluded success AND the artifact's
+is fitted to a comment by folding, never by cutting a table: the report's `<details>` blocks outside code blocks,
+largest first, each become one line naming what was folded (its summary escaped; the step summary and the artifact
+keep the whole report), then whole paragraphs from the end go; the fitted body is parsed again, and folding that
+would leave anything live is not done. The heading says "passed" only when the run concluded success AND the artifact's
 verdict.json says the gate passed; otherwise it says what each of them said.
 
 verdict.json, when the artifact holds one, must meet the results contract's verdict schema (the default branch's
@@ -144,7 +145,8 @@ def _one_line(text: str) -> str:
 def pull_request_number(text: str, head_sha: str) -> int:
     data = _json(text, "pull_request.json")
     number = data.get("number") if isinstance(data, dict) else None
-    if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
+    # past 2**53 - 1 the posting step's JavaScript cannot hold it: its job would fail instead of posting nothing
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 2**53:
         raise ArtifactError("pull_request.json: 'number' is not a positive integer")
     if not SHA.fullmatch(head_sha or ""):
         raise ArtifactError("HEAD_SHA: not a commit SHA")
@@ -163,18 +165,56 @@ def sanitise(markdown: str, repository: str = "") -> str:
     return inert_markdown.sanitise(markdown, repository)
 
 
-def fit(text: str, limit: int, folded: str, note: str) -> str:
+FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})(.*)$")
+# What Markdown gives a meaning within a line, in a folded block's summary (text of an HTML block, which Markdown did
+# not parse) moved into a paragraph: backslash-escaped, so that `[x](/other/repo/issues/1)` in it stays text
+SUMMARY_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>!|~$])")
+
+
+def code_spans(text: str) -> list[tuple[int, int]]:
+    """Where fenced code blocks lie in `text` (start, end offsets), an unclosed one to the end. A fence at any
+    indentation counts (one in a list item is indented): too many spans only fold fewer blocks."""
+    spans, opened, offset = [], None, 0
+    for line in text.splitlines(keepends=True):
+        fence = FENCE.match(line.rstrip("\n"))
+        if opened is None:
+            if fence and not (fence.group(1)[0] == "`" and "`" in fence.group(2)):
+                opened = (offset, fence.group(1)[0], len(fence.group(1)))
+        elif fence and fence.group(1)[0] == opened[1] and len(fence.group(1)) >= opened[2] and not fence.group(2).strip():
+            spans.append((opened[0], offset + len(line)))
+            opened = None
+        offset += len(line)
+    if opened is not None:
+        spans.append((opened[0], len(text)))
+    return spans
+
+
+def foldable(text: str) -> list[re.Match[str]]:
+    """The `<details>` blocks of `text` that can be folded whole: none that starts or ends inside a code block or
+    holds only part of one (folding it would take a fence away and turn the code after it into live Markdown)."""
+    spans = code_spans(text)
+    blocks = []
+    for block in DETAILS.finditer(text):
+        start, end = block.start(), block.end()
+        if all(span_end <= start or span_start >= end or (start <= span_start and span_end <= end)
+               for span_start, span_end in spans):
+            blocks.append(block)
+    return blocks
+
+
+def fit(text: str, limit: int, folded: str, note: str, *, fold: bool = True) -> str:
     """`text` in at most `limit` characters, degraded by folding, never cut inside a table or a line: first each
-    `<details>` block, largest first, becomes the line `folded` with {what} its summary; then whole paragraphs
-    (a table is one) go from the end, and `note` says so."""
+    `<details>` block (outside code), largest first, becomes the line `folded` with {what} its summary (escaped);
+    then whole paragraphs (a table is one) go from the end, and `note` says so. fold=False: paragraphs only."""
     if len(text) <= limit:
         return text
-    blocks = sorted(DETAILS.finditer(text), key=lambda m: len(m.group(0)), reverse=True)
+    blocks = sorted(foldable(text) if fold else [], key=lambda m: len(m.group(0)), reverse=True)
     replaced: dict[int, tuple[int, str]] = {}  # start -> (end, replacement)
     size = len(text)
     for block in blocks:
         summary = SUMMARY.search(block.group(0))
-        line = folded.replace("{what}", summary.group(1).strip() if summary else "details") + "\n"
+        what = SUMMARY_SPECIAL.sub(r"\\\1", " ".join(summary.group(1).split())) if summary else "details"
+        line = folded.replace("{what}", what or "details") + "\n"
         replaced[block.start()] = (block.end(), line)
         size += len(line) - len(block.group(0))
         if size <= limit:
@@ -239,7 +279,20 @@ def render(report_md: str, conclusion: str, run_url: str, outcome: str = "absent
             "summary and its kvgate-gate artifact.\n\n")
     note = f"_(report cut to fit a comment; see the {link})_"
     folded = f"<sub>Folded to fit a comment: {{what}}; see the {link}.</sub>"
-    return head + fit(sanitise(report_md, repository), BODY_LIMIT - len(head), folded, note) + "\n"
+    inert = sanitise(report_md, repository)
+    body = fit(inert, BODY_LIMIT - len(head), folded, note)
+    if body != inert and not _still_inert(body, repository, link):  # folding must never make anything live
+        body = fit(inert, BODY_LIMIT - len(head), folded, note, fold=False)
+        if not _still_inert(body, repository, link):
+            body = note
+    return head + body + "\n"
+
+
+def _still_inert(body: str, repository: str, link: str) -> bool:
+    """Whether a fitted body parses as inert as the sanitised report did; its own lines' link to the run aside."""
+    import inert_markdown  # markdown-it-py: ci/requirements-core.txt
+
+    return inert_markdown.inert_problem(body.replace(link, "workflow run"), repository) is None
 
 
 def comment(gate_dir: Path, environ: Mapping[str, str]) -> dict[str, object]:

@@ -347,6 +347,17 @@ def test_the_readme_shows_the_step_file_kvgate_writes_and_the_three_lines_it_run
     ({**BUILDKITE_PUSH, "BUILDKITE_PULL_REQUEST": "4242"}, None),
     ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "push"}, "main"),
     ({"GITHUB_REF": "refs/pull/7/merge", "GITHUB_EVENT_NAME": "pull_request"}, None),
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "schedule"}, "main"),
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "workflow_dispatch"}, "main"),
+    # a run that serves a pull request or a comment while GITHUB_REF names the default branch is not main's: a caller
+    # of kvgate-vllm.yml on pull_request_target would otherwise record a pull request's results as main's history
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "pull_request_target"}, None),
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "issue_comment"}, None),
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "pull_request_review_comment"}, None),
+    ({"GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "workflow_run"}, None),
+    # a Buildkite build that does not say it is no pull request's is not counted as main's
+    ({"BUILDKITE": "true", "BUILDKITE_BRANCH": "main"}, None),
+    ({**BUILDKITE_PUSH, "BUILDKITE_PULL_REQUEST": ""}, None),
     ({}, None),
 ])
 def test_run_json_names_the_branch_of_a_push_build_on_either_ci_by_one_rule(environ, branch):

@@ -133,3 +133,20 @@ def test_bad_input_is_one_error_line(tmp_path, environ, message):
     result = subprocess.run([sys.executable, "ci/fetch_baseline.py"], cwd=ROOT, env=env, capture_output=True,
                             text=True, check=False)
     assert (result.returncode, result.stderr) == (2, f"ERROR {message}\n")
+
+
+@pytest.mark.parametrize(("baseline_is_a_file", "gh", "message"), [
+    (True, None, "not a folder. Point $BASELINE_DIR at the folder the gate reads the baseline from"),
+    (False, " ", "$KVGATE_GH: empty. Leave it unset (gh) or name the GitHub CLI"),
+])
+def test_a_baseline_folder_that_is_a_file_or_an_empty_gh_is_one_error_line(tmp_path, baseline_is_a_file, gh, message):
+    """Both were a traceback (NotADirectoryError, IndexError)."""
+    env = {**os.environ, **environment(tmp_path, {"runs": {}})}
+    if baseline_is_a_file:
+        Path(env["BASELINE_DIR"]).write_text("x")
+    if gh is not None:
+        env["KVGATE_GH"] = gh
+    result = subprocess.run([sys.executable, "-I", "ci/fetch_baseline.py"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 2 and result.stderr.startswith("ERROR ") and result.stderr.count("\n") == 1
+    assert message in result.stderr

@@ -368,11 +368,12 @@ def test_a_cells_artifact_brings_its_own_folders_only(tmp_path):
     (tmp_path / "run").mkdir()
     planned = json.loads(planned_matrix(FLASHINFER_MLA_DIFF))["include"]
 
-    found = gate_job.assemble(artifacts, tmp_path / "run", planned)
+    found = gate_job.assemble(artifacts, tmp_path / "run", planned, ["base", "head"])
 
     assert sorted(found.cells) == [SEED_CELLS[0]]
     assert found.problems == [
-        f"kvgate-cell-{SEED_CELLS[0]}/run.json is unreadable; left out of run.json",
+        f"kvgate-cell-{SEED_CELLS[0]}/run.json is unreadable (not JSON, or a number JSON does not allow: NaN, "
+        "Infinity, out of a float's range); left out of run.json",
         f"artifact kvgate-cell-{SEED_CELLS[0]}: {SEED_CELLS[0]}--base/ holds a cell.json of the 'head' side; left out",
         "artifact kvgate-cell-not_planned-fp8-sm100: not the artifact of a planned cell; left out",
     ]
@@ -423,3 +424,68 @@ def test_on_github_each_log_links_its_cells_artifact_listed_by_the_api(tmp_path)
         "flashmla-fp8-sm90": "https://github.com/acme/vllm/actions/runs/99/artifacts/4711"}
     assert asked.read_text().startswith("api --paginate repos/acme/vllm/actions/runs/99/artifacts --jq ")
     assert gate_job.log_links({}, ["flashmla-fp8-sm90"], tmp_path) is None  # outside CI: paths, relative
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_attack_an_artifacts_status_json_link_is_never_written_through(tmp_path, dangling):
+    """A cell's status.json that is a link (to a file outside the run folder: the baseline's, the trusted checkout's)
+    was copied as a link, and marking the cell's unreported stages wrote through it: the cell's artifact rewrote a
+    file of the trusted side. Now the copy becomes a file of its own; a dangling link is left for the gate to report."""
+    victim = tmp_path / "trusted" / "status.json"
+    victim.parent.mkdir()
+    if not dangling:
+        victim.write_text('{"kernels": {"status": "ok"}}', encoding="utf-8")
+    cell = tmp_path / "run" / "flashinfer_mla-fp8-sm100"
+    cell.mkdir(parents=True)
+    (cell / "status.json").symlink_to(victim)
+    marked = gate_job.mark_unreported_stages(cell, gate_job.CELL_STAGES, "killed")
+    assert marked == ([] if dangling else ["accuracy", "throughput"])
+    if dangling:
+        assert not victim.exists() and (cell / "status.json").is_symlink()
+    else:
+        assert victim.read_text(encoding="utf-8") == '{"kernels": {"status": "ok"}}'
+        assert not (cell / "status.json").is_symlink()
+        assert json.loads((cell / "status.json").read_text(encoding="utf-8")) == {
+            "kernels": {"status": "ok"}, "accuracy": {"status": "error", "reason": "killed"},
+            "throughput": {"status": "error", "reason": "killed"}}
+
+
+@pytest.mark.parametrize("run_json", ['{"x": NaN}', '{"x": Infinity}', '{"x": 1e999}', '{"x": -1e999}'])
+def test_attack_a_jobs_run_json_with_a_number_json_does_not_allow_is_left_out(tmp_path, run_json):
+    """A cell's run.json went whole into the run's run.json under `jobs`: NaN, Infinity or 1e999 in it were written
+    out as NaN / Infinity, no JSON, so the run.json this trusted job wrote was one the gate refuses."""
+    seed = seed_cells(tmp_path)
+    artifacts = download_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    (artifacts / "kvgate-cell-flashinfer_mla-fp8-sm100" / "run.json").write_text(run_json, encoding="utf-8")
+    found = gate_job.assemble(artifacts, tmp_path / "run", [e for e in json.loads(
+        planned_matrix(FLASHINFER_MLA_DIFF))["include"]])
+    assert "kvgate-cell-flashinfer_mla-fp8-sm100" not in found.run_infos
+    assert any("kvgate-cell-flashinfer_mla-fp8-sm100/run.json is unreadable" in p for p in found.problems)
+    json.loads(json.dumps(gate_job.merged_run_info(found, {}, [])), parse_constant=lambda c: 1 / 0)  # strict JSON
+
+
+@pytest.mark.parametrize("event", [{"pull_request": {"number": 5, "head": "abc"}},
+                                   {"pull_request": {"number": True, "head": {"sha": "a" * 40}}},
+                                   {"pull_request": {"number": 5, "head": None}}])
+def test_an_odd_event_payload_names_no_pull_request_sha_rather_than_a_traceback(tmp_path, event):
+    path = tmp_path / "event.json"
+    path.write_text(json.dumps(event), encoding="utf-8")
+    info = gate_job.pull_request_info(str(path))
+    assert info is None or info == {"number": 5, "head_sha": ""}
+
+
+@pytest.mark.slow
+def test_attack_a_cell_job_cannot_bring_its_own_base_side_as_the_baseline(tmp_path, capsys):
+    """kvgate.yml runs no base side: its baseline is main's run. A pull request's cell job that uploaded a made-up
+    `<id>--base` folder beside its own made the run an A/B run that the gate judged against that base side: with no
+    baseline of main to be had (none yet, expired, gh failed) the run passed under --require-baseline, compared with
+    what the pull request chose. Such folders are now left out where $KVGATE_SIDES names no base side."""
+    seed = seed_cells(tmp_path)
+    ab_layout(seed, tmp_path / "artifacts", SEED_CELLS)
+    env = job_environment(tmp_path, planned_matrix(FLASHINFER_MLA_DIFF), CELLS_RESULT="success")  # no KVGATE_SIDES
+
+    assert gate_job.run(env) == 1
+    assert failing_checks(tmp_path) == {("(run)", "baseline", "missing")}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir()) == sorted(["gate", *SEED_CELLS])
+    out = capsys.readouterr().out
+    assert all(f"{cell}--base/ is a base side's folder, but this workflow runs no base side" in out for cell in SEED_CELLS)

@@ -70,6 +70,9 @@ def test_the_just_in_time_request_names_the_group_and_labels():
      "$KVGATE_RUNNER_HF_HOME: '/home/runner/.cache/hf' is not one of the read-only caches' container folders "
      "(KVGATE_RUNNER_CACHES)"),
     ({"KVGATE_RUNNER_GROUP_ID": "main"}, "$KVGATE_RUNNER_GROUP_ID: 'main' is not a runner group id (a number)"),
+    ({"KVGATE_RUNNER_GROUP_ID": "\u00b2"}, "$KVGATE_RUNNER_GROUP_ID: '\u00b2' is not a runner group id (a number)"),
+    ({"KVGATE_RUNNER_ORG": "acme/../../repos/acme/kvgate"},
+     "$KVGATE_RUNNER_ORG: 'acme/../../repos/acme/kvgate' is not an organization's login"),
     ({"KVGATE_RUNNER_TIME_CAP": "forever"}, "$KVGATE_RUNNER_TIME_CAP: 'forever' is not a duration (e.g. 5h, 300m)"),
     ({"KVGATE_RUNNER_TOKEN_FILE": ""}, "$KVGATE_RUNNER_TOKEN_FILE: not set (see ci/README.md, \"The runner recipe\")"),
 ])
@@ -131,3 +134,17 @@ def test_no_job_starts_while_a_process_holds_the_gpu():
     failing = lambda argv, **kwargs: subprocess.CompletedProcess(argv, 9, "", "NVML error")  # noqa: E731
     assert gpu_runner.busy_gpu_processes(settings, failing) == ["nvidia-smi exited 9: NVML error"]
     assert gpu_runner.wait_until_idle(settings, run=failing, sleep=lambda s: None, attempts=2) is False
+
+
+@pytest.mark.parametrize("answer", [b"[]", b'{"encoded_jit_config": null}', b"{}"])
+def test_an_odd_jit_answer_is_a_retry_not_a_crash(answer, monkeypatch, tmp_path):
+    """GitHub's answer without a configuration raised TypeError/KeyError out of the supervisor's loop only for some
+    shapes (a list: TypeError, which main did not catch); each is now a ValueError, which it retries."""
+    import io
+
+    token = tmp_path / "token"
+    token.write_text("t")
+    settings = gpu_runner.read_settings({**SETTINGS, "KVGATE_RUNNER_TOKEN_FILE": str(token)})
+    monkeypatch.setattr(gpu_runner.urllib.request, "urlopen", lambda request, timeout: io.BytesIO(answer))
+    with pytest.raises(ValueError, match="holds no encoded_jit_config"):
+        gpu_runner.request_jit_config(settings, "kvgate-host-gpu0-1")

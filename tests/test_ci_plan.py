@@ -367,6 +367,8 @@ def test_kernel_workers_one_per_gpu_unless_told(environ, gpus, expected):
 def test_kernel_workers_must_be_a_number():
     with pytest.raises(cell_job.CellJobError, match="KVGATE_KERNEL_WORKERS='all': expected a whole number"):
         cell_job.kernel_workers({"KVGATE_KERNEL_WORKERS_OVERRIDE": "all"}, 2)
+    with pytest.raises(cell_job.CellJobError, match="expected a whole number"):  # isdigit() took it; int() does not
+        cell_job.kernel_workers({"KVGATE_KERNEL_WORKERS_OVERRIDE": "\u00b2"}, 2)
 
 
 def test_the_workers_variable_is_the_one_kvgate_kernels_reads():
@@ -430,6 +432,13 @@ def test_a_bad_ab_setting_is_one_error(environ, message):
     ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
     ({"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/try-this"}, "kvgate-pr"),
     ({"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),  # never main's pool
+    ({"GITHUB_EVENT_NAME": "schedule", "GITHUB_REF": "refs/heads/main"}, "kvgate-main"),
+    # a caller of kvgate-vllm.yml with an empty runner-pool-label on an event that serves a pull request or a comment:
+    # GITHUB_REF names main, but the pull request's code would run on main's pool
+    ({"GITHUB_EVENT_NAME": "pull_request_target", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
+    ({"GITHUB_EVENT_NAME": "issue_comment", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
+    ({"GITHUB_EVENT_NAME": "workflow_run", "GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
+    ({"GITHUB_REF": "refs/heads/main"}, "kvgate-pr"),
     ({}, "kvgate-pr"),
 ])
 def test_only_mains_own_runs_use_the_main_runner_pool(environ, label):
@@ -553,3 +562,21 @@ def test_the_planned_cells_timeouts_come_from_the_trusted_matrix():
     assert plan.DEFAULT_STAGE_TIMEOUT_S == DEFAULT_TIMEOUT_SECONDS  # the kernels stage's timeout
     cell = kvmatrix.load(ROOT / "matrix").cell("flashmla-fp8-sm90")
     assert plan.workload_timeouts({"include": [SM90]}) == {"flashmla-fp8-sm90": dict(cell.workload.timeouts)}
+
+
+@pytest.mark.parametrize(("sessions", "run_dir_is_a_file", "message"), [
+    ("[" * 100_000, False, "$KVGATE_SESSIONS: not a JSON list of nox session names"),  # RecursionError before
+    ("[" + "9" * 5000 + "]", False, "$KVGATE_SESSIONS: not a JSON list of nox session names"),  # ValueError before
+    ('["cell(x)"]', True, "is not a folder. Point it at the folder the artifact uploads"),  # FileExistsError before
+])
+def test_the_cell_job_says_a_bad_environment_in_one_line_not_a_traceback(tmp_path, sessions, run_dir_is_a_file,
+                                                                         message):
+    run_dir = tmp_path / "run"
+    if run_dir_is_a_file:
+        run_dir.write_text("x")
+    env = {**os.environ, "KVGATE_CELL": "x", "KVGATE_SESSIONS": sessions, "KVGATE_RUN_DIR": str(run_dir),
+           "KVGATE_NOX": "true", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-I", str(ROOT / "ci" / "cell_job.py")], env=env, capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("ERROR ") and result.stderr.count("\n") == 1 and message in result.stderr

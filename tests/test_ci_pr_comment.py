@@ -21,6 +21,7 @@ HEAD = "0123456789abcdef0123456789abcdef01234567"
 RUN_URL = "https://github.com/acme/kvgate/actions/runs/123456"
 
 pr_comment = load_ci_script("pr_comment")
+inert_markdown = load_ci_script("inert_markdown")
 WJ = "\u2060"  # the word joiner the sanitiser puts after a broken `@`, `#` or `GH-`
 
 
@@ -124,6 +125,8 @@ def test_a_report_bigger_than_kvgate_reads_is_not_read_whole(tmp_path):
     ({"number": "17", "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
     ({"number": True, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
     ({"number": -3, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
+    ({"number": 2**53, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
+    ({"number": 10**400, "head_sha": HEAD}, HEAD, "pull_request.json: 'number' is not a positive integer"),
     ({"number": 17, "head_sha": "f" * 40}, HEAD, "pull_request.json: its head_sha is not this run's head commit"),
     ({"number": 17, "head_sha": HEAD}, "main", "HEAD_SHA: not a commit SHA"),
 ])
@@ -370,3 +373,83 @@ def test_the_comment_job_renders_from_its_sparse_checkout_alone(tmp_path):
     assert result.returncode == 0, result.stderr
     body = json.loads((tmp_path / "c.json").read_text())["body"]
     assert body.endswith(f"- @{WJ}octocat x\n\n")
+
+
+FILLER = "\n\n".join(["filler paragraph " + "x" * 200] * 400)  # ~80,000 characters: the comment must be folded
+
+
+def folded_comment(tmp_path: Path, report: str) -> str:
+    folder = gate_artifact(tmp_path, report)
+    body = pr_comment.comment(folder, {"HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "failure",
+                                       "GITHUB_REPOSITORY": "acme/kvgate"})["body"]
+    assert len(body) <= pr_comment.BODY_LIMIT + 1
+    return body
+
+
+@pytest.mark.parametrize("code", [
+    "```\n</details>\n[evil](https://evil.example/x) ![i](https://evil.example/i.png) <img src=x>\n```",
+    "~~~\n</details>\n<script>alert(1)</script> [evil](https://evil.example/y)\n~~~",
+    "    </details>\n    [evil](https://evil.example/z)",  # an indented code block: written out as a fence
+])
+def test_attack_folding_a_details_block_never_takes_a_code_fence_away(tmp_path, code):
+    """A report too long for a comment has its `<details>` blocks folded, matched from `<details>` to the next line
+    `</details>`: one inside a code block ended the match there, the fence that opened the code went with the block,
+    and the code's verbatim text after it (a link, an image, raw HTML) became live Markdown in the comment."""
+    body = folded_comment(tmp_path, f"<details>\n<summary>s</summary>\n\n{code}\n\n</details>\n\n{FILLER}")
+    rest = body.split("\n", 1)[1]
+    assert inert_markdown.inert_problem(rest.replace(f"[workflow run]({RUN_URL})", ""), "acme/kvgate") is None
+    rendered = inert_markdown.parser().render(body)
+    assert "evil.example" not in "".join(re.findall(r'(?:href|src)="([^"]*)"', rendered))
+    assert "<img" not in rendered and "<script" not in rendered
+
+
+def test_attack_a_folded_blocks_summary_stays_text(tmp_path):
+    """The summary of a folded block (an HTML block's text, which Markdown did not parse) went into a Markdown line:
+    a link in it, `[l](/other/repo/issues/1)`, became a live link (a backlink on another repository's issue)."""
+    report = ("<details>\n<summary>[l](/other/repo/issues/1) [m](https://evil.example) *x*</summary>\n\nbody\n\n"
+              f"</details>\n\n{FILLER}")
+    body = folded_comment(tmp_path, report)
+    assert "Folded to fit a comment: \\[l\\]\\(/other/repo/issues/1\\)" in body
+    links = re.findall(r'href="([^"]*)"', inert_markdown.parser().render(body))
+    assert set(links) == {RUN_URL}
+
+
+def test_a_details_block_outside_code_is_folded(tmp_path):
+    body = folded_comment(tmp_path, f"<details>\n<summary>The cells' logs</summary>\n\n```\nlog\n```\n\n</details>\n\n"
+                                    f"kept\n\n<details>\n<summary>big</summary>\n\n{FILLER}\n\n</details>\n")
+    assert f"<sub>Folded to fit a comment: big; see the [workflow run]({RUN_URL}).</sub>" in body
+    assert "<summary>The cells' logs</summary>" in body and "kept" in body
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # the text of an image or a dropped link meets the text beside it: escaped apart, `@` and `octocat` made a mention
+    ("&#64;![octocat](x.png)", f"@{WJ}octocat"),
+    ("@[octocat](https://evil.example)", f"@{WJ}octocat"),
+    ("#![12](x.png)", f"\\#{WJ}12"),
+    ("GH-[12](https://evil.example)", f"GH-{WJ}12"),
+    ("https:![//evil.example/x](y.png)", "https[:]//evil.example/x"),
+    ("![@octocat](x.png)", f"@{WJ}octocat"),
+    # GitHub's autolinker (cmark-gfm) takes a scheme after `_` or a digit, and `www.` after `_`, which `\b` missed
+    ("a_https://evil.example/x", "a_https[:]//evil.example/x"),
+    ("1https://evil.example/x", "1https[:]//evil.example/x"),
+    ("a_www.evil.example", "a_www[.]evil.example"),
+    # one match of an address took a second one with it, and only the first was defanged
+    ("x(https://a.example)(https://evil.example/b)", "x(https[:]//a.example)(https[:]//evil.example/b)"),
+    ("https://a.example/*https://evil.example/b", "https[:]//a.example/\\*https[:]//evil.example/b"),
+    ("https://a.example/_www.evil.example", "https[:]//a.example/\\_www[.]evil.example"),
+])
+def test_attack_no_mention_reference_or_autolink_forms_across_a_boundary(text, expected):
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[# Passed](https://evil.example)", "\\# Passed"),  # a heading of the attacker's words
+    ("[> quoted](https://evil.example)", "\\> quoted"),
+    ("[- item](https://evil.example)", "\\- item"),
+    ("[1. item](https://evil.example)", "1\\. item"),
+    ("![# h](x.png)", "\\# h"),
+])
+def test_attack_a_dropped_links_text_first_in_a_line_opens_no_block(text, expected):
+    """A link out of the repository keeps only its text; first in a line, that text was written unescaped there and
+    opened a heading, a quote or a list item of the pull request's words."""
+    assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"

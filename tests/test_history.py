@@ -123,7 +123,10 @@ def history_section(report_html: Path) -> str:
 def test_report_html_of_a_run_of_main_shows_the_trend_of_each_of_its_cells(cpu_run, tmp_path):
     db = tmp_path / "history.sqlite3"
     run = run_naming(cpu_run, tmp_path, "main")
-    for _ in range(2):
+    for finished_at in (None, "2026-12-02T00:00:00Z"):  # a second run of the same commit (the same run again replaces)
+        if finished_at is not None:
+            info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+            (run / "run.json").write_text(json.dumps({**info, "finished_at": finished_at}), encoding="utf-8")
         assert gate(cpu_run, run, db) == 0
     section = history_section(run / "gate" / "report.html")
     print(section)
@@ -395,3 +398,160 @@ def test_run_json_names_the_branch_of_a_ci_push_and_none_for_a_pull_request():
     assert ci_branch({"GITHUB_REF": "refs/heads/main"}) == "main"
     assert ci_branch({"GITHUB_REF": "refs/pull/7/merge"}) is None and ci_branch({}) is None
     assert record.is_main({"branch": "main"}) and not record.is_main({"branch": "mainline"}) and not record.is_main({})
+
+
+# -- hostile stores (a damaged, hand-edited or foreign history; a location that is no store)
+
+@pytest.mark.parametrize("where, said", [
+    ("mysql://kvgate:m-secret@db.example/history", "names a history of scheme 'mysql'"),
+    ("postgresql+psycopg://kvgate@db.example/history", "names a history of scheme 'postgresql+psycopg'"),
+    ("POSTGRESQL://kvgate@db.example/history", "names a history of scheme 'POSTGRESQL'"),
+    ("https://example.com/history.sqlite3", "names a history of scheme 'https'"),
+    ("sqlite:/tmp/history.sqlite3", "names a history of scheme 'sqlite'"),
+    (" postgresql://kvgate@db.example/history", "starts or ends with white space"),
+    (":memory:", "is no file: a history kept there is lost when kvgate exits"),
+    ("sqlite:///:memory:", "is no file: a history kept there is lost when kvgate exits"),
+])
+def test_attack_a_history_location_that_is_no_store_is_refused_not_a_local_file(where, said, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A URL of a scheme kvgate does not keep a history in was taken for a SQLite file path: the gate of main
+    recorded its run into a new local file named `mysql:/...` (a folder made on the way), said "recorded", and the
+    row was lost with the runner. Refused, one line, the URL not shown (it may carry a password)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(store.URL_ENV, where)
+    assert main(["history"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR ") and err.count("\n") == 1 and said in err, err
+    assert "secret" not in err and "db.example" not in err
+    assert list(tmp_path.iterdir()) == []  # no file, no folder made
+
+
+def test_a_sqlite_url_still_names_a_file(tmp_path):
+    db = tmp_path / "h.sqlite3"
+    seeded_history(f"sqlite://{db}", [10.0])
+    assert db.is_file()
+
+
+def test_a_store_whose_tables_were_dropped_or_altered_is_one_error_line(tmp_path, capsys):
+    dropped, altered = tmp_path / "dropped.sqlite3", tmp_path / "altered.sqlite3"
+    for db in (dropped, altered):
+        seeded_history(db, [10.0, 11.0])
+    with sqlite3.connect(dropped) as connection:
+        connection.execute("DROP TABLE history_figures")
+    with sqlite3.connect(altered) as connection:
+        connection.execute("ALTER TABLE history_figures RENAME COLUMN value TO worth")
+    for db, said in ((dropped, "cannot read the series (no such table: history_figures)"),
+                     (altered, "cannot read the series flashmla-fp8-sm90 throughput:requests_per_second (no such "
+                               "column: f.value)")):
+        assert main(["history", "--db", str(db)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"ERROR {db}: {said}. Is it a kvgate history store? Restore it from a copy, or move it away and " \
+                      "let the next run of main start a new one\n"
+
+
+@pytest.mark.parametrize("column, sql, said", [
+    ("value", "'abc'", "its value is 'abc', not a finite number of a measure"),
+    ("value", "x'00ff'", "its value is \"b'\\\\x00\\\\xff'\", not a finite number of a measure"),
+    ("value", "9e999", "its value is 'inf', not a finite number of a measure"),
+    ("value", "-9e999", "its value is '-inf', not a finite number of a measure"),
+    ("value", "1.7e308", "its value is '1.7e+308', not a finite number of a measure"),
+    ("low", "'x'", "its low is 'x', not a finite number of a measure"),
+])
+def test_attack_a_row_that_is_no_finite_number_is_named_not_a_traceback(column, sql, said, tmp_path, capsys):
+    """A damaged or hand-edited row (text, a blob, infinity, a number no plot can scale) stopped `kvgate history`
+    with a ValueError/TypeError from the table's formatting; now one ERROR line names the run and the fix."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0, 12.0])
+    with sqlite3.connect(db) as connection:
+        run_id = connection.execute("SELECT run_id FROM history_figures WHERE rowid = 2").fetchone()[0]
+        connection.execute(f"UPDATE history_figures SET {column} = {sql} WHERE rowid = 2")
+    for argv in (["history", "--db", str(db)], ["history", "--db", str(db), "--svg", str(tmp_path / "t.svg")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == (f"ERROR {db}: run '{run_id}' of main, flashmla-fp8-sm90 throughput:requests_per_second: "
+                       f"{said}. Correct or delete that run's rows (history_runs id, history_figures run_id)\n")
+
+
+def test_a_run_whose_environment_is_nested_too_deep_still_draws(tmp_path):
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0])
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE history_runs SET environment = ?", ("[" * 100_000,))
+    with store.open_store(str(db)) as history:
+        assert [p.commit_url for p in history.series("main", "flashmla-fp8-sm90", "throughput:requests_per_second")
+                ] == [None, None]
+
+
+@pytest.mark.parametrize("name", ["x\n::error::forged", "c\r\n::add-mask::secret", "::stop-commands::token",
+                                  "  ::warning::indented", "a\u202eb"])
+def test_attack_a_stored_name_prints_no_workflow_command(name, tmp_path, capsys):
+    """A cell or measure name from the store was printed as it was: its newline (or the name itself) opened a line
+    with `::`, which GitHub Actions runs as a command in kvgate-history.yml's log (`::add-mask::`,
+    `::stop-commands::`). Now a name that is not plain is printed quoted with its escapes."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0], cell=name)
+    seeded_history(db, [12.0], cell="ok", measure=name)
+    assert main(["history", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("::")]
+    assert "\u202e" not in out and repr(name) in out
+
+
+def test_the_same_ci_run_recorded_again_replaces_its_rows(tmp_path):
+    """A re-run of main's gate job (the same workflow run, the same commit) added a second row of the same figures:
+    one commit counted twice in every series. The newest recording of a CI run now replaces the earlier."""
+    db = tmp_path / "h.sqlite3"
+
+    def one(recorded_at: str, value: float, run_id: str, commit: str = "a" * 40) -> record.HistoryRun:
+        return record.HistoryRun(recorded_at=recorded_at, branch="main", commit=commit, vllm_version=None,
+                                 vllm_commit=None, passed=True, neutral=False, exit_status=0, run_folder="/tmp/kvgate-run",
+                                 environment={"workflow_run_id": run_id},
+                                 figures=(record.Figure(cell="c", measure="m", value=value),))
+
+    with store.open_store(str(db)) as history:
+        history.record(one("2026-10-01T00:00:00Z", 10.0, "7"))
+        history.record(one("2026-10-01T01:00:00Z", 11.0, "7"))  # run 7 again: replaces
+        history.record(one("2026-10-02T00:00:00Z", 12.0, "8"))  # another run of the same commit: kept
+        history.record(one("2026-10-03T00:00:00Z", 13.0, "7", commit="b" * 40))
+        assert [p.value for p in history.series("main", "c", "m")] == [11.0, 12.0, 13.0]
+        assert history.runs("main") == 3
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM history_figures").fetchone()[0] == 3
+
+
+def test_a_locked_store_says_so(tmp_path, capsys):
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0])
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert main(["history", "--db", str(db)]) == 2
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert capsys.readouterr().err == (f"ERROR {db}: cannot set up the history tables (database is locked). Another "
+                                       "process holds it (a gate of main writing now?): try again when that ends\n")
+
+
+def test_an_svg_that_cannot_be_written_is_one_error_line(tmp_path, capsys):
+    """--svg naming a folder, or a path under a file, was a traceback (IsADirectoryError, FileExistsError)."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0])
+    (tmp_path / "folder").mkdir()
+    for target, reason in ((tmp_path / "folder", "Is a directory"), (db / "t.svg", "File exists")):
+        assert main(["history", "--db", str(db), "--svg", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"ERROR --svg: cannot write {target} ({reason}). Name a file in a folder kvgate can write\n"
+
+
+def test_a_change_points_line_quotes_odd_stored_text():
+    """`kvgate history --detect` prints one line per change point: its run's stored time and commits are quoted where
+    they are not plain, as the table's are, so none opens a line with `::`."""
+    points = [store.Point(recorded_at="2026-10-01\n::error::t", commit="c\n::add-mask::x", vllm_commit="::warning::v",
+                          value=v, low=None, high=None) for v in (10.0, 10.0, 9.0, 9.0)]
+    line = trends.describe("cell", "m", points, detect.ChangePoint(index=2, p_value=1e-6, mean_before=10.0,
+                                                                   mean_after=9.0))
+    print(line)
+    assert "\n" not in line and "'2026-10-01\\n::error::t'" in line and "'c\\n::add-mask'" in line  # its first 12 characters
+    assert "\"'::warning::v'\"" not in line and "'::warning::v'" in line

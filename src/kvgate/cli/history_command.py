@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         if args.acknowledge:
             cell, measure, commit = args.acknowledge
             history.acknowledge(cell, measure, commit)
-            print(f"kvgate history: acknowledged the change point of {cell} {measure} at {commit}")
+            print(f"kvgate history: acknowledged the change point of {trends.shown(cell)} {trends.shown(measure)} at "
+                  f"{trends.shown(commit)}")
             return EXIT_OK
         names = history.series_names(args.branch)
         selected = _select(names, args.cell, args.measure, history.shown, args.branch)
@@ -60,8 +61,12 @@ def run(args: argparse.Namespace) -> int:
                     flagged.append(point)
             plots.append(trends.svg(cell, measure, points, found))
         if args.svg is not None:
-            args.svg.parent.mkdir(parents=True, exist_ok=True)
-            args.svg.write_text(trends.stacked(plots), encoding="utf-8")
+            try:
+                args.svg.parent.mkdir(parents=True, exist_ok=True)
+                args.svg.write_text(trends.stacked(plots), encoding="utf-8")
+            except OSError as error:
+                raise InputError("--svg", f"cannot write {args.svg} ({error.strerror})",
+                                 hint="Name a file in a folder kvgate can write") from None
             print(f"kvgate history: wrote {args.svg}", file=sys.stderr)
         if args.detect:
             print(f"kvgate history: {len(flagged)} change point(s) not acknowledged over {len(selected)} series "

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
+import re
 import sqlite3
 import uuid
 from collections.abc import Sequence
@@ -101,14 +103,26 @@ class HistoryStore:
             raise
         except Exception as error:
             self._connection.rollback()
+            locked = "locked" in _reason(error).lower()
             raise InputError(self.shown, f"cannot set up the history tables ({_reason(error)})",
-                             hint="Is it a kvgate history store?") from None
+                             hint="Another process holds it (a gate of main writing now?): try again when that ends"
+                             if locked else "Is it a kvgate history store?") from None
         return SCHEMA_VERSION
 
     def record(self, run: HistoryRun) -> str:
-        """Write one run and its figures in one transaction; returns the run's id."""
+        """Write one run and its figures in one transaction; returns the run's id. A run recorded again (the same
+        branch, commit and CI run: a re-run of the gate job, or the gate judging one folder twice) replaces its
+        earlier rows, so that no run counts twice in a series."""
         run_id = uuid.uuid4().hex
+        for figure in run.figures:
+            for name, number in (("value", figure.value), ("low", figure.low), ("high", figure.high)):
+                if number is not None and not _finite(number):
+                    raise InputError(self.shown, f"cannot record the run: {figure.cell} {figure.measure} has the "
+                                     f"{name} {number!r}, not a finite number")
         try:
+            for old in self._same_run(run):
+                self._execute("DELETE FROM history_figures WHERE run_id = ?", (old,))
+                self._execute("DELETE FROM history_runs WHERE id = ?", (old,))
             self._execute(
                 "INSERT INTO history_runs (id, recorded_at, branch, git_commit, vllm_version, vllm_commit, passed, "
                 "neutral, exit_status, run_folder, environment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -124,22 +138,57 @@ class HistoryStore:
             raise InputError(self.shown, f"cannot record the run ({_reason(error)})") from None
         return run_id
 
+    def _same_run(self, run: HistoryRun) -> list[str]:
+        """The ids of runs recorded before of the same branch, commit and CI run (run.json's workflow_run_id or
+        build_url; outside CI, the same run folder finished at the same time)."""
+        if not run.commit:
+            return []
+        rows = self._execute("SELECT id, run_folder, environment, recorded_at FROM history_runs WHERE branch = ? AND "
+                             "git_commit = ?", (run.branch, run.commit)).fetchall()
+        this = _ci_run(run.environment, run.run_folder, run.recorded_at)
+        return [row[0] for row in rows if _ci_run(_environment(row[2]), row[1], row[3]) == this]
+
+    def _read(self, what: str, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of a query; a store whose tables are not kvgate's (dropped, altered, unreadable) is bad input."""
+        try:
+            return self._execute(sql, params).fetchall()
+        except Exception as error:
+            self._connection.rollback()
+            raise InputError(self.shown, f"cannot read {what} ({_reason(error)})",
+                             hint="Is it a kvgate history store? Restore it from a copy, or move it away and let the "
+                                  "next run of main start a new one") from None
+
     def series_names(self, branch: str) -> list[tuple[str, str]]:
         """(cell, measure) of every series the branch has, sorted."""
-        rows = self._execute("SELECT DISTINCT f.cell, f.measure FROM history_figures f JOIN history_runs r "
-                             "ON r.id = f.run_id WHERE r.branch = ? ORDER BY f.cell, f.measure", (branch,))
-        return [(row[0], row[1]) for row in rows.fetchall()]
+        rows = self._read("the series", "SELECT DISTINCT f.cell, f.measure FROM history_figures f JOIN history_runs r "
+                          "ON r.id = f.run_id WHERE r.branch = ? ORDER BY f.cell, f.measure", (branch,))
+        for row in rows:
+            if not all(isinstance(name, str) for name in row):
+                raise InputError(self.shown, f"a series of {branch} is named {row[0]!r} {row[1]!r}, not by text",
+                                 hint="Correct or delete its rows in history_figures")
+        return [(row[0], row[1]) for row in rows]
 
     def series(self, branch: str, cell: str, measure: str) -> list[Point]:
-        rows = self._execute(
-            "SELECT r.recorded_at, r.git_commit, r.vllm_commit, f.value, f.low, f.high, r.environment FROM "
+        """The series of a cell's measure; a row that is not a finite number (a hand-edited or damaged store) is bad
+        input, named by its run id."""
+        rows = self._read(
+            f"the series {cell} {measure}",
+            "SELECT r.recorded_at, r.git_commit, r.vllm_commit, f.value, f.low, f.high, r.environment, r.id FROM "
             "history_figures f JOIN history_runs r ON r.id = f.run_id WHERE r.branch = ? AND f.cell = ? AND "
             "f.measure = ? ORDER BY r.recorded_at, r.id", (branch, cell, measure))
-        return [Point(recorded_at=r[0], commit=r[1], vllm_commit=r[2], value=r[3], low=r[4], high=r[5],
-                      commit_url=commit_url(_repository(r[6]), r[1])) for r in rows.fetchall()]
+        points = []
+        for r in rows:
+            problem = _row_problem(r)
+            if problem is not None:
+                raise InputError(self.shown, f"run {str(r[7])[:40]!r} of {branch}, {cell} {measure}: {problem}",
+                                 hint="Correct or delete that run's rows (history_runs id, history_figures run_id)")
+            points.append(Point(recorded_at=r[0], commit=r[1], vllm_commit=r[2], value=float(r[3]),
+                                low=None if r[4] is None else float(r[4]), high=None if r[5] is None else float(r[5]),
+                                commit_url=commit_url(_environment(r[6]).get("repository"), r[1])))
+        return points
 
     def runs(self, branch: str) -> int:
-        return self._execute("SELECT COUNT(*) FROM history_runs WHERE branch = ?", (branch,)).fetchone()[0]
+        return self._read("the runs", "SELECT COUNT(*) FROM history_runs WHERE branch = ?", (branch,))[0][0]
 
     def acknowledge(self, cell: str, measure: str, commit: str) -> None:
         try:
@@ -152,8 +201,8 @@ class HistoryStore:
                              hint="Was it acknowledged already?") from None
 
     def acknowledged(self) -> set[tuple[str, str, str]]:
-        rows = self._execute("SELECT cell, measure, git_commit FROM history_acknowledged")
-        return {(r[0], r[1], r[2]) for r in rows.fetchall()}
+        rows = self._read("the acknowledged change points", "SELECT cell, measure, git_commit FROM history_acknowledged")
+        return {(r[0], r[1], r[2]) for r in rows}
 
 
 def location(db: str | Path | None = None) -> str:
@@ -163,13 +212,30 @@ def location(db: str | Path | None = None) -> str:
     return os.environ.get(URL_ENV) or str(DEFAULT_SQLITE)
 
 
+# `scheme:/...`: a URL, never a file path (a SQLite file named `mysql:/host/db` would take the rows and lose them)
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/")
+_KNOWN_FORMS = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE, sqlite:///PATH or a SQLite file path"
+
+
 def open_store(where: str) -> HistoryStore:
-    """Open (and migrate) the history at `where`: a postgresql:// URL, a sqlite:/// URL or a file path."""
+    """Open (and migrate) the history at `where`: a postgresql:// URL, a sqlite:/// URL or a file path. Anything
+    else that names a scheme (`mysql://`, `postgresql+psycopg://`, `https://`), white space around it, or SQLite's
+    `:memory:` is refused: rows written there would be lost."""
+    scheme = _SCHEME.match(where)
     if where.startswith(POSTGRES_SCHEMES):
         store = _open_postgres(where)
     elif "password" in where.lower():  # a libpq key=value string: never a path to print
         raise InputError(URL_ENV, "holds a password but is no postgresql:// URL (not shown here)",
                          hint="Write postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or a SQLite file path")
+    elif where != where.strip() or not where:
+        raise InputError(URL_ENV, "the history's location is empty or starts or ends with white space (not shown here)",
+                         hint=f"Write {_KNOWN_FORMS}")
+    elif scheme is not None and not where.startswith("sqlite://"):  # a URL may carry a secret: only its scheme shown
+        raise InputError(URL_ENV, f"names a history of scheme {scheme.group(1)[:20]!r}, which kvgate cannot keep a "
+                         "history in (the rest not shown here)", hint=f"Write {_KNOWN_FORMS}")
+    elif where.removeprefix("sqlite://").lstrip("/") == ":memory:" or where.startswith("file:"):
+        raise InputError(where, "is no file: a history kept there is lost when kvgate exits",
+                         hint="Name the history's SQLite file, e.g. reports/history.sqlite3")
     else:
         path = Path(where.removeprefix("sqlite://")) if where.startswith("sqlite://") else Path(where)
         if path.is_dir():
@@ -234,12 +300,45 @@ def _reason(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def _repository(environment: str | None) -> str | None:
+def _environment(environment: Any) -> dict[str, Any]:
+    """A run's environment column as a mapping; {} for one that is not a JSON object."""
     try:
-        value = json.loads(environment or "{}").get("repository")
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
+        value = json.loads(environment or "{}") if isinstance(environment, str) else None
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _ci_run(environment: Any, run_folder: Any, recorded_at: Any) -> tuple[str, ...]:
+    """Which CI run a history run came from: its workflow run or build; outside CI, its run folder and its time."""
+    environment = environment if isinstance(environment, dict) else {}
+    for key in ("workflow_run_id", "build_url"):
+        if isinstance(environment.get(key), str) and environment[key]:
+            return key, environment[key]
+    return "run_folder", str(run_folder), str(recorded_at)
+
+
+# a figure past this (a damaged row) would overflow the plot's scale; no measure kvgate records comes near it
+LARGEST = 1e300
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _row_problem(row: Sequence[Any]) -> str | None:
+    """What is wrong with a series row (recorded_at, commit, vLLM commit, value, low, high, ...); None when nothing."""
+    if not isinstance(row[0], str):
+        return f"its recorded_at is {str(row[0])[:40]!r}, not a time"
+    for name, text in (("git_commit", row[1]), ("vllm_commit", row[2])):
+        if text is not None and not isinstance(text, str):
+            return f"its {name} is {str(text)[:40]!r}, not text"
+    for name, number in (("value", row[3]), ("low", row[4]), ("high", row[5])):
+        if number is None and name != "value":
+            continue
+        if not _finite(number) or abs(number) > LARGEST:
+            return f"its {name} is {str(number)[:40]!r}, not a finite number of a measure"
+    return None
 
 
 def _now() -> str:

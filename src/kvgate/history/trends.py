@@ -16,15 +16,23 @@ WIDTH, HEIGHT, MARGIN = 640, 200, 56  # room left of the plot for a 6-digit tick
 
 
 def short(commit: str | None) -> str:
-    return commit[:12] if commit else "-"
+    return shown(commit[:12]) if commit else "-"
+
+
+def shown(name: str) -> str:
+    """A cell's, a measure's or a commit's name as printed text: as it is when it is plain, else quoted with its
+    escapes (`'x\\n::error::y'`), so that no name read from a store can print a second line, hide characters, or
+    open a line with `::`, which a CI reads as a command (GitHub Actions' `::error::`, `::add-mask::`)."""
+    plain = name.isprintable() and name == name.strip() and not name.startswith(":") and "::" not in name
+    return name if plain and name else repr(name)
 
 
 def describe(cell: str, measure: str, points: Sequence[Point], point: ChangePoint) -> str:
     """One line naming a change point's first run, its shift and its p-value."""
     first = points[point.index]
     vllm = f" (vLLM {short(first.vllm_commit)})" if first.vllm_commit else ""
-    return (f"{cell} {measure}: change point at run {point.index + 1} of {len(points)}, commit {short(first.commit)}"
-            f"{vllm}, {first.recorded_at}: {point.mean_before:.6g} -> {point.mean_after:.6g} "
+    return (f"{shown(cell)} {shown(measure)}: change point at run {point.index + 1} of {len(points)}, commit {short(first.commit)}"
+            f"{vllm}, {shown(first.recorded_at)}: {point.mean_before:.6g} -> {point.mean_after:.6g} "
             f"({point.change_percent:+.2f} %), p = {point.p_value:.2g}")
 
 
@@ -32,13 +40,13 @@ def table(cell: str, measure: str, points: Sequence[Point], found: Sequence[Chan
           last: int = 20) -> str:
     """The newest `last` runs of a series, one line each; a change point's first run is marked."""
     starts = {p.index for p in found}
-    lines = [f"{cell} {measure} ({len(points)} runs on main)",
+    lines = [f"{shown(cell)} {shown(measure)} ({len(points)} runs on main)",
              f"  {'run':>4}  {'recorded at':<20}  {'commit':<12}  {'value':>12}  95 % interval"]
     for index in range(max(0, len(points) - last), len(points)):
         point = points[index]
         interval = f"{point.low:.6g} .. {point.high:.6g}" if point.low is not None and point.high is not None else ""
         mark = "  <- change point" if index in starts else ""
-        lines.append(f"  {index + 1:>4}  {point.recorded_at:<20}  {short(point.commit):<12}  {point.value:>12.6g}  "
+        lines.append(f"  {index + 1:>4}  {shown(point.recorded_at):<20}  {short(point.commit):<12}  {point.value:>12.6g}  "
                      f"{interval}{mark}")
     return "\n".join(lines)
 

@@ -24,7 +24,11 @@ WORD_JOINER = "\u2060"
 MENTION = re.compile(r"[@\uff20](?=[A-Za-z0-9_-])")
 ISSUE_REFERENCE = re.compile(r"(#|\b[Gg][Hh]-)(?=[0-9])")
 # What GFM's autolink extension and GitHub link in plain text: a scheme, or www.
-AUTOLINK = re.compile(r"(?i)\b(?:(https?|ftp)://[^\s<>]*|(www)\.[^\s<>]*|(mailto|xmpp|file|data|javascript):)")
+# (GitHub's autolinker, cmark-gfm, takes a scheme after anything but a letter: `a_https://x.example`,
+# `1https://x.example` link; and `www.` after `_`, `*`, `~`, `(`: no `\b`, which a `_` or a digit before would hide)
+AUTOLINK = re.compile(r"(?i)(?<![a-z])(?:(https?|ftp)://[^\s<>]*|(www)\.[^\s<>]*|(mailto|xmpp|file|data|javascript):)")
+# every scheme and `www.` in what one match took (`x(https://a.example)(https://evil.example)`: the second links)
+INNER_AUTOLINK = re.compile(r"(?i)(https?|ftp)(://)|(www)(\.)")
 TRAILING = ".,:;!?*_~'\")]"
 # A github.com address names a repository: one other than this run's gets its host defanged (github[.]com), so no
 # other issue or pull request gets a backlink
@@ -80,9 +84,9 @@ def defang(text: str, repository: str) -> str:
                 kept.append(address)
                 return f"\0{len(kept) - 1}\0" + found[len(core):]
             scheme = match.group(1)
-            return f"{scheme}[:]{found[len(scheme) + 1:]}"
+            return f"{scheme}[:]{_defang_inner(found[len(scheme) + 1:])}"
         if match.group(2):
-            return f"{match.group(2)}[.]{found[4:]}"
+            return f"{match.group(2)}[.]{_defang_inner(found[4:])}"
         return f"{match.group(3)}[:]"
 
     text = AUTOLINK.sub(autolink, text.replace("\0", ""))
@@ -90,6 +94,11 @@ def defang(text: str, repository: str) -> str:
     text = MENTION.sub(lambda m: m.group(0) + WORD_JOINER, text)
     text = ISSUE_REFERENCE.sub(lambda m: m.group(0) + WORD_JOINER, text)
     return re.sub("\0([0-9]+)\0", lambda m: kept[int(m.group(1))], text)
+
+
+def _defang_inner(text: str) -> str:
+    """The rest of an address out of the repository: any further scheme or `www.` in it defanged too."""
+    return INNER_AUTOLINK.sub(lambda m: f"{m.group(1)}[:]//" if m.group(1) else f"{m.group(3)}[.]", text)
 
 
 def no_pings(text: str) -> str:
