@@ -262,8 +262,23 @@ def _read_long_context(stage_dir: Path, shown: str, identity: CellIdentity, metr
     return _read_accuracy(stage_dir, shown, replace(identity, task=LONG_CONTEXT_TASK), metric)
 
 
+def files_under(folder: Path, wanted: Callable[[str], bool]) -> list[Path]:
+    """Everything under `folder`, at any depth, whose name is `wanted`, sorted: what Path.rglob finds (links to
+    folders not followed), walked with a list instead of recursion, so a stage folder nested thousands of folders deep
+    is read like any other, not a RecursionError. A folder that cannot be listed raises its OSError."""
+    found, pending = [], [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if wanted(entry.name):
+                    found.append(Path(entry.path))
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+    return sorted(found)
+
+
 def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
-    results_files = sorted(p for p in stage_dir.rglob("results_*.json") if lm_eval.RESULTS_NAME.match(p.name))
+    results_files = files_under(stage_dir, lambda name: bool(lm_eval.RESULTS_NAME.match(name)))
     if not results_files:
         return None, f"no results_*.json under {shown}/"
     if len(results_files) > 1:
@@ -272,7 +287,7 @@ def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: 
                          "Keep the one of this cell's run; the stage folder should hold one lm-eval run")
     source = f"{shown}/{_rel(results_files[0], stage_dir)}"
     result = lm_eval.parse_results(read_text(results_files[0], source), source, task=identity.task, metric=metric)
-    sample_files = sorted(p for p in stage_dir.rglob("samples_*.jsonl") if lm_eval.samples_task(p.name) == identity.task)
+    sample_files = files_under(stage_dir, lambda name: lm_eval.samples_task(name) == identity.task)
     if len(sample_files) > 1:
         listed = ", ".join(_rel(p, stage_dir) for p in sample_files)
         raise InputError(shown, f"{len(sample_files)} sample logs for task {identity.task!r} ({listed})", "the folder",
