@@ -307,3 +307,20 @@ def test_under_require_baseline_a_stored_comparison_needs_the_policys_repeats(tm
         f"not judged: the results folder disagrees with the trusted side: {run}/{AUTO}/throughput: 3 measured repeats, "
         "but --require-baseline needs at least 7 (matrix/policy.toml throughput.rounds)")
     assert main(["gate", str(run), "--baseline", str(stored), "--today", "2026-11-30"]) == 0  # locally: judged
+
+
+def test_rounds_that_all_show_one_ratio_report_a_power_not_nan(tmp_path):
+    """Each round's head at exactly half its base (the rounds' log ratios agree to 1e-16): the throughput fails, and
+    its note states the power (100 %), where scipy's noncentral t gave NaN: "catches a 10 % slowdown nan % of the
+    time" in report.md and power_at_10_percent null in verdict.json."""
+    from synthetic_run import write_ab_run
+
+    run = write_ab_run(tmp_path / "run", [("FLASHINFER", "auto", "sm90"), ("FLASHINFER", "fp8", "sm90")],
+                       slower={"flashinfer-fp8-sm90": 0.5})
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    check = checks(run, "throughput")[("flashinfer-fp8-sm90", "requests_per_second")]
+    assert check["status"] == "fail"
+    assert check["figures"]["power_at_10_percent"] == 1.0
+    report = (run / "gate" / "report.md").read_text(encoding="utf-8")
+    assert "catches a 10 % slowdown 100 % of the time" in report
+    assert " nan " not in report.lower()

@@ -176,3 +176,13 @@ def test_power_command_simulates_on_request(capsys) -> None:
 def test_power_command_bad_arguments(argv: list[str], message: str, capsys) -> None:
     assert main(["power", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [message]
+
+
+@pytest.mark.parametrize("se_log", [1e-300, 1e-17, 1e-14, 1e-12, 1e-10, 1e-9, 0.0])
+@pytest.mark.parametrize("df", [1.0, 6.0, 60.0, math.inf])
+def test_the_throughput_power_at_a_vanishing_standard_error_is_its_limit_not_nan(se_log: float, df: float) -> None:
+    """Repeats that agree to the last digits (a paired run whose rounds all show one ratio: an SE of log 1e-16)
+    gave NaN from scipy's noncentral t: verdict.json's power_at_10_percent null and report.md "catches a 10 %
+    slowdown nan % of the time". The power there is its limit: 1 for a slowdown past the tolerance, 0 within it."""
+    assert power.ratio_test_power(se_log, df, tolerance=0.05, slowdown=0.10, alpha=0.05) == pytest.approx(1.0)
+    assert power.ratio_test_power(se_log, df, tolerance=0.05, slowdown=0.01, alpha=0.05) == pytest.approx(0.0, abs=1e-12)
