@@ -6,8 +6,8 @@ outputs is recorded as missing (the gate fails it). A file inside one cell's fol
 a killed job, corrupt, against its schema) is that cell's problem, never the run's: an unreadable stage output makes
 the stage an error (StageResult.unreadable), an unreadable cell.json or status.json the whole cell
 (RunResults.unreadable); the gate judges the other cells as usual. Only what makes the run unusable as a whole (a
-missing run folder, run.json, two folders of one cell, no cells at all) raises InputErrors, every problem collected,
-each naming the file (exit 2).
+missing run folder, run.json, two folders of one cell, no cells at all and none planned) raises InputErrors, every
+problem collected, each naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,11 +60,22 @@ class KnownNames:
                    archs=tuple(matrix.archs), features=tuple(getattr(matrix, "features", ())))
 
 
+def planned_cells(run_info: Mapping[str, Any]) -> list[str]:
+    """The cell ids that the kvgate commands writing into the run planned (run.json: `cells` of every
+    invocation); a hand-made run.json without them plans nothing."""
+    invocations = run_info.get("invocations")
+    listed = [i.get("cells") for i in invocations if isinstance(i, Mapping)] if isinstance(invocations, list) else []
+    listed.append(run_info.get("cells"))
+    return list(dict.fromkeys(c for cells in listed if isinstance(cells, list) for c in cells if isinstance(c, str)))
+
+
 def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_METRIC,
-             workers: int | None = None) -> RunResults:
+             workers: int | None = None, cells_expected: bool = False) -> RunResults:
     """All cells of a run folder; raises InputErrors listing every unusable file.
 
-    Large runs are read by `workers` processes (default: one per CPU when the run has many cells)."""
+    A folder without a cell is no run (InputError), unless its run.json plans cells or the caller expects some
+    (`cells_expected`: --expect-cells): then it is a run whose every planned cell is missing, for the gate to fail by
+    name. Large runs are read by `workers` processes (default: one per CPU when the run has many cells)."""
     run_dir = Path(run_dir)
     shown = str(run_dir)
     if not run_dir.exists():
@@ -109,7 +120,7 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         cells.append(cell)
     if problems:
         raise InputErrors(problems)
-    if not cells and not unreadable:
+    if not cells and not unreadable and not cells_expected and not planned_cells(run_info):
         raise InputError(shown, "no cell folders (none holds a cell.json)",
                          hint="Is this a run folder? Each cell writes <run dir>/<cell id>/cell.json")
     return RunResults(folder=shown, cells=tuple(cells), run_info=run_info, unreadable=tuple(unreadable))
