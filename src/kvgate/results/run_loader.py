@@ -203,6 +203,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         except InputError as error:
             return _unreadable(folder.name, shown, [error], identity, side)
     stages: dict[str, StageResult] = {}
+    logs: dict[str, tool_log.FirstError | None] = {}  # each log read once: three stages share the accuracy engine's
     for stage in STAGES:
         stage_dir = folder / stage
         status = statuses.get(stage)
@@ -212,7 +213,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         if status is not None and status.status != "ok":
             data = _tests_of_broken_kernels(stage_dir, shown) if stage == "kernels" else None
             stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data,
-                                        first_error=first_error(folder, stage, status))
+                                        first_error=first_error(folder, stage, status, logs))
             continue
         if not stage_dir.is_dir():
             stages[stage] = StageResult(stage=stage, requested=True, status=status,
@@ -227,7 +228,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
             continue
         failing = stage == "kernels" and data is not None and bool(data.problems)
         stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing,
-                                    first_error=first_error(folder, stage, status) if failing else None)
+                                    first_error=first_error(folder, stage, status, logs) if failing else None)
     return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=side)
 
 
@@ -235,13 +236,18 @@ LOG_OF_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "throughput": "thr
                 "long_context": "accuracy"}
 
 
-def first_error(folder: Path, stage: str, status: StageStatus | None) -> LogPointer | None:
-    """The first real error of a broken or failed stage: from its log (logs/<stage>.log; the probe runs in the
-    accuracy stage's engine), else from status.json's log_tail; None when neither names one."""
+def first_error(folder: Path, stage: str, status: StageStatus | None,
+                read: dict[str, tool_log.FirstError | None] | None = None) -> LogPointer | None:
+    """The first real error of a broken or failed stage: from its log (logs/<stage>.log; the probe and the passkey
+    task run in the accuracy stage's engine), else from status.json's log_tail; None when neither names one. `read`:
+    the cell's logs read so far (a runaway log of 64 MiB takes seconds to scan: once a cell, not once a stage)."""
     name = f"logs/{LOG_OF_STAGE[stage]}.log"
     log = folder / name  # a regular file of the cell's own: never a link out of the folder (the report quotes it)
-    found = tool_log.read_first_error(log) if log.is_file() and not log.is_symlink() and not (
-        folder / "logs").is_symlink() else None
+    found = None
+    if log.is_file() and not log.is_symlink() and not (folder / "logs").is_symlink():
+        found = read[name] if read is not None and name in read else tool_log.read_first_error(log)
+        if read is not None:
+            read[name] = found
     if found is not None:
         return LogPointer(path=f"{folder.name}/{name}", line=found.line, error=found.text, found_by=found.found_by,
                           frame=found.frame)
