@@ -110,11 +110,14 @@ def write_accuracy(cell_dir: Path, outcomes: Mapping[str, Sequence[bool]], *, ta
     folder = Path(cell_dir) / stage / model.replace("/", "__")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(next(iter(outcomes.values())))
+    if n < 1:  # lm-eval refuses a task with no documents ("did not find any docs") and writes no results
+        raise ValueError("lm-eval writes no results for 0 questions")
     block: dict[str, Any] = {"name": task, "alias": task, "sample_len": n}
     for name, values in outcomes.items():
         mean = sum(values) / n
         block[f"exact_match,{name}"] = mean
-        block[f"exact_match_stderr,{name}"] = (mean * (1 - mean) / (n - 1)) ** 0.5
+        # lm-eval's stderr of one sample is undefined: it writes "N/A"
+        block[f"exact_match_stderr,{name}"] = (mean * (1 - mean) / (n - 1)) ** 0.5 if n > 1 else "N/A"
     results = {
         "results": {task: block}, "group_subtasks": {task: []}, "configs": {task: {"task": task}},
         "versions": {task: 3.0}, "n-shot": {task: shots}, "higher_is_better": {task: {"exact_match": True}},
@@ -337,6 +340,8 @@ class QuestionModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"a question set needs at least 1 question, got {self.n}")
         if self.flip_model not in ("fragile", "uniform") or self.regression_model not in ("fragile", "uniform"):
             raise ValueError("flip_model and regression_model are 'fragile' or 'uniform'")
 

@@ -149,6 +149,46 @@ def test_a_planned_cell_that_left_no_folder_fails_by_name(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0].startswith("❌ kvgate: 1 of ")
 
 
+@pytest.mark.parametrize("sides", [["head"], ["base", "head"]])
+def test_a_run_whose_planned_cells_all_left_no_folder_fails_by_name_with_its_report(tmp_path, capsys, sides):
+    """Every planned cell of run.json absent (every cell job died, the artifacts were lost): the gate judged one absent
+    cell of two as a failure with its report, but none of two as bad input (exit 2, "no cell folders") with no
+    report naming them. It fails the run (exit 1) naming each cell on each planned side, in every output."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"contract_version": "1.6", "cells": [AUTO, FP8], "sides": sides}))
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    missing = [(c["cell"], c["reference"], c["headline"]) for c in verdict(run)["checks"] if c["kind"] == "cell"]
+    headline = {"head": "planned, but absent from the run", "base": "planned (base side), but absent from the run"}
+    assert sorted(missing, key=str) == sorted(((cell, side if side == "base" else None, headline[side])
+                                               for cell in (AUTO, FP8) for side in sides), key=str)
+    assert verdict(run)["summary"]["missing"] == len(missing) == verdict(run)["summary"]["failed"]
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"❌ kvgate: {len(missing)} of {len(missing)} checks "
+                                                               "failed")
+    for name in ("report.md", "report.html", "junit.xml"):
+        assert FP8 in (run / "gate" / name).read_text(encoding="utf-8")
+
+
+def test_an_empty_folder_with_expected_cells_fails_them_by_name(tmp_path):
+    (tmp_path / "run").mkdir()
+    plan = tmp_path / "plan"
+    plan.write_text(f"{FP8}\n")
+    assert main(["gate", str(tmp_path / "run"), "--expect-cells", str(plan), "--today", "2026-11-30"]) == 1
+    assert checks(tmp_path / "run", "cell")[(FP8, None)]["status"] == "missing"
+
+
+@pytest.mark.parametrize("run_json", [None, {"contract_version": "1.6", "cells": []}, {"contract_version": "1.6"}],
+                         ids=["no run.json", "no cells planned", "cells not said"])
+def test_a_folder_that_plans_no_cell_and_holds_none_is_still_no_run(tmp_path, capsys, run_json):
+    run = tmp_path / "run"
+    run.mkdir()
+    if run_json is not None:
+        (run / "run.json").write_text(json.dumps(run_json))
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 2
+    assert "no cell folders" in capsys.readouterr().err
+    assert not (run / "gate").exists()
+
+
 @pytest.mark.parametrize("form", ["json", "lines"])
 def test_expected_cells_from_the_plan_must_all_be_there(tmp_path, form):
     run = one_sided_run(tmp_path, [AUTO])
@@ -307,3 +347,20 @@ def test_under_require_baseline_a_stored_comparison_needs_the_policys_repeats(tm
         f"not judged: the results folder disagrees with the trusted side: {run}/{AUTO}/throughput: 3 measured repeats, "
         "but --require-baseline needs at least 7 (matrix/policy.toml throughput.rounds)")
     assert main(["gate", str(run), "--baseline", str(stored), "--today", "2026-11-30"]) == 0  # locally: judged
+
+
+def test_rounds_that_all_show_one_ratio_report_a_power_not_nan(tmp_path):
+    """Each round's head at exactly half its base (the rounds' log ratios agree to 1e-16): the throughput fails, and
+    its note states the power (100 %), where scipy's noncentral t gave NaN: "catches a 10 % slowdown nan % of the
+    time" in report.md and power_at_10_percent null in verdict.json."""
+    from synthetic_run import write_ab_run
+
+    run = write_ab_run(tmp_path / "run", [("FLASHINFER", "auto", "sm90"), ("FLASHINFER", "fp8", "sm90")],
+                       slower={"flashinfer-fp8-sm90": 0.5})
+    assert main(["gate", str(run), "--today", "2026-11-30"]) == 1
+    check = checks(run, "throughput")[("flashinfer-fp8-sm90", "requests_per_second")]
+    assert check["status"] == "fail"
+    assert check["figures"]["power_at_10_percent"] == 1.0
+    report = (run / "gate" / "report.md").read_text(encoding="utf-8")
+    assert "catches a 10 % slowdown 100 % of the time" in report
+    assert " nan " not in report.lower()

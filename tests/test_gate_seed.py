@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from junitparser import JUnitXml
 
 from kvgate.cli import main
-from synthetic_run import planned_questions, write_seed_run
+from synthetic_run import planned_questions, write_accuracy, write_cell, write_seed_run
 
 FP8 = "flashinfer_mla-fp8-sm100"
 
@@ -102,3 +103,21 @@ def test_results_of_an_older_contract_cannot_pass_a_gate_that_requires_a_baselin
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("❌ kvgate: 1 of ") and "(run) contract results older than contract 1.6" in first
     assert main(["gate", str(run), "--baseline", str(base), "--today", "2026-11-30"]) == 0
+
+
+@pytest.mark.parametrize(("n", "status"), [(1, "error"), (4, "error"), (5, "fail"), (200, "fail")])
+def test_an_accuracy_floor_too_few_questions_can_test_is_never_a_pass(tmp_path, n, status):
+    """The auto cell answered none of n questions right, against a floor of 0.617: at n = 1 the floor test's p is
+    0.38, so 0 of 1 read PASS (as 0 of 4 did: a test that cannot fail at alpha 0.01 below 5 questions). Too few
+    questions to test the floor are its error, naming how many it takes; from 5 questions none right fails."""
+    run = tmp_path / "run"
+    for dtype in ("auto", "fp8"):
+        cell = write_cell(run, backend="FLASHINFER_MLA", kv_cache_dtype=dtype, arch="sm100")
+        write_accuracy(cell, {"strict-match": [False] * n, "flexible-extract": [False] * n})
+    assert main(["gate", str(run), "--out", str(tmp_path / "out"), "--today", "2026-11-30"]) == 1
+    floor = next(c for c in json.loads((tmp_path / "out" / "verdict.json").read_text())["checks"]
+                 if c["kind"] == "accuracy_floor")
+    assert floor["status"] == status
+    if status == "error":
+        assert floor["detail"] == (f"only {n} question(s): the floor 0.6173 cannot be tested, even none right would "
+                                   "pass at alpha 0.01 (it takes at least 5)")

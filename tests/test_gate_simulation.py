@@ -207,3 +207,47 @@ def test_a_stored_baseline_keeps_false_alarms_low_but_cannot_reach_the_power() -
           f"20 % slower {twenty:.1%}")
     assert unchanged <= 0.01 / 32 + mc(0.0003, runs)  # a run of 32 unchanged cells stays within 1 %
     assert caught < 0.5 < 0.9 < twenty  # as matrix/policy.toml says: 10 % needs an A/B run
+
+
+# ---------------------------------------------------------------------------------------------- the extremes
+
+@pytest.mark.parametrize(("b", "c", "n"), [(0, 0, 0), (2, 0, 1), (-1, 0, 5), (3, 3, 5)],
+                         ids=["no questions", "more discordant than questions", "negative", "b + c > n"])
+def test_the_fast_path_refuses_the_counts_the_gates_test_refuses(b: int, c: int, n: int) -> None:
+    """margin_rejects is what margin_test decides, at the extremes too: n = 0 read as p = 1 (a silent pass) and
+    impossible counts as a certain failure; margin_test refuses them, and so does the fast path now."""
+    with pytest.raises(ValueError):
+        margins.margin_test(margins.PairedCounts(0, b, c, n - b - c), margin_points=FP8_TAX, alpha=ALPHA)
+    with pytest.raises(ValueError, match="impossible counts"):
+        margins.margin_rejects(np.array([0, b]), np.array([0, c]), n, margin_points=FP8_TAX, alpha=ALPHA)
+    with pytest.raises(ValueError, match="impossible counts"):
+        margins.reverse_margin_log_p(b, c, n, 0.06)
+
+
+@pytest.mark.parametrize(("b", "c"), [(0, 0), (1, 0), (0, 1)])
+def test_one_question_the_fast_path_and_the_test_agree(b: int, c: int) -> None:
+    counts = margins.PairedCounts(1 - b - c, b, c, 0)
+    assert margin_test_regressed(counts) == bool(margins.margin_rejects(b, c, 1, margin_points=FP8_TAX, alpha=ALPHA))
+
+
+def test_a_question_model_needs_questions() -> None:
+    with pytest.raises(ValueError, match="at least 1 question"):
+        QuestionModel(n=0)
+    reference, candidate = QuestionModel(n=1).runs(5, rng=np.random.default_rng(0))
+    assert reference.shape == candidate.shape == (5, 1)
+
+
+def test_one_question_is_written_as_lm_eval_writes_it_and_judged_underpowered(tmp_path) -> None:
+    """lm-eval writes the stderr of one sample as "N/A" (the synthetic writer divided by n - 1 = 0); the gate reads
+    it and errors the comparison as underpowered, never a pass. No questions: lm-eval writes no results."""
+    for dtype in ("auto", "fp8"):
+        cell = write_cell(tmp_path / "run", backend="FLASHINFER", kv_cache_dtype=dtype, arch="sm90")
+        folder = write_accuracy(cell, {"strict-match": [True], "flexible-extract": [True]})
+        results = json.loads(next(folder.glob("results_*.json")).read_text())
+        assert next(iter(results["results"].values()))["exact_match_stderr,strict-match"] == "N/A"
+    with pytest.raises(ValueError, match="0 questions"):
+        write_accuracy(cell, {"strict-match": [], "flexible-extract": []})
+    assert main(["gate", str(tmp_path / "run"), "--out", str(tmp_path / "gate"), "--today", "2026-11-30"]) == 1
+    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+    check = next(c for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match")
+    assert check["status"] == "error" and check["detail"].startswith("only 1 paired questions")

@@ -17,14 +17,14 @@ from kvgate.results.parsers import reading
 def test_unreadable_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
     run = synthetic_run.write_seed_run(tmp_path / "run")
     blocked = next(p for p in run.iterdir() if p.is_dir()) / "accuracy"
-    real_rglob = pathlib.Path.rglob
+    real_scandir = os.scandir
 
-    def rglob(self, pattern):  # root reads every folder, so the refusal is simulated where the walk meets it
-        if self == blocked:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real_rglob(self, pattern)
+    def scandir(path):  # root reads every folder, so the refusal is simulated where the walk meets it
+        if pathlib.Path(path) == blocked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_scandir(path)
 
-    monkeypatch.setattr(pathlib.Path, "rglob", rglob)
+    monkeypatch.setattr(os, "scandir", scandir)
     code = main(["gate", str(run), "--out", str(tmp_path / "gate")])
     err = capsys.readouterr().err
     assert code == 1
@@ -34,6 +34,20 @@ def test_unreadable_folder_is_one_error_line(tmp_path, monkeypatch, capsys):
     errored = [c for c in verdict["checks"] if c["status"] == "error" and c["kind"] == "accuracy"]
     assert [c["detail"] for c in errored] == [
         f"accuracy stage unreadable: {blocked}: cannot read: Permission denied. Check the permissions of the run folder"]
+
+
+def test_a_stage_folder_nested_deeper_than_pythons_recursion_limit_is_read(tmp_path, capsys):
+    """A stage folder holding a chain of 1,200 folders (past Python's recursion limit of 1,000) is walked like any
+    other: the run is judged as without them, not stopped by a RecursionError traceback with no report."""
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    deep = _fp8_cell(run) / "accuracy"
+    for _ in range(1200):
+        deep = deep / "d"
+        deep.mkdir()
+    assert _gate_errors(run, tmp_path, capsys) == (0, [])
+    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+    assert [c["status"] for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match"] \
+        == ["pass"]
 
 
 def _fp8_cell(run: pathlib.Path) -> pathlib.Path:

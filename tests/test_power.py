@@ -172,7 +172,34 @@ def test_power_command_simulates_on_request(capsys) -> None:
      "ERROR kvgate power: --target-drop must exceed --margin: a drop within the margin is built to pass, at any n. "
      "See `kvgate power --help`"),
     (["--simulate", "100"], "ERROR kvgate power: --simulate needs --n. See `kvgate power --help`"),
+    (["--margin", "100"], "ERROR kvgate power: --margin must be in [0, 100) points. See `kvgate power --help`"),
+    (["--margin", "-1"], "ERROR kvgate power: --margin must be in [0, 100) points. See `kvgate power --help`"),
 ])
 def test_power_command_bad_arguments(argv: list[str], message: str, capsys) -> None:
     assert main(["power", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [message]
+
+
+@pytest.mark.parametrize("se_log", [1e-300, 1e-17, 1e-14, 1e-12, 1e-10, 1e-9, 0.0])
+@pytest.mark.parametrize("df", [1.0, 6.0, 60.0, math.inf])
+def test_the_throughput_power_at_a_vanishing_standard_error_is_its_limit_not_nan(se_log: float, df: float) -> None:
+    """Repeats that agree to the last digits (a paired run whose rounds all show one ratio: an SE of log 1e-16)
+    gave NaN from scipy's noncentral t: verdict.json's power_at_10_percent null and report.md "catches a 10 %
+    slowdown nan % of the time". The power there is its limit: 1 for a slowdown past the tolerance, 0 within it."""
+    assert power.ratio_test_power(se_log, df, tolerance=0.05, slowdown=0.10, alpha=0.05) == pytest.approx(1.0)
+    assert power.ratio_test_power(se_log, df, tolerance=0.05, slowdown=0.01, alpha=0.05) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_simulation_where_none_or_all_failed_states_a_bound_not_a_zero_standard_error(capsys) -> None:
+    """One question: the test never fails (0 of 20), and at n = 1319 a 9-point drop always does (20 of 20): the
+    standard error of 0 % or 100 % is 0, which `kvgate power` printed as a precision of "± 2.2e-05 %" (its 1e-12
+    floor) from 20 comparisons. It states the exact one-sided 95 % bound of what 20 comparisons can tell instead."""
+    assert main(["power", "--margin", "3", "--target-drop", "9", "--discordance", "0.10", "--n", "1",
+                 "--simulate", "20"]) == 0
+    never = [line for line in capsys.readouterr().out.splitlines() if "simulated (20 comparisons each)" in line]
+    assert never == ["    simulated (20 comparisons each): margin 0 % (0 of 20; 95 % upper bound 13.9 %), 9 pts 0 % "
+                     "(0 of 20; 95 % upper bound 13.9 %)"]
+    assert main(["power", "--margin", "3", "--target-drop", "9", "--discordance", "0.10", "--n", "1319",
+                 "--simulate", "20"]) == 0
+    always = next(line for line in capsys.readouterr().out.splitlines() if "simulated (20 comparisons each)" in line)
+    assert always.endswith("9 pts 100.0 % (20 of 20; 95 % lower bound 86.1 %)")

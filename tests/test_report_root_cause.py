@@ -83,6 +83,32 @@ def test_a_hostile_log_is_read_safely(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- through the gate
 
+def test_a_cells_log_is_read_once_for_the_stages_that_share_it(tmp_path, monkeypatch):
+    """The probe and the passkey task run in the accuracy stage's engine, so a dead engine breaks three stages that
+    name one log, logs/accuracy.log: it was scanned once for each (a runaway log of 64 MiB takes seconds a scan: a
+    2-cell run with 100 MB logs took 37 s). Each stage still names its first error; the log is read once a cell."""
+    from kvgate.cli import main
+    from synthetic_run import write_cell
+
+    run = tmp_path / "run"
+    for dtype in ("auto", "fp8"):
+        cell = write_cell(run, backend="FLASHINFER_MLA", kv_cache_dtype=dtype, arch="sm100")
+        (cell / "status.json").write_text(json.dumps({stage: {"status": "error", "reason": "engine died"}
+                                                      for stage in ("accuracy", "probe", "long_context")}))
+        (cell / "logs").mkdir()
+        (cell / "logs" / "accuracy.log").write_text("INFO start\nRuntimeError: CUDA error: an illegal memory access "
+                                                    "was encountered\n")
+    reads = []
+    real = tool_log.read_first_error
+    monkeypatch.setattr(tool_log, "read_first_error", lambda path: reads.append(path) or real(path))
+    assert main(["gate", str(run), "--out", str(tmp_path / "out"), "--today", "2026-11-30"]) == 1
+    assert sorted(p.parent.parent.name for p in reads) == ["flashinfer_mla-auto-sm100", "flashinfer_mla-fp8-sm100"]
+    checks = json.loads((tmp_path / "out" / "verdict.json").read_text())["checks"]
+    logged = {(c["cell"], c["kind"]): c["log"]["line"] for c in checks if c.get("log")}
+    assert logged == {(f"flashinfer_mla-{dtype}-sm100", stage): 2 for dtype in ("auto", "fp8")
+                      for stage in ("accuracy", "probe")}  # the passkey stage's error is the accuracy check's
+
+
 @pytest.fixture(scope="module")
 def judged(h200_unpacked, h200_matrix, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("h200-gate") / "out"

@@ -33,7 +33,7 @@ from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
 from kvgate.results.records import BASE, HEAD, STAGES, CellResults, LogPointer
-from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run
+from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run, planned_cells
 
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
 HISTORY_PLOTTED_CELLS = 16  # report.html's "History of main" draws this many of a run's cells at most
@@ -90,15 +90,6 @@ def parse_today(value: str | None) -> dt.date:
         return dt.date.fromisoformat(value)
     except ValueError:
         raise InputError("--today", f"bad date '{value}'", hint="Write YYYY-MM-DD, e.g. 2026-11-30") from None
-
-
-def planned_cells(run_info: Mapping[str, Any]) -> list[str]:
-    """The cell ids that the kvgate commands writing into the run planned (run.json: `cells` of every
-    invocation); a hand-made run.json without them plans nothing."""
-    invocations = run_info.get("invocations")
-    listed = [i.get("cells") for i in invocations if isinstance(i, Mapping)] if isinstance(invocations, list) else []
-    listed.append(run_info.get("cells"))
-    return list(dict.fromkeys(c for cells in listed if isinstance(cells, list) for c in cells if isinstance(c, str)))
 
 
 def planned_sides(run_info: Mapping[str, Any], ab: bool) -> list[str]:
@@ -243,11 +234,13 @@ def run(args: argparse.Namespace) -> int:
     known = KnownNames.from_matrix(matrix)
     problems: list[InputError] = []
     results = baseline = None
+    expected_entries = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
+    expected = [entry.cell for entry in expected_entries]
     for which, folder in (("run", args.run_dir), ("baseline", args.baseline)):
         if folder is None:
             continue
-        try:
-            loaded = load_run(folder, known)
+        try:  # a run folder that planned cells (run.json, --expect-cells) and holds none: each of them is missing
+            loaded = load_run(folder, known, cells_expected=which == "run" and bool(expected))
         except (InputError, InputErrors) as error:
             problems.extend(problems_of(error))
             continue
@@ -259,8 +252,6 @@ def run(args: argparse.Namespace) -> int:
             results = loaded
         else:
             baseline = loaded
-    expected_entries = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
-    expected = [entry.cell for entry in expected_entries]
     if problems:
         raise InputErrors(problems)
     assert results is not None

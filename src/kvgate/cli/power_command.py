@@ -71,7 +71,7 @@ def _validate(args: argparse.Namespace, alpha: float, wanted: float, flips: list
     checks = [
         (args.n is None or args.n >= 1, "--n", "must be >= 1"),
         (all(0 < f < 1 for f in flips), "--discordance", "must be a share in (0, 1), e.g. 0.10"),
-        (args.margin is None or 0 <= args.margin < 100, "--margin", "must be >= 0 points"),
+        (args.margin is None or 0 <= args.margin < 100, "--margin", "must be in [0, 100) points"),
         (args.target_drop is None or args.margin is not None, "--target-drop", "needs --margin"),
         (args.target_drop is None or args.margin is None or args.target_drop > args.margin, "--target-drop",
          "must exceed --margin: a drop within the margin is built to pass, at any n"),
@@ -147,7 +147,13 @@ def _simulated(n: int, flips: float, margin: float, target: float, alpha: float,
         p10, p01 = power.paired_probabilities(flips=flips, drop_points=drop)
         counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=runs)
         rate = float(margins.margin_rejects(counts[:, 0], counts[:, 1], n, margin_points=margin, alpha=alpha).mean())
-        parts.append(f"{label} {_percent(rate)} ± {_percent(math.sqrt(max(rate * (1 - rate), 1e-12) / runs))}")
+        failed = round(rate * runs)
+        if 0 < failed < runs:
+            parts.append(f"{label} {_percent(rate)} ± {_percent(math.sqrt(rate * (1 - rate) / runs))}")
+        else:  # none or all: the standard error is 0, no precision; the exact one-sided 95 % bound instead
+            bound = 0.05 ** (1 / runs)
+            parts.append(f"{label} {_percent(rate)} ({failed} of {runs}; 95 % "
+                         + (f"upper bound {_percent(1 - bound)})" if failed == 0 else f"lower bound {_percent(bound)})"))
     return f"simulated ({runs} comparisons each): " + ", ".join(parts)
 
 

@@ -180,7 +180,8 @@ def planned_checks(run: RunResults, base: RunResults | None, planned: Sequence[t
     return [Check(cell=cell, kind="cell", status="missing", reference=side if side != HEAD else None,
                   detail=f"planned{' (' + side + ' side)' if side != HEAD else ''} but no folder of this run holds "
                          f"it: the cell never started, or its results were lost on the way to the gate",
-                  headline="planned, but absent from the run") for cell, side in missing]
+                  headline=f"planned{' (' + side + ' side)' if side != HEAD else ''}, but absent from the run")
+            for cell, side in missing]
 
 
 def refused_checks(refused: Sequence[trusted_module.Refusal], ab: bool) -> list[Check]:

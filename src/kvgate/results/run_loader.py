@@ -6,8 +6,8 @@ outputs is recorded as missing (the gate fails it). A file inside one cell's fol
 a killed job, corrupt, against its schema) is that cell's problem, never the run's: an unreadable stage output makes
 the stage an error (StageResult.unreadable), an unreadable cell.json or status.json the whole cell
 (RunResults.unreadable); the gate judges the other cells as usual. Only what makes the run unusable as a whole (a
-missing run folder, run.json, two folders of one cell, no cells at all) raises InputErrors, every problem collected,
-each naming the file (exit 2).
+missing run folder, run.json, two folders of one cell, no cells at all and none planned) raises InputErrors, every
+problem collected, each naming the file (exit 2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,11 +60,22 @@ class KnownNames:
                    archs=tuple(matrix.archs), features=tuple(getattr(matrix, "features", ())))
 
 
+def planned_cells(run_info: Mapping[str, Any]) -> list[str]:
+    """The cell ids that the kvgate commands writing into the run planned (run.json: `cells` of every
+    invocation); a hand-made run.json without them plans nothing."""
+    invocations = run_info.get("invocations")
+    listed = [i.get("cells") for i in invocations if isinstance(i, Mapping)] if isinstance(invocations, list) else []
+    listed.append(run_info.get("cells"))
+    return list(dict.fromkeys(c for cells in listed if isinstance(cells, list) for c in cells if isinstance(c, str)))
+
+
 def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_METRIC,
-             workers: int | None = None) -> RunResults:
+             workers: int | None = None, cells_expected: bool = False) -> RunResults:
     """All cells of a run folder; raises InputErrors listing every unusable file.
 
-    Large runs are read by `workers` processes (default: one per CPU when the run has many cells)."""
+    A folder without a cell is no run (InputError), unless its run.json plans cells or the caller expects some
+    (`cells_expected`: --expect-cells): then it is a run whose every planned cell is missing, for the gate to fail by
+    name. Large runs are read by `workers` processes (default: one per CPU when the run has many cells)."""
     run_dir = Path(run_dir)
     shown = str(run_dir)
     if not run_dir.exists():
@@ -109,7 +120,7 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
         cells.append(cell)
     if problems:
         raise InputErrors(problems)
-    if not cells and not unreadable:
+    if not cells and not unreadable and not cells_expected and not planned_cells(run_info):
         raise InputError(shown, "no cell folders (none holds a cell.json)",
                          hint="Is this a run folder? Each cell writes <run dir>/<cell id>/cell.json")
     return RunResults(folder=shown, cells=tuple(cells), run_info=run_info, unreadable=tuple(unreadable))
@@ -192,6 +203,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         except InputError as error:
             return _unreadable(folder.name, shown, [error], identity, side)
     stages: dict[str, StageResult] = {}
+    logs: dict[str, tool_log.FirstError | None] = {}  # each log read once: three stages share the accuracy engine's
     for stage in STAGES:
         stage_dir = folder / stage
         status = statuses.get(stage)
@@ -201,7 +213,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
         if status is not None and status.status != "ok":
             data = _tests_of_broken_kernels(stage_dir, shown) if stage == "kernels" else None
             stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data,
-                                        first_error=first_error(folder, stage, status))
+                                        first_error=first_error(folder, stage, status, logs))
             continue
         if not stage_dir.is_dir():
             stages[stage] = StageResult(stage=stage, requested=True, status=status,
@@ -216,7 +228,7 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
             continue
         failing = stage == "kernels" and data is not None and bool(data.problems)
         stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data, missing=missing,
-                                    first_error=first_error(folder, stage, status) if failing else None)
+                                    first_error=first_error(folder, stage, status, logs) if failing else None)
     return CellResults(identity=identity, folder=shown, stages=stages, extra=extra, side=side)
 
 
@@ -224,13 +236,18 @@ LOG_OF_STAGE = {"kernels": "kernels", "accuracy": "accuracy", "throughput": "thr
                 "long_context": "accuracy"}
 
 
-def first_error(folder: Path, stage: str, status: StageStatus | None) -> LogPointer | None:
-    """The first real error of a broken or failed stage: from its log (logs/<stage>.log; the probe runs in the
-    accuracy stage's engine), else from status.json's log_tail; None when neither names one."""
+def first_error(folder: Path, stage: str, status: StageStatus | None,
+                read: dict[str, tool_log.FirstError | None] | None = None) -> LogPointer | None:
+    """The first real error of a broken or failed stage: from its log (logs/<stage>.log; the probe and the passkey
+    task run in the accuracy stage's engine), else from status.json's log_tail; None when neither names one. `read`:
+    the cell's logs read so far (a runaway log of 64 MiB takes seconds to scan: once a cell, not once a stage)."""
     name = f"logs/{LOG_OF_STAGE[stage]}.log"
     log = folder / name  # a regular file of the cell's own: never a link out of the folder (the report quotes it)
-    found = tool_log.read_first_error(log) if log.is_file() and not log.is_symlink() and not (
-        folder / "logs").is_symlink() else None
+    found = None
+    if log.is_file() and not log.is_symlink() and not (folder / "logs").is_symlink():
+        found = read[name] if read is not None and name in read else tool_log.read_first_error(log)
+        if read is not None:
+            read[name] = found
     if found is not None:
         return LogPointer(path=f"{folder.name}/{name}", line=found.line, error=found.text, found_by=found.found_by,
                           frame=found.frame)
@@ -262,8 +279,23 @@ def _read_long_context(stage_dir: Path, shown: str, identity: CellIdentity, metr
     return _read_accuracy(stage_dir, shown, replace(identity, task=LONG_CONTEXT_TASK), metric)
 
 
+def files_under(folder: Path, wanted: Callable[[str], bool]) -> list[Path]:
+    """Everything under `folder`, at any depth, whose name is `wanted`, sorted: what Path.rglob finds (links to
+    folders not followed), walked with a list instead of recursion, so a stage folder nested thousands of folders deep
+    is read like any other, not a RecursionError. A folder that cannot be listed raises its OSError."""
+    found, pending = [], [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if wanted(entry.name):
+                    found.append(Path(entry.path))
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+    return sorted(found)
+
+
 def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: str) -> tuple[Any, str | None]:
-    results_files = sorted(p for p in stage_dir.rglob("results_*.json") if lm_eval.RESULTS_NAME.match(p.name))
+    results_files = files_under(stage_dir, lambda name: bool(lm_eval.RESULTS_NAME.match(name)))
     if not results_files:
         return None, f"no results_*.json under {shown}/"
     if len(results_files) > 1:
@@ -272,7 +304,7 @@ def _read_accuracy(stage_dir: Path, shown: str, identity: CellIdentity, metric: 
                          "Keep the one of this cell's run; the stage folder should hold one lm-eval run")
     source = f"{shown}/{_rel(results_files[0], stage_dir)}"
     result = lm_eval.parse_results(read_text(results_files[0], source), source, task=identity.task, metric=metric)
-    sample_files = sorted(p for p in stage_dir.rglob("samples_*.jsonl") if lm_eval.samples_task(p.name) == identity.task)
+    sample_files = files_under(stage_dir, lambda name: lm_eval.samples_task(name) == identity.task)
     if len(sample_files) > 1:
         listed = ", ".join(_rel(p, stage_dir) for p in sample_files)
         raise InputError(shown, f"{len(sample_files)} sample logs for task {identity.task!r} ({listed})", "the folder",

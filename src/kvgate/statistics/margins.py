@@ -201,14 +201,29 @@ def _saddlepoint_log_tail(s: np.ndarray, n: np.ndarray, p10: np.ndarray, p01: np
     return np.minimum(out, 0.0)
 
 
+def _check_counts(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike) -> None:
+    """What PairedCounts refuses, elementwise: no questions (n = 0 reads as p = 1, a pass), or discordant counts that
+    are negative or more than the questions (a drop no data can show)."""
+    b, c, n = np.broadcast_arrays(np.asarray(b, dtype=float), np.asarray(c, dtype=float), np.asarray(n, dtype=float))
+    bad = ~(n >= 1) | ~(b >= 0) | ~(c >= 0) | ~(b + c <= n)  # NaN counts are bad too
+    if bad.any():
+        i = np.flatnonzero(bad.ravel())[0]
+        raise ValueError(f"impossible counts: {b.ravel()[i]:g} + {c.ravel()[i]:g} discordant of {n.ravel()[i]:g} "
+                         "questions (the test needs n >= 1 and 0 <= b + c <= n)")
+
+
 def margin_log_p(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike, margin: npt.ArrayLike) -> np.ndarray:
-    """log p of H0 "drop <= margin" (margin a fraction, e.g. 0.03), elementwise over counts and margins."""
+    """log p of H0 "drop <= margin" (margin a fraction, e.g. 0.03), elementwise over counts and margins; a
+    ValueError for counts no comparison can have (n < 1, b or c negative, b + c > n)."""
+    _check_counts(b, c, n)
     p10, p01 = restricted_estimates(b, c, n, margin)
     return log_difference_tail(np.asarray(b) - np.asarray(c), n, p10, p01)
 
 
 def reverse_margin_log_p(b: npt.ArrayLike, c: npt.ArrayLike, n: npt.ArrayLike, drop: npt.ArrayLike) -> np.ndarray:
-    """log p of H0 "drop >= `drop`" (what a futility look tests at margin + gap), elementwise."""
+    """log p of H0 "drop >= `drop`" (what a futility look tests at margin + gap), elementwise; counts as
+    margin_log_p checks them."""
+    _check_counts(b, c, n)
     p10, p01 = restricted_estimates(b, c, n, drop)
     return log_difference_tail(np.asarray(c) - np.asarray(b), n, p01, p10)
 

@@ -235,4 +235,7 @@ def ratio_test_power(se_log: float, df: float, *, tolerance: float, slowdown: fl
     ncp = (math.log(1 - slowdown) - math.log(1 - tolerance)) / se_log
     if not math.isfinite(df):
         return distributions.normal_sf(distributions.normal_quantile(1 - alpha) + ncp)
-    return float(special.nctdtr(df, ncp, -distributions.t_quantile(1 - alpha, df)))
+    caught = float(special.nctdtr(df, ncp, -distributions.t_quantile(1 - alpha, df)))
+    if math.isnan(caught):  # scipy's noncentral t gives NaN far out (|ncp| past ~1e9: an SE of ~1e-11, repeats that
+        return float(ncp < 0)  # agree to 11 digits); the power there is its limit, as at se_log = 0
+    return caught

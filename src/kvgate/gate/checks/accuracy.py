@@ -5,6 +5,7 @@ comparison, never a fallback."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -293,6 +294,15 @@ def accuracy_floor_check(cell: CellResults, policy: Policy) -> Any:
         return Check(**base, status="error", detail="cannot test the floor: neither a sample log nor n-samples "
                                                     "says how many questions were scored")
     correct = round(score.mean * n)
+    if not margins.floor_test(0, n, floor=floor, alpha=acc.alpha).log_p_value <= math.log(acc.alpha):
+        # even none right would pass: a test that cannot fail is no evidence, never a PASS (fail closed, as a paired
+        # comparison with too few questions)
+        needed = math.ceil(math.log(acc.alpha) / math.log1p(-floor))
+        return Check(**base, status="error", figures={"accuracy": score.mean, "n": n, "floor": floor},
+                     threshold={"floor": floor, "alpha": acc.alpha},
+                     detail=f"only {n} question(s): the floor {floor:.4f} cannot be tested, even none right would "
+                            f"pass at alpha {acc.alpha:g} (it takes at least {needed})",
+                     headline=f"only {n} question(s): the floor cannot be tested")
     test = margins.floor_test(correct, n, floor=floor, alpha=acc.alpha)
     expected = declared.expected[name]
     figures = {"accuracy": score.mean, "n": n, "correct": correct, "expected": expected, "rtol": declared.rtol,
