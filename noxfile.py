@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,15 +161,23 @@ def tests(session: nox.Session) -> None:
     # The engine-free tests on both cores, then the real-engine tests two files at a time: an engine start spends most
     # of its time on one core (torch.compile), and a file's module-scoped run stays on one worker. The files go out in
     # the order tests/conftest.py collects them (the canaries' ten minutes first), not by their number of tests.
+    # Each phase gets its own fresh --basetemp: pytest's default, /tmp/pytest-of-<user>, is shared with every other
+    # pytest run on the host, and each session deletes old runs' folders there, so one run's leftovers could fail another.
+    scratch = Path(tempfile.mkdtemp(prefix="kvgate-tests-"))
     for name, marker, extra in (("engine-free tests", "not engine", ["-n", "2"]),
                                 ("real-engine tests", "engine", ["-n", "2", "--dist", "loadfile",
                                                                  "--no-loadscope-reorder"])):
         began = time.monotonic()
         try:
-            session.run(python, "-m", "pytest", "tests", "-m", marker, *extra, external=True)
+            session.run(python, "-m", "pytest", "tests", "-m", marker, *extra,
+                        f"--basetemp={scratch / marker.replace(' ', '-')}", external=True)
+        except BaseException:
+            session.log(f"the tests' temporary folders are kept for a look: {scratch}")
+            raise
         finally:
             phases.append((name, time.monotonic() - began))
             session.log("time per phase: " + "; ".join(f"{n} {s / 60:.1f} min" for n, s in phases))
+    shutil.rmtree(scratch)  # all passed; a tree left that this Python cannot delete fails this run, not a later one
 
 
 @nox.session

@@ -40,14 +40,25 @@ def test_a_stage_folder_nested_deeper_than_pythons_recursion_limit_is_read(tmp_p
     """A stage folder holding a chain of 1,200 folders (past Python's recursion limit of 1,000) is walked like any
     other: the run is judged as without them, not stopped by a RecursionError traceback with no report."""
     run = synthetic_run.write_seed_run(tmp_path / "run")
-    deep = _fp8_cell(run) / "accuracy"
+    top = deep = _fp8_cell(run) / "accuracy"
     for _ in range(1200):
         deep = deep / "d"
         deep.mkdir()
-    assert _gate_errors(run, tmp_path, capsys) == (0, [])
-    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
-    assert [c["status"] for c in verdict["checks"] if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match"] \
-        == ["pass"]
+    try:
+        assert _gate_errors(run, tmp_path, capsys) == (0, [])
+        verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+        assert [c["status"] for c in verdict["checks"]
+                if c["kind"] == "fp8_accuracy" and c["subject"] == "strict-match"] == ["pass"]
+    finally:
+        _remove_chain(deep, top)
+
+
+def _remove_chain(deepest: pathlib.Path, top: pathlib.Path) -> None:
+    """Python 3.11's shutil.rmtree recurses once per level, so pytest's later clean-up of this tmp_path would stop at
+    a RecursionError (and fail the next pytest session that reaches it): the chain goes bottom-up here."""
+    while deepest != top:
+        deepest.rmdir()
+        deepest = deepest.parent
 
 
 def _fp8_cell(run: pathlib.Path) -> pathlib.Path:
