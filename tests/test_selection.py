@@ -337,6 +337,40 @@ def test_a_backend_whose_module_the_tree_lacks_owns_no_package(tmp_path, matrix)
     assert [c.id for c in selection.cells] == [c.id for c in cpu] and selection.paths[0].verdict == "loaded"
 
 
+@pytest.mark.parametrize("registry", ["attention", "model"])
+def test_a_registry_nested_past_pythons_parser_is_read_as_naming_nothing(tmp_path, matrix, registry):
+    """A registry whose source Python's parser gives up on (a sum of 200,000 terms: RecursionError in ast.parse) names
+    no backend or model, as a syntax error does: its cells count as touched by any module change (fail closed), never
+    a traceback of the plan job."""
+    files = {
+        "vllm/__init__.py": "", "vllm/model_executor/__init__.py": "", "vllm/model_executor/models/__init__.py": "",
+        "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.v1.attention.backends.utils\n",
+        "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
+        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
+                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
+                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n",
+        "vllm/model_executor/models/registry.py": "_MODELS = {'LlamaForCausalLM': ('llama', 'LlamaForCausalLM')}\n",
+        "vllm/model_executor/models/llama.py": "",
+        "vllm/v1/attention/backends/cpu_attn.py": "", "vllm/v1/attention/backends/cpu_mla.py": "",
+        "vllm/v1/attention/backends/utils.py": "",
+    }
+    hostile = ("vllm/v1/attention/backends/registry.py" if registry == "attention"
+               else "vllm/model_executor/models/registry.py")
+    files[hostile] += "DEPTH = " + "+".join(["1"] * 200_000) + "\n"
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    changed, base, head = code_sides.from_folder(tmp_path, ["vllm/v1/attention/backends/cpu_attn.py"], matrix)
+    assert (head.backend_modules == {}) == (registry == "attention")
+    assert (head.model_modules == {}) == (registry == "model")
+    cpu = [c for c in matrix.cells if c.backend in ("CPU_ATTN", "CPU_MLA")]
+    selection = select(matrix, changed, cpu, base=base, head=head)
+    if registry == "attention":  # no backend owns cpu_attn.py: every CPU cell, not only CPU_ATTN's
+        assert [c.id for c in selection.cells] == [c.id for c in cpu]
+    else:
+        assert {c.backend for c in selection.cells} == {"CPU_ATTN"}
+
+
 @needs_vllm
 @pytest.mark.parametrize("path", ["vllm/v1/attention/backends/registry.py", "vllm/v1/attention/backends/fa_utils.py",
                                   "vllm/v1/attention/backends/mla/prefill/selector.py"])

@@ -76,7 +76,7 @@ def attention_registry(text: str) -> dict[str, str]:
     """NAME -> "vllm.a.b.Class" of the AttentionBackendEnum class in the registry's source (pure)."""
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past the parser's limits: names nothing
         return {}
     found = {}
     for node in ast.walk(tree):
@@ -94,7 +94,7 @@ def model_registry(text: str) -> dict[str, str]:
     relative module name is under vllm.model_executor.models, a dotted one taken as it is (vLLM's own rule)."""
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past the parser's limits: names nothing
         return {}
     found = {}
     for node in ast.walk(tree):
