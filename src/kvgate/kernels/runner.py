@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
@@ -104,13 +105,19 @@ def skipped_junit(cell_id: str, reason: str) -> str:
             '</testcase></testsuite></testsuites>\n')
 
 
-def pytest_argv(cell_id: str, out_dir: Path, *, workers: int, python: str, extra: Sequence[str]) -> list[str]:
+def pytest_argv(cell_id: str, out_dir: Path, *, workers: int, python: str, extra: Sequence[str],
+                basetemp: Path | None = None) -> list[str]:
+    """`basetemp`: pytest's temporary folder of this run's own (its default, /tmp/pytest-of-<user>, is shared with
+    every pytest run on the host, and the xdist controller deletes old runs' folders there as it ends; a tree left
+    there that Python cannot delete turned a cell's passing tests into pytest's exit 1). `extra` comes last and wins."""
     argv = [python, "-m", "pytest", str(TESTS_DIR), "--kvgate-cell", cell_id,
             "--junitxml", str(out_dir / "junit.xml"), "-o", "junit_family=xunit1",
             "--kvgate-timings-dir", str(out_dir / ".timings"), "-p", "no:cacheprovider",
             # pytest-benchmark (in the CUDA images) warns when xdist is active, and kvgate's warnings-as-errors
             # turns that into an INTERNALERROR before any test runs; kvgate's speed tests do not use it.
             "-p", "no:benchmark", "-q", "-rs"]
+    if basetemp is not None:
+        argv += ["--basetemp", str(basetemp)]
     if workers > 0:
         argv += ["-n", str(workers)]
     return [*argv, *extra]
@@ -137,8 +144,10 @@ def run_cell(cell: Cell, run_dir: Path, *, local_arch: str, workers: int = 0, py
 
     started = time.monotonic()
     log = cell_folder.log_path(cell_dir, STAGE)
-    with cell_folder.stage_output(cell_dir, STAGE) as out:
-        argv = pytest_argv(cell.id, out, workers=workers, python=python, extra=pytest_args)
+    with cell_folder.stage_output(cell_dir, STAGE) as out, \
+            tempfile.TemporaryDirectory(prefix="kvgate-kernels-", ignore_cleanup_errors=True) as scratch:
+        argv = pytest_argv(cell.id, out, workers=workers, python=python, extra=pytest_args,
+                           basetemp=Path(scratch) / "pytest")
         env = dict(os.environ if env is None else env)
         src = str(REPO_ROOT / "src")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
