@@ -77,8 +77,38 @@ def test_a_hostile_log_is_read_safely(tmp_path):
     big = tmp_path / "big.log"
     with open(big, "wb") as handle:
         handle.write(b"z" * (tool_log.MAX_BYTES + 10) + b"\nRuntimeError: CUDA error: past the cap\n")
-    assert tool_log.read_first_error(big) is None  # only the first MAX_BYTES are read
+    found = tool_log.read_first_error(big)  # past the head: the log's end is scanned, numbered as in the whole log
+    assert (found.line, found.text) == (2, "RuntimeError: CUDA error: past the cap")
     assert tool_log.read_first_error(tmp_path / "absent.log") is None
+
+
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_a_runaway_log_names_the_error_at_its_end_with_its_line_number(tmp_path, monkeypatch, ending):
+    """An engine that flooded its log (progress lines past the scanned head) and then died: its error is in the last
+    TAIL_BYTES, and the line number is the one an editor shows. An error only between head and tail is not scanned;
+    a log past MAX_COUNTED_BYTES keeps to its head (counting its lines would stall the gate)."""
+    monkeypatch.setattr(tool_log, "MAX_BYTES", 1000)
+    monkeypatch.setattr(tool_log, "TAIL_BYTES", 300)
+    monkeypatch.setattr(tool_log, "COUNT_CHUNK", 64)
+    monkeypatch.setattr(tool_log, "MAX_COUNTED_BYTES", 100_000)
+    progress = [f"Processed prompts: {i} it/s".encode() for i in range(2000)]
+    lines = [*progress, b"Traceback (most recent call last):", b'  File "gpu_model_runner.py", line 9, in execute',
+             b"RuntimeError: CUDA error: an illegal memory access was encountered"]
+    log = tmp_path / "throughput.log"
+    log.write_bytes(b"\n".join(lines) + ending)
+    found = tool_log.read_first_error(log)
+    assert (found.line, found.text, found.found_by) == (
+        len(lines), "RuntimeError: CUDA error: an illegal memory access was encountered", "vllm: CUDA error")
+    assert log.read_bytes().split(b"\n")[found.line - 1] == lines[-1]
+
+    middle = [*progress[:1000], b"RuntimeError: CUDA error: in the middle", *progress[1000:]]
+    log.write_bytes(b"\n".join(middle) + ending)
+    assert tool_log.read_first_error(log) is None  # neither in the head nor in the tail
+    log.write_bytes(b"\n".join([*progress[:10], lines[-1], *progress]) + ending)
+    assert tool_log.read_first_error(log).line == 11  # the head's error comes first
+    monkeypatch.setattr(tool_log, "MAX_COUNTED_BYTES", 10_000)
+    log.write_bytes(b"\n".join(lines) + ending)
+    assert tool_log.read_first_error(log) is None
 
 
 # ---------------------------------------------------------------------------------------------- through the gate

@@ -12,17 +12,23 @@ failed lm-eval run ends in lm-eval's own wrapper. So the last line says little. 
 
 Each answer is the line's number (1-based) and its text without the process and logger prefix
 (`(EngineCore pid=3081) ERROR 12-01 05:27:40 [core.py:1330] `). Pure: text in, answer out; `read_first_error` is the
-one reader, and it reads at most MAX_BYTES of a log (a hostile or runaway log cannot stall the gate).
+one reader, and it scans at most MAX_BYTES of a log's head and TAIL_BYTES of its end (a hostile or runaway log
+cannot stall the gate; an engine that flooded its log and then died is still named).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_BYTES = 64 * 1024 * 1024  # of a log read for its first error (a runaway log: the rest is not read)
+MAX_BYTES = 64 * 1024 * 1024  # of a log's head scanned for its first error
+TAIL_BYTES = 1024 * 1024  # of its end, scanned when the head names none (a runaway log whose engine died at the end)
+MAX_COUNTED_BYTES = 1024 * 1024 * 1024  # a log past this: its end is not scanned (its lines are counted to number it)
+COUNT_CHUNK = 8 * 1024 * 1024
 MAX_TEXT = 300  # characters of the error shown
 
 # Engine process and logger prefixes vLLM writes before a line: `(EngineCore pid=3081) `, `(EngineCore_DP0 pid=12)`,
@@ -135,14 +141,34 @@ def _numbered(lines: Iterable[str]) -> Iterable[tuple[int, str]]:
 
 
 def read_first_error(path: Path) -> FirstError | None:
-    """The first real error of the log at `path` (its first MAX_BYTES), None when it names none or cannot be read
-    (a log is evidence for people, never a reason the gate could not judge)."""
+    """The first real error of the log at `path`: in its first MAX_BYTES, else (a longer log, up to MAX_COUNTED_BYTES)
+    in its last TAIL_BYTES from a line's start, numbered as in the whole log; what lies between is not scanned. None
+    when it names none or cannot be read (a log is evidence for people, never a reason the gate could not judge)."""
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_BYTES)
+            head = handle.read(MAX_BYTES)
+            found = first_error(head.decode("utf-8", "replace").split("\n"))
+            size = os.fstat(handle.fileno()).st_size
+            if found is not None or len(head) < MAX_BYTES or size <= MAX_BYTES or size > MAX_COUNTED_BYTES:
+                return found
+            lines_before, last_byte = head.count(b"\n"), head[-1:]
+            for_counting = max(0, size - TAIL_BYTES - MAX_BYTES)
+            while for_counting > 0:
+                chunk = handle.read(min(COUNT_CHUNK, for_counting))
+                if not chunk:
+                    return None
+                lines_before, last_byte, for_counting = (lines_before + chunk.count(b"\n"), chunk[-1:],
+                                                         for_counting - len(chunk))
+            tail = handle.read(TAIL_BYTES)
     except OSError:
         return None
-    return first_error(data.decode("utf-8", "replace").split("\n"))
+    if last_byte != b"\n":  # the tail starts inside a line: from the next one
+        cut = tail.find(b"\n")
+        if cut < 0:
+            return None
+        tail, lines_before = tail[cut + 1:], lines_before + 1
+    found = first_error(tail.decode("utf-8", "replace").split("\n"))
+    return None if found is None else dataclasses.replace(found, line=found.line + lines_before)
 
 
 def _shown(text: str) -> str:
