@@ -78,9 +78,9 @@ def test_seed_run_passes(tmp_path, capsys):  # the baseline of the hostile cases
 @pytest.mark.parametrize(("make", "what"), [
     (lambda path: path.symlink_to("/nonexistent/status.json"), "cannot read: No such file or directory"),
     (lambda path: path.symlink_to(path.name), "cannot read: Too many levels of symbolic links"),
-    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, device or socket). "
+    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, socket or device). "
                                                 "Write the file itself at this name"),
-    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, device or socket). Write the file itself at this name"),
+    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, socket or device). Write the file itself at this name"),
     (lambda path: path.mkdir(), "not a regular file (a folder). Write the file itself at this name"),
 ], ids=["dangling", "loop", "dev-zero", "fifo", "folder"])
 def test_status_json_that_cannot_be_read_errors_the_cell(tmp_path, capsys, make, what):

@@ -259,8 +259,8 @@ def test_a_missing_probe_file_says_so(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("make", "what"), [
     (lambda path: path.symlink_to("/nonexistent/probe.json"), "cannot read: No such file or directory"),
-    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, device or socket). Write the file itself at this name"),
-    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, device or socket). "
+    (lambda path: os.mkfifo(path), "not a regular file (a FIFO, socket or device). Write the file itself at this name"),
+    (lambda path: path.symlink_to("/dev/zero"), "not a regular file (a FIFO, socket or device). "
                                                 "Write the file itself at this name"),
 ], ids=["dangling", "fifo", "dev-zero"])
 def test_a_probe_file_that_is_no_regular_file_is_refused_unopened(tmp_path: Path, make, what) -> None:

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from kvgate.change.compiled_match import SHOWN_LIMIT, compiled_parts_match, rele
 from kvgate.change.compiled_match import git as _git
 from kvgate.change.patch import FilePatch, apply_file_patch, changed_paths, classify, parse_patch
 from kvgate.change.spec import VllmSpec
+from kvgate.results import regular_files
 
 MARKER = "kvgate-overlay.json"
 OVERLAYS_ENV = "KVGATE_OVERLAY_DIR"
@@ -385,17 +385,15 @@ def _read_bytes(path: Path, source: str) -> bytes:
     """A changed file of a source: checkout, through links as Python would import it; a FIFO or device behind a link
     (reading it would block, or never end) or a file past MAX_SOURCE_FILE_BYTES is one error naming it."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise InputError(source, f"{path} is not a regular file (a FIFO, socket or device behind a link)",
-                             hint="Remove it from the checkout, or commit the file itself")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_SOURCE_FILE_BYTES + 1)
+        return regular_files.read_bytes(path, MAX_SOURCE_FILE_BYTES)
+    except regular_files.NotRegularFile as error:
+        raise InputError(source, f"{path} is not a regular file ({error.kind} behind a link)",
+                         hint="Remove it from the checkout, or commit the file itself") from None
+    except regular_files.FileTooLarge:
+        raise InputError(source, f"{path} is more than {MAX_SOURCE_FILE_BYTES} bytes",
+                         hint="Pass the change as a wheel") from None
     except OSError as error:
         raise InputError(source, f"cannot read {path.name}: {error.strerror or error}") from None
-    if len(data) > MAX_SOURCE_FILE_BYTES:
-        raise InputError(source, f"{path} is more than {MAX_SOURCE_FILE_BYTES} bytes", hint="Pass the change as a wheel")
-    return data
 
 
 # ---------------------------------------------------------------------------------------------- wheel

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kvgate import InputError
 from kvgate.change.import_graph import PACKAGE
+from kvgate.results import regular_files
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # one .py file; vLLM's largest is well under 1 MiB
 MAX_SOURCE_FILES = 100_000  # vLLM has a few thousand
@@ -71,21 +72,20 @@ def _read_source(path: Path, name: str, info: os.stat_result, root: Path) -> str
     """One .py file's text; a FIFO or device (reading it would block or never end), a file past MAX_SOURCE_BYTES or
     one that cannot be read is one error naming it."""
     where = f"the vLLM tree {root}"
-    if not stat.S_ISREG(info.st_mode):
-        raise InputError(name, f"is not a regular file (a FIFO, socket or device) in {where}",
-                         hint="Remove it, or pass a clean vLLM checkout")
-    if info.st_size > MAX_SOURCE_BYTES:
+    if regular_files.kind(info) is None and info.st_size > MAX_SOURCE_BYTES:
         raise InputError(name, f"is {info.st_size} bytes, more than the {MAX_SOURCE_BYTES} kvgate reads from one source "
                                f"file, in {where}", hint="Pass a clean vLLM checkout")
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_SOURCE_BYTES + 1)
+        data = regular_files.read_bytes(path, MAX_SOURCE_BYTES, info=info)
+    except regular_files.NotRegularFile as error:
+        raise InputError(name, f"is not a regular file ({error.kind}) in {where}",
+                         hint="Remove it, or pass a clean vLLM checkout") from None
+    except regular_files.FileTooLarge:
+        raise InputError(name, f"is more than the {MAX_SOURCE_BYTES} bytes kvgate reads from one source file, in {where}",
+                         hint="Pass a clean vLLM checkout") from None
     except OSError as error:
         raise InputError(name, f"cannot read this file of {where} ({error.strerror})",
                          hint="Pass a vLLM tree kvgate can read") from None
-    if len(data) > MAX_SOURCE_BYTES:
-        raise InputError(name, f"is more than the {MAX_SOURCE_BYTES} bytes kvgate reads from one source file, in {where}",
-                         hint="Pass a clean vLLM checkout")
     return data.decode("utf-8", "replace")
 
 

@@ -6,12 +6,12 @@ import functools
 import json
 import math
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
+from kvgate.results import regular_files
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # of a contract file (a probe file or a sample log is a few MB; more is hostile)
 
@@ -29,18 +29,14 @@ def read_bytes(path: Path, source: str | None = None, *, max_bytes: int | None =
     source = source or str(path)
     max_bytes = MAX_FILE_BYTES if max_bytes is None else max_bytes
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            what = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO, device or socket"
-            raise InputError(source, f"not a regular file ({what})", hint="Write the file itself at this name")
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+        return regular_files.read_bytes(path, max_bytes)
+    except regular_files.NotRegularFile as error:
+        raise InputError(source, f"not a regular file ({error.kind})", hint="Write the file itself at this name") from None
+    except regular_files.FileTooLarge:
+        raise InputError(source, f"larger than {_size(max_bytes)}, the most a contract file is read",
+                         hint="Is this the file the tool wrote?") from None
     except OSError as error:
         raise InputError(source, f"cannot read: {error.strerror or error}") from None
-    if len(data) > max_bytes:
-        raise InputError(source, f"larger than {_size(max_bytes)}, the most a contract file is read",
-                         hint="Is this the file the tool wrote?")
-    return data
 
 
 def _size(count: int) -> str:
