@@ -113,6 +113,23 @@ def test_stage_file_link_that_leads_nowhere_errors_the_stage(tmp_path, capsys, n
     assert (code, errors) == (1, [f"ERROR {path}: cannot read: No such file or directory"])
 
 
+@pytest.mark.parametrize("target", ["/nonexistent/cell", "self"], ids=["dangling", "loop"])
+def test_a_cell_folder_that_is_a_link_to_nothing_is_that_cells_error(tmp_path, capsys, target):
+    """A planned cell's folder replaced by a link that leads nowhere: the cell fails as unreadable, and the line says
+    why (it read as a cell that never ran, which failed closed but sent people looking for a run that did not fail)."""
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    folder = _fp8_cell(run)
+    moved = folder.rename(tmp_path / "elsewhere")
+    folder.symlink_to(folder.name if target == "self" else target)
+    code, errors = _gate_errors(run, tmp_path, capsys)
+    why = "Too many levels of symbolic links" if target == "self" else "No such file or directory"
+    assert (code, errors) == (1, [f"ERROR {folder}: a link that leads nowhere ({why}), not a cell folder. Put the "
+                                  "cell's folder itself at this name"])
+    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+    assert any(c["status"] == "error" and c["cell"] == folder.name for c in verdict["checks"])
+    assert moved.is_dir()
+
+
 def test_contract_file_past_the_cap_errors_the_cell(tmp_path, capsys, monkeypatch):
     run = synthetic_run.write_seed_run(tmp_path / "run")
     status = _fp8_cell(run) / "status.json"

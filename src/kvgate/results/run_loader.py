@@ -93,6 +93,9 @@ def load_run(run_dir: Path, known: KnownNames, *, metric: str = lm_eval.DEFAULT_
     unreadable: list[UnreadableCell] = []
     seen: dict[tuple[CellIdentity, str], str] = {}
     jobs = []
+    for entry in sorted(p for p in run_dir.iterdir() if not p.name.startswith(".") and p.name != GATE_FOLDER):
+        if entry.is_symlink() and not entry.exists():  # a cell's folder swapped for a link to nothing, or a loop
+            unreadable.append(_unreadable(entry.name, f"{shown}/{entry.name}", [_link_to_nothing(entry)]))
     for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         cell_shown = f"{shown}/{folder.name}"
         if not present(folder / "cell.json"):
@@ -183,6 +186,16 @@ def _unreadable(name: str, shown: str, problems: list[InputError], identity: Cel
     return UnreadableCell(folder=shown, cell=identity.id if identity else folder_cell,
                           side=side or (folder_side if folder_side in SIDES else HEAD),
                           problems=tuple(str(problem) for problem in problems))
+
+
+def _link_to_nothing(link: Path) -> InputError:
+    try:
+        os.stat(link)
+        why = "it leads nowhere"
+    except OSError as error:
+        why = error.strerror or str(error)
+    return InputError(str(link), f"a link that leads nowhere ({why}), not a cell folder",
+                      hint="Put the cell's folder itself at this name")
 
 
 def _os_problem(error: OSError, shown: str) -> InputError:
