@@ -44,8 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the results folder (docs/results-folder.md)")
     parser.add_argument("--baseline", type=Path, metavar="DIR", help="a results folder to compare every cell with")
     parser.add_argument("--out", type=Path, metavar="DIR", help=f"where the outputs go (default RUN_DIR/{GATE_FOLDER}/)")
-    parser.add_argument("--require", default="", metavar="STAGES",
-                        help=f"comma-separated stages every cell must have run ({', '.join(REQUIRABLE_STAGES)}, or all)")
+    parser.add_argument("--require", action="append", default=[], metavar="STAGES",
+                        help=f"comma-separated stages every cell must have run ({', '.join(REQUIRABLE_STAGES)}, or all); "
+                             "repeatable, each adds its stages")
     parser.add_argument("--policy", type=Path, metavar="FILE",
                         help="thresholds (default: policy.toml of the matrix folder, --matrix-dir or matrix/)")
     parser.add_argument("--matrix-dir", type=Path, metavar="DIR", help="default: the repository's matrix/")
@@ -74,7 +75,7 @@ REQUIRABLE_STAGES = tuple(stage for stage in STAGES if stage != "long_context")
 
 def parse_require(value: str) -> tuple[str, ...]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    if names == ["all"]:
+    if "all" in names:
         return REQUIRABLE_STAGES
     unknown = [n for n in names if n not in REQUIRABLE_STAGES]
     if unknown:
@@ -226,7 +227,7 @@ def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[Cel
 
 
 def run(args: argparse.Namespace) -> int:
-    require = parse_require(args.require)
+    require = parse_require(",".join(args.require))  # every --require given, never only the last one
     today = parse_today(args.today)
     matrix = matrix_module.load(args.matrix_dir)
     policy = policy_module.load(args.policy or (args.matrix_dir / policy_module.POLICY_FILE if args.matrix_dir
