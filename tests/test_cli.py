@@ -99,3 +99,14 @@ def test_a_policy_that_is_a_fifo_or_a_device_is_refused_unread(tmp_path):
     done = kvgate_process("power", "--policy", "/dev/zero", timeout=20)
     assert (done.returncode, done.stderr) == (2, "ERROR /dev/zero: not a regular file (a FIFO, socket or device). "
                                                  "Name the TOML file itself\n")
+
+
+def test_expected_cells_that_are_a_fifo_or_a_device_are_refused_unread(tmp_path):
+    """`gate --expect-cells FIFO` blocked the gate for ever and /dev/zero was read without end; now one line, exit 2."""
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    for given, kind in ((fifo, "a FIFO, socket or device"), ("/dev/zero", "a FIFO, socket or device")):
+        done = kvgate_process("gate", str(tmp_path / "run"), "--expect-cells", str(given), timeout=20)
+        assert (done.returncode, done.stderr) == (2, f"ERROR {given}: not a regular file ({kind}), given as "
+                                                     "--expect-cells. Pass the plan's matrix JSON or a list of cell "
+                                                     "ids, saved to a file\n")

@@ -31,6 +31,7 @@ from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.toml_reading import shown_path
 from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
+from kvgate.results import regular_files
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
 from kvgate.results.records import BASE, HEAD, STAGES, CellResults, LogPointer
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run, planned_cells
@@ -38,6 +39,7 @@ from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, lo
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
 HISTORY_PLOTTED_CELLS = 16  # report.html's "History of main" draws this many of a run's cells at most
 HISTORY_PLOTTED_RUNS = 30  # and the newest this many runs of each series
+MAX_GIVEN_FILE_BYTES = 64 * 1024 * 1024  # --expect-cells, --log-url @FILE: a plan of every cell is a few hundred kB
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +117,7 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     job's entries; stages and not_planned optional) or one cell id per line."""
     shown = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_given_file(path, "--expect-cells", "Pass the plan's matrix JSON or a list of cell ids, saved to a file")
     except FileNotFoundError:
         raise InputError(shown, "no such file", hint="Pass the plan's matrix JSON or a list of cell ids") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -146,6 +148,19 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     if bad:
         raise InputError(shown, f"'{bad[0][:60]}' is not a cell id", hint="Write one id per line, e.g. flashmla-fp8-sm90")
     return [ExpectedCell(cell=cell) for cell in cells]
+
+
+def read_given_file(path: Path, flag: str, hint: str) -> str:
+    """The text of a file named by a flag: a regular file of at most MAX_GIVEN_FILE_BYTES (a FIFO would block the
+    gate, /dev/zero never ends: InputError); OSError or UnicodeDecodeError for the caller to word."""
+    try:
+        data = regular_files.read_bytes(path, MAX_GIVEN_FILE_BYTES)
+    except regular_files.NotRegularFile as error:
+        raise InputError(str(path), f"not a regular file ({error.kind}), given as {flag}", hint=hint) from None
+    except regular_files.FileTooLarge:
+        raise InputError(str(path), f"larger than {MAX_GIVEN_FILE_BYTES // (1024 * 1024)} MiB, given as {flag}",
+                         hint=hint) from None
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text read it
 
 
 def read_log_url(value: str | None) -> dict[str, str]:
