@@ -110,3 +110,18 @@ def test_expected_cells_that_are_a_fifo_or_a_device_are_refused_unread(tmp_path)
         assert (done.returncode, done.stderr) == (2, f"ERROR {given}: not a regular file ({kind}), given as "
                                                      "--expect-cells. Pass the plan's matrix JSON or a list of cell "
                                                      "ids, saved to a file\n")
+
+
+def test_a_log_url_file_that_is_a_fifo_or_a_device_is_refused_unread(tmp_path):
+    """`gate --log-url @FIFO` blocked the gate for ever and @/dev/zero was read without end; now one line, exit 2."""
+    from synthetic_run import write_seed_run
+
+    run = write_seed_run(tmp_path / "run")
+    fifo = tmp_path / "log-urls.json"
+    os.mkfifo(fifo)
+    for given in (fifo, "/dev/zero"):
+        done = kvgate_process("gate", str(run), "--today", "2026-11-30", "--log-url", f"@{given}", timeout=30)
+        assert "Traceback" not in done.stderr
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (
+            2, f"ERROR {given}: not a regular file (a FIFO, socket or device), given as --log-url @FILE. Pass "
+               "--log-url @FILE of a JSON object of cell id -> template")

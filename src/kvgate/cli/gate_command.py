@@ -171,7 +171,8 @@ def read_log_url(value: str | None) -> dict[str, str]:
         return {"*": value}
     path = Path(value[1:])
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_given_file(path, "--log-url @FILE", "Pass --log-url @FILE of a JSON object of cell id "
+                                          "-> template"))
     except OSError as error:
         raise InputError(str(path), f"cannot read: {error.strerror or error}", hint="Pass --log-url @FILE of a JSON "
                          "object of cell id -> template") from None
