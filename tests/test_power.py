@@ -174,6 +174,16 @@ def test_power_command_simulates_on_request(capsys) -> None:
     (["--simulate", "100"], "ERROR kvgate power: --simulate needs --n. See `kvgate power --help`"),
     (["--margin", "100"], "ERROR kvgate power: --margin must be in [0, 100) points. See `kvgate power --help`"),
     (["--margin", "-1"], "ERROR kvgate power: --margin must be in [0, 100) points. See `kvgate power --help`"),
+    # a drop that with the flips breaks more answers than there are questions: was a ValueError traceback
+    (["--margin", "5", "--target-drop", "inf"],
+     "ERROR kvgate power: --target-drop: a drop of inf points on top of 5 % noise flips breaks more answers than "
+     "there are questions. Lower --discordance or the drop to catch (--margin, --target-drop)"),
+    (["--discordance", "0.99"],
+     "ERROR kvgate power: --discordance: a drop of 6 points on top of 99 % noise flips breaks more answers than "
+     "there are questions. Lower --discordance or the drop to catch (--margin, --target-drop)"),
+    (["--discordance", "0.05", "--margin", "80", "--target-drop", "90"],  # the sequential plan's design_flips
+     "ERROR kvgate power: --target-drop: a drop of 90 points on top of 15 % noise flips breaks more answers than "
+     "there are questions. Lower --discordance or the drop to catch (--margin, --target-drop)"),
 ])
 def test_power_command_bad_arguments(argv: list[str], message: str, capsys) -> None:
     assert main(["power", *argv]) == 2

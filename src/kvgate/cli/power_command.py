@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         checks = [("fp8_accuracy (FP8 vs auto)", acc.fp8_tax_points, acc.fp8_tax_points + acc.gap_points),
                   ("baseline_accuracy", acc.baseline_margin_points, acc.baseline_margin_points + acc.gap_points)]
+    _validate_checks(args, checks, [*flips, acc.design_flips])  # the sequential plan is sized at design_flips
     print(f"kvgate power: paired gsm8k margin test, H0 \"drop <= margin\", alpha {alpha:g} per check, power "
           f"{wanted:g} at the drop to catch.")
     print("Noise flips: the share of questions two runs of unchanged code disagree on, half each way; a regression "
@@ -86,6 +87,19 @@ def _validate(args: argparse.Namespace, alpha: float, wanted: float, flips: list
     for ok, flag, what in checks:
         if not ok:
             raise InputError(source, f"{flag} {what}", hint="See `kvgate power --help`")
+
+
+def _validate_checks(args: argparse.Namespace, checks: list[tuple[str, float, float]], flips: list[float]) -> None:
+    """Each drop to catch on top of each share of noise flips must fit in the questions: a regression of `target`
+    points breaks right answers besides the flips, so flips + target / 100 above 1 is no question model at all."""
+    for _, _, target in checks:
+        for f in flips:
+            if not f + target / 100 <= 1:
+                flag = "--target-drop" if args.target_drop is not None else "--margin" if args.margin is not None \
+                    else "--discordance"
+                raise InputError("kvgate power", f"{flag}: a drop of {target:g} points on top of {100 * f:g} % noise "
+                                 "flips breaks more answers than there are questions",
+                                 hint="Lower --discordance or the drop to catch (--margin, --target-drop)")
 
 
 def _questions_table(checks: list[tuple[str, float, float]], flips: list[float], alpha: float, wanted: float) -> str:
