@@ -77,3 +77,51 @@ def test_a_reader_that_goes_away_ends_kvgate_quietly():
         process.stdout.close()  # the reader is gone before the table is written
         stderr = process.stderr.read().decode()
         assert (process.wait(timeout=120), stderr) == (141, "")
+
+
+def kvgate_process(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """kvgate in a process of its own, so that a hang is a failed test, not a hung suite."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    try:
+        return subprocess.run([sys.executable, "-m", "kvgate", *argv], env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"kvgate {' '.join(argv)} hung (killed after {timeout:g} s)") from None
+
+
+def test_a_policy_that_is_a_fifo_or_a_device_is_refused_unread(tmp_path):
+    """--policy naming a FIFO blocked kvgate for ever, and /dev/zero read without end; now one line, exit 2."""
+    fifo = tmp_path / "policy.toml"
+    os.mkfifo(fifo)
+    done = kvgate_process("power", "--policy", str(fifo), timeout=20)
+    assert (done.returncode, done.stderr) == (2, f"ERROR {fifo}: not a regular file (a FIFO, socket or device). "
+                                                 "Name the TOML file itself\n")
+    done = kvgate_process("power", "--policy", "/dev/zero", timeout=20)
+    assert (done.returncode, done.stderr) == (2, "ERROR /dev/zero: not a regular file (a FIFO, socket or device). "
+                                                 "Name the TOML file itself\n")
+
+
+def test_expected_cells_that_are_a_fifo_or_a_device_are_refused_unread(tmp_path):
+    """`gate --expect-cells FIFO` blocked the gate for ever and /dev/zero was read without end; now one line, exit 2."""
+    fifo = tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    for given, kind in ((fifo, "a FIFO, socket or device"), ("/dev/zero", "a FIFO, socket or device")):
+        done = kvgate_process("gate", str(tmp_path / "run"), "--expect-cells", str(given), timeout=20)
+        assert (done.returncode, done.stderr) == (2, f"ERROR {given}: not a regular file ({kind}), given as "
+                                                     "--expect-cells. Pass the plan's matrix JSON or a list of cell "
+                                                     "ids, saved to a file\n")
+
+
+def test_a_log_url_file_that_is_a_fifo_or_a_device_is_refused_unread(tmp_path):
+    """`gate --log-url @FIFO` blocked the gate for ever and @/dev/zero was read without end; now one line, exit 2."""
+    from synthetic_run import write_seed_run
+
+    run = write_seed_run(tmp_path / "run")
+    fifo = tmp_path / "log-urls.json"
+    os.mkfifo(fifo)
+    for given in (fifo, "/dev/zero"):
+        done = kvgate_process("gate", str(run), "--today", "2026-11-30", "--log-url", f"@{given}", timeout=30)
+        assert "Traceback" not in done.stderr
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (
+            2, f"ERROR {given}: not a regular file (a FIFO, socket or device), given as --log-url @FILE. Pass "
+               "--log-url @FILE of a JSON object of cell id -> template")

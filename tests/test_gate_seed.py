@@ -121,3 +121,11 @@ def test_an_accuracy_floor_too_few_questions_can_test_is_never_a_pass(tmp_path, 
     if status == "error":
         assert floor["detail"] == (f"only {n} question(s): the floor 0.6173 cannot be tested, even none right would "
                                    "pass at alpha 0.01 (it takes at least 5)")
+
+
+def test_a_repeated_require_adds_its_stages_never_drops_the_earlier_ones(tmp_path, capsys):
+    """`--require probe --require accuracy` requires both: argparse's last-one-wins dropped the probe, and a run
+    without probes passed a gate that was asked to fail it."""
+    run = write_seed_run(tmp_path / "run")
+    assert main(["gate", str(run), "--require", "probe", "--require", "accuracy", "--today", "2026-11-30"]) == 1
+    assert "probe stage never ran, but the gate requires it (--require)" in capsys.readouterr().out

@@ -4,6 +4,9 @@ the policy needs, the noncentral t, and the command's output and errors."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -174,10 +177,45 @@ def test_power_command_simulates_on_request(capsys) -> None:
     (["--simulate", "100"], "ERROR kvgate power: --simulate needs --n. See `kvgate power --help`"),
     (["--margin", "100"], "ERROR kvgate power: --margin must be in [0, 100) points. See `kvgate power --help`"),
     (["--margin", "-1"], "ERROR kvgate power: --margin must be in [0, 100) points. See `kvgate power --help`"),
+    # a drop that with the flips breaks more answers than there are questions: was a ValueError traceback
+    (["--margin", "5", "--target-drop", "inf"],
+     "ERROR kvgate power: --target-drop: a drop of inf points on top of 5 % noise flips breaks more answers than "
+     "there are questions. Lower --discordance or the drop to catch (--margin, --target-drop)"),
+    (["--discordance", "0.99"],
+     "ERROR kvgate power: --discordance: a drop of 6 points on top of 99 % noise flips breaks more answers than "
+     "there are questions. Lower --discordance or the drop to catch (--margin, --target-drop)"),
+    (["--discordance", "0.05", "--margin", "80", "--target-drop", "90"],  # the sequential plan's design_flips
+     "ERROR kvgate power: --target-drop: a drop of 90 points on top of 15 % noise flips breaks more answers than "
+     "there are questions. Lower --discordance or the drop to catch (--margin, --target-drop)"),
 ])
 def test_power_command_bad_arguments(argv: list[str], message: str, capsys) -> None:
     assert main(["power", *argv]) == 2
     assert capsys.readouterr().err.splitlines() == [message]
+
+
+def power_process(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`kvgate power` in a process of its own, so that a hang is a failed test, not a hung suite."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    try:
+        return subprocess.run([sys.executable, "-m", "kvgate", "power", *argv], env=env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"kvgate power {' '.join(argv)} hung (killed after {timeout:g} s)") from None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--margin", "5", "--target-drop", "5.01"],  # hung, counting questions towards 127 million
+     "ERROR kvgate power: catching a drop of 5.01 points over a margin of 5 at 5 % flips needs about 1.27e+08 "
+     "questions, more than the 1000000 kvgate power counts exactly. Widen the gap between --margin and "
+     "--target-drop, or ask less (--alpha, --power)"),
+    (["--margin", "0", "--target-drop", "1e-300"],  # an OverflowError traceback
+     "ERROR kvgate power: catching a drop of 1e-300 points over a margin of 0 at 5 % flips needs unboundedly many "
+     "questions, more than the 1000000 kvgate power counts exactly. Widen the gap between --margin and "
+     "--target-drop, or ask less (--alpha, --power)"),
+])
+def test_a_drop_too_close_to_the_margin_is_refused_not_counted_for_ever(argv: list[str], message: str) -> None:
+    done = power_process(*argv, timeout=30)
+    assert (done.returncode, done.stderr) == (2, message + "\n")
 
 
 @pytest.mark.parametrize("se_log", [1e-300, 1e-17, 1e-14, 1e-12, 1e-10, 1e-9, 0.0])

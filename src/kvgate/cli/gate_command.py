@@ -31,6 +31,7 @@ from kvgate.matrix import cells as matrix_module
 from kvgate.matrix.toml_reading import shown_path
 from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
+from kvgate.results import regular_files
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
 from kvgate.results.records import BASE, HEAD, STAGES, CellResults, LogPointer
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run, planned_cells
@@ -38,14 +39,16 @@ from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, lo
 HELP = "judge a results folder: verdict, report (md/html), junit.xml; exit 0 pass, 1 regression, 2 bad input"
 HISTORY_PLOTTED_CELLS = 16  # report.html's "History of main" draws this many of a run's cells at most
 HISTORY_PLOTTED_RUNS = 30  # and the newest this many runs of each series
+MAX_GIVEN_FILE_BYTES = 64 * 1024 * 1024  # --expect-cells, --log-url @FILE: a plan of every cell is a few hundred kB
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the results folder (docs/results-folder.md)")
     parser.add_argument("--baseline", type=Path, metavar="DIR", help="a results folder to compare every cell with")
     parser.add_argument("--out", type=Path, metavar="DIR", help=f"where the outputs go (default RUN_DIR/{GATE_FOLDER}/)")
-    parser.add_argument("--require", default="", metavar="STAGES",
-                        help=f"comma-separated stages every cell must have run ({', '.join(REQUIRABLE_STAGES)}, or all)")
+    parser.add_argument("--require", action="append", default=[], metavar="STAGES",
+                        help=f"comma-separated stages every cell must have run ({', '.join(REQUIRABLE_STAGES)}, or all); "
+                             "repeatable, each adds its stages")
     parser.add_argument("--policy", type=Path, metavar="FILE",
                         help="thresholds (default: policy.toml of the matrix folder, --matrix-dir or matrix/)")
     parser.add_argument("--matrix-dir", type=Path, metavar="DIR", help="default: the repository's matrix/")
@@ -74,7 +77,7 @@ REQUIRABLE_STAGES = tuple(stage for stage in STAGES if stage != "long_context")
 
 def parse_require(value: str) -> tuple[str, ...]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    if names == ["all"]:
+    if "all" in names:
         return REQUIRABLE_STAGES
     unknown = [n for n in names if n not in REQUIRABLE_STAGES]
     if unknown:
@@ -114,7 +117,7 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     job's entries; stages and not_planned optional) or one cell id per line."""
     shown = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_given_file(path, "--expect-cells", "Pass the plan's matrix JSON or a list of cell ids, saved to a file")
     except FileNotFoundError:
         raise InputError(shown, "no such file", hint="Pass the plan's matrix JSON or a list of cell ids") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -147,6 +150,19 @@ def read_expected_cells(path: Path) -> list[ExpectedCell]:
     return [ExpectedCell(cell=cell) for cell in cells]
 
 
+def read_given_file(path: Path, flag: str, hint: str) -> str:
+    """The text of a file named by a flag: a regular file of at most MAX_GIVEN_FILE_BYTES (a FIFO would block the
+    gate, /dev/zero never ends: InputError); OSError or UnicodeDecodeError for the caller to word."""
+    try:
+        data = regular_files.read_bytes(path, MAX_GIVEN_FILE_BYTES)
+    except regular_files.NotRegularFile as error:
+        raise InputError(str(path), f"not a regular file ({error.kind}), given as {flag}", hint=hint) from None
+    except regular_files.FileTooLarge:
+        raise InputError(str(path), f"larger than {MAX_GIVEN_FILE_BYTES // (1024 * 1024)} MiB, given as {flag}",
+                         hint=hint) from None
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text read it
+
+
 def read_log_url(value: str | None) -> dict[str, str]:
     """--log-url: cell id -> template ("*" for every cell); {} for none (links relative to the report)."""
     if value is None:
@@ -155,7 +171,8 @@ def read_log_url(value: str | None) -> dict[str, str]:
         return {"*": value}
     path = Path(value[1:])
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_given_file(path, "--log-url @FILE", "Pass --log-url @FILE of a JSON object of cell id "
+                                          "-> template"))
     except OSError as error:
         raise InputError(str(path), f"cannot read: {error.strerror or error}", hint="Pass --log-url @FILE of a JSON "
                          "object of cell id -> template") from None
@@ -226,7 +243,7 @@ def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[Cel
 
 
 def run(args: argparse.Namespace) -> int:
-    require = parse_require(args.require)
+    require = parse_require(",".join(args.require))  # every --require given, never only the last one
     today = parse_today(args.today)
     matrix = matrix_module.load(args.matrix_dir)
     policy = policy_module.load(args.policy or (args.matrix_dir / policy_module.POLICY_FILE if args.matrix_dir

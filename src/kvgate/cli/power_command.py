@@ -12,6 +12,7 @@ from kvgate import EXIT_OK, InputError
 from kvgate.gate import policy as policy_module
 from kvgate.statistics import margins, power
 
+MAX_QUESTIONS = 1_000_000  # the most questions counted exactly (gsm8k's test split has 1319)
 HELP = "questions and repeats each check needs; false alarms and power of the accuracy and throughput tests"
 
 
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         checks = [("fp8_accuracy (FP8 vs auto)", acc.fp8_tax_points, acc.fp8_tax_points + acc.gap_points),
                   ("baseline_accuracy", acc.baseline_margin_points, acc.baseline_margin_points + acc.gap_points)]
+    _validate_checks(args, checks, [*flips, acc.design_flips], alpha, wanted)  # the sequential plan is sized at design_flips
     print(f"kvgate power: paired gsm8k margin test, H0 \"drop <= margin\", alpha {alpha:g} per check, power "
           f"{wanted:g} at the drop to catch.")
     print("Noise flips: the share of questions two runs of unchanged code disagree on, half each way; a regression "
@@ -86,6 +88,33 @@ def _validate(args: argparse.Namespace, alpha: float, wanted: float, flips: list
     for ok, flag, what in checks:
         if not ok:
             raise InputError(source, f"{flag} {what}", hint="See `kvgate power --help`")
+
+
+def _validate_checks(args: argparse.Namespace, checks: list[tuple[str, float, float]], flips: list[float],
+                     alpha: float, wanted: float) -> None:
+    """Each drop to catch on top of each share of noise flips must fit in the questions: a regression of `target`
+    points breaks right answers besides the flips, so flips + target / 100 above 1 is no question model at all. And
+    the questions it needs must be few enough to count exactly (a drop a hair above the margin needs billions)."""
+    for _, _, target in checks:
+        for f in flips:
+            if not f + target / 100 <= 1:
+                flag = "--target-drop" if args.target_drop is not None else "--margin" if args.margin is not None \
+                    else "--discordance"
+                raise InputError("kvgate power", f"{flag}: a drop of {target:g} points on top of {100 * f:g} % noise "
+                                 "flips breaks more answers than there are questions",
+                                 hint="Lower --discordance or the drop to catch (--margin, --target-drop)")
+    for _, margin, target in checks:
+        for f in flips:
+            try:
+                guess: float = power.normal_questions(margin_points=margin, target_points=target, flips=f, alpha=alpha,
+                                                      power=wanted)
+            except OverflowError:  # a gap of 1e-300 points
+                guess = math.inf
+            if guess > MAX_QUESTIONS:
+                raise InputError("kvgate power", f"catching a drop of {target:g} points over a margin of {margin:g} at "
+                                 f"{100 * f:g} % flips needs {f'about {guess:.3g}' if math.isfinite(guess) else 'unboundedly many'} questions, more than the {MAX_QUESTIONS} "
+                                 "kvgate power counts exactly", hint="Widen the gap between --margin and --target-drop, "
+                                 "or ask less (--alpha, --power)")
 
 
 def _questions_table(checks: list[tuple[str, float, float]], flips: list[float], alpha: float, wanted: float) -> str:

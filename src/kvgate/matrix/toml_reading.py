@@ -6,7 +6,7 @@ Public, so every reader of a TOML file under matrix/ reports problems the same w
     describe_value(value)   how a value is named in an error ("the string 'x'", "a table", ...)
     shown_path(path)        a path as the user should see it (relative to the working folder when inside it)
 
-Stdlib only.
+Stdlib only (and kvgate.results.regular_files, the bounded reader of a regular file).
 """
 
 from __future__ import annotations
@@ -18,16 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError, unknown_name_hint
+from kvgate.results import regular_files
 
+MAX_TOML_BYTES = 16 * 1024 * 1024  # kvgate's largest TOML file is a few tens of kB; /dev/zero never ends
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}")  # TomlReader.label
 
 
 def read_toml(path: Path, *, missing_hint: str, invalid_hint: str | None = None) -> dict[str, Any]:
     """The document of one TOML file; InputError (file, what, hint) when it is missing or unreadable."""
     shown = shown_path(path)
-    try:
-        with Path(path).open("rb") as handle:
-            return tomllib.load(handle)
+    try:  # a regular file only: a FIFO would block the reader, /dev/zero never ends
+        return tomllib.loads(regular_files.read_bytes(path, MAX_TOML_BYTES).decode("utf-8"))
+    except regular_files.NotRegularFile as error:
+        raise InputError(shown, f"not a regular file ({error.kind})", hint="Name the TOML file itself") from None
+    except regular_files.FileTooLarge:
+        raise InputError(shown, f"larger than {MAX_TOML_BYTES // (1024 * 1024)} MiB, far more than any kvgate TOML "
+                         "file", hint="Name the TOML file itself") from None
     except FileNotFoundError:
         raise InputError(shown, "file is missing", hint=missing_hint) from None
     except tomllib.TOMLDecodeError as error:
