@@ -555,3 +555,21 @@ def test_a_change_points_line_quotes_odd_stored_text():
     print(line)
     assert "\n" not in line and "'2026-10-01\\n::error::t'" in line and "'c\\n::add-mask'" in line  # its first 12 characters
     assert "\"'::warning::v'\"" not in line and "'::warning::v'" in line
+
+
+@pytest.mark.parametrize("finished_at", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_attack_a_run_time_past_the_calendar_in_utc_is_the_gates_time_not_a_traceback(finished_at, cpu_run, tmp_path,
+                                                                                      capsys):
+    """run.json `finished_at` at the calendar's edge with an offset (year 1 east of UTC, year 9999 west) read as a
+    time but overflowed when moved to UTC: the gate of main stopped with an OverflowError traceback. Now it is a time
+    that cannot be read, and the gate's own time stands, said so."""
+    db = tmp_path / "history.sqlite3"
+    run = run_naming(cpu_run, tmp_path, "main")
+    info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    info.pop("started_at", None)
+    (run / "run.json").write_text(json.dumps({**info, "finished_at": finished_at}), encoding="utf-8")
+    assert gate(cpu_run, run, db) == 0
+    assert "run.json says neither when the run finished nor when it started" in capsys.readouterr().err
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM history_runs").fetchone()[0] == 1
+
