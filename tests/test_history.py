@@ -573,3 +573,25 @@ def test_attack_a_run_time_past_the_calendar_in_utc_is_the_gates_time_not_a_trac
     with sqlite3.connect(db) as connection:
         assert connection.execute("SELECT COUNT(*) FROM history_runs").fetchone()[0] == 1
 
+
+
+@pytest.mark.parametrize("name", ["x\x1b[31mred\x07", "a\x00b", "f\x0cg", "<script>alert(1)</script>&]]>"])
+def test_attack_stored_text_in_the_svg_is_well_formed_text_not_markup(name, tmp_path):
+    """A cell, a measure or a run's time holding a control character (an ANSI escape, NUL, a form feed) went into the
+    SVG as it was: XML forbids those characters, so the file was not well-formed and a browser drew an error page in
+    its place. Now stored text is drawn as the table prints it (quoted with its escapes) and escaped as markup."""
+    import xml.etree.ElementTree as ElementTree
+
+    db, svg = tmp_path / "h.sqlite3", tmp_path / "t.svg"
+    seeded_history(db, [10.0, 11.0], cell=name)
+    seeded_history(db, [12.0], cell="ok", measure=name)
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE history_runs SET recorded_at = ? || recorded_at", (name,))
+    assert main(["history", "--db", str(db), "--svg", str(svg)]) == 0
+    root = ElementTree.fromstring(svg.read_text(encoding="utf-8"))
+    namespace = "{http://www.w3.org/2000/svg}"
+    assert {element.tag for element in root.iter()} <= {f"{namespace}{tag}" for tag in (
+        "svg", "title", "text", "rect", "polyline", "polygon", "circle", "line", "a")}
+    texts = " ".join(element.text or "" for element in root.iter())
+    assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", texts)
+    assert trends.shown(name) in texts
