@@ -595,3 +595,20 @@ def test_attack_stored_text_in_the_svg_is_well_formed_text_not_markup(name, tmp_
     texts = " ".join(element.text or "" for element in root.iter())
     assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", texts)
     assert trends.shown(name) in texts
+
+
+def test_attack_a_figure_past_what_the_history_reads_is_refused_before_it_is_recorded(cpu_run, tmp_path, capsys):
+    """A throughput of 1e308 requests/s (finite, so the gate judged it) was recorded into the history, which then
+    refused its own row on every read: `kvgate history` and every later gate of main exited 2 until someone edited
+    the store by hand. Now the gate refuses to record it (one line, exit 2), and the history stays readable."""
+    db = tmp_path / "history.sqlite3"
+    seeded_history(db, [10.0])
+    run = run_naming(cpu_run, tmp_path, "main")
+    for path in (run / "cpu_attn-auto-cpu" / "throughput").glob("repeat-*.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), "requests_per_second": 1e308}),
+                        encoding="utf-8")
+    assert gate(cpu_run, run, db) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ERROR {db}: cannot record the run: cpu_attn-auto-cpu throughput:requests_per_second has the value 1e+308, "
+        "not a finite number of a measure")
+    assert main(["history", "--db", str(db)]) == 0

@@ -116,9 +116,9 @@ class HistoryStore:
         run_id = uuid.uuid4().hex
         for figure in run.figures:
             for name, number in (("value", figure.value), ("low", figure.low), ("high", figure.high)):
-                if number is not None and not _finite(number):
+                if number is not None and (not _finite(number) or abs(number) > LARGEST):  # as `series` reads it
                     raise InputError(self.shown, f"cannot record the run: {figure.cell} {figure.measure} has the "
-                                     f"{name} {number!r}, not a finite number")
+                                     f"{name} {number!r}, not a finite number of a measure")
         try:
             for old in self._same_run(run):
                 self._execute("DELETE FROM history_figures WHERE run_id = ?", (old,))
