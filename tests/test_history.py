@@ -612,3 +612,17 @@ def test_attack_a_figure_past_what_the_history_reads_is_refused_before_it_is_rec
         f"ERROR {db}: cannot record the run: cpu_attn-auto-cpu throughput:requests_per_second has the value 1e+308, "
         "not a finite number of a measure")
     assert main(["history", "--db", str(db)]) == 0
+
+
+def test_attack_a_sqlite_database_of_another_program_is_refused_untouched(tmp_path, capsys):
+    """`--db` naming another program's SQLite database (a typo, a wrong variable) had kvgate's tables created in it:
+    the gate of main recorded its runs into that file, and `kvgate history` changed it to say "no runs". Now a
+    database that holds tables but no kvgate migrations is refused, one line, and left as it was."""
+    db = tmp_path / "other.sqlite3"
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    before = db.read_bytes()
+    assert main(["history", "--db", str(db)]) == 2
+    assert capsys.readouterr().err == (f"ERROR {db}: is a SQLite database of another program (its tables: users), not a "
+                                       "kvgate history. Name the history's own file, e.g. reports/history.sqlite3\n")
+    assert db.read_bytes() == before

@@ -85,6 +85,12 @@ class HistoryStore:
     def migrate(self) -> int:
         """Apply the migrations this store lacks, in one transaction; returns the schema version."""
         try:
+            tables = [] if self._postgres else sorted(row[0] for row in self._execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'").fetchall())
+            if tables and "history_migrations" not in tables:  # a SQLite file is one program's: never add ours to it
+                raise InputError(self.shown, f"is a SQLite database of another program (its tables: "
+                                 f"{', '.join(map(str, tables))[:200]}), not a kvgate history",
+                                 hint="Name the history's own file, e.g. reports/history.sqlite3")
             self._execute("CREATE TABLE IF NOT EXISTS history_migrations (version INTEGER PRIMARY KEY, "
                           "applied_at TEXT NOT NULL)")
             applied = {row[0] for row in self._execute("SELECT version FROM history_migrations").fetchall()}
