@@ -626,3 +626,15 @@ def test_attack_a_sqlite_database_of_another_program_is_refused_untouched(tmp_pa
     assert capsys.readouterr().err == (f"ERROR {db}: is a SQLite database of another program (its tables: users), not a "
                                        "kvgate history. Name the history's own file, e.g. reports/history.sqlite3\n")
     assert db.read_bytes() == before
+
+
+def test_attack_the_names_an_unknown_cell_error_lists_are_quoted_where_not_plain(tmp_path, capsys):
+    """`--cell` naming no series listed what is recorded as it was stored: a right-to-left override (or a `::`) in a
+    stored name printed raw in the error line, reordering what the terminal or CI log shows. Now each recorded name is
+    shown as the table shows it, quoted with its escapes where it is not plain."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 10.0], cell="a\u202eb")
+    seeded_history(db, [11.0], cell="ok", measure="::warning::m")  # replaces the first run (the same CI run)
+    for flag, recorded in (("--cell", "'a\\u202eb', ok"), ("--measure", "'::warning::m', throughput:requests_per_second")):
+        assert main(["history", "--db", str(db), flag, "nope"]) == 2
+        assert capsys.readouterr().err == f"ERROR {flag}: no series for 'nope' in {db}. Recorded: {recorded}\n"

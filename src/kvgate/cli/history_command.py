@@ -84,5 +84,5 @@ def _select(names: list[tuple[str, str]], cells: list[str], measures: list[str],
     for flag, wanted, known in (("--cell", cells, known_cells), ("--measure", measures, known_measures)):
         unknown = [w for w in wanted if w not in known]
         if unknown:
-            raise InputError(flag, f"no series for '{unknown[0]}' in {shown}", hint=f"Recorded: {', '.join(known)}")
+            raise InputError(flag, f"no series for '{unknown[0]}' in {shown}", hint=f"Recorded: {', '.join(map(trends.shown, known))}")
     return [(c, m) for c, m in names if (not cells or c in cells) and (not measures or m in measures)]
