@@ -638,3 +638,13 @@ def test_attack_the_names_an_unknown_cell_error_lists_are_quoted_where_not_plain
     for flag, recorded in (("--cell", "'a\\u202eb', ok"), ("--measure", "'::warning::m', throughput:requests_per_second")):
         assert main(["history", "--db", str(db), flag, "nope"]) == 2
         assert capsys.readouterr().err == f"ERROR {flag}: no series for 'nope' in {db}. Recorded: {recorded}\n"
+
+
+@pytest.mark.parametrize("last", ["0", "-3"])
+def test_a_last_of_no_runs_is_refused_not_an_empty_table(last, tmp_path, capsys):
+    """`--last 0` or a negative count printed each table's header and no run, exit 0: a history that looked empty. Now
+    it is bad input, one line."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0])
+    assert main(["history", "--db", str(db), "--last", last]) == 2
+    assert capsys.readouterr() == ("", f"ERROR --last: {last} is not a count of runs of 1 or more. e.g. 20\n")
