@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cpu_run_fixture import extract, matrix_of_the_run
+from kvgate import InputError
 from kvgate.cli import gate_command, main
 from kvgate.history import detect, record, store, trends
 from test_fp8_kv_cache_check import gate_cli, h200_matrix, h200_unpacked  # noqa: F401 (fixtures)
@@ -648,3 +649,20 @@ def test_a_last_of_no_runs_is_refused_not_an_empty_table(last, tmp_path, capsys)
     seeded_history(db, [10.0, 11.0])
     assert main(["history", "--db", str(db), "--last", last]) == 2
     assert capsys.readouterr() == ("", f"ERROR --last: {last} is not a count of runs of 1 or more. e.g. 20\n")
+
+
+@needs_otava
+def test_attack_a_series_whose_squares_overflow_is_refused_not_read_as_no_change(tmp_path, capsys):
+    """A series near 1e160 (finite, below the plot's bound) overflowed the squares of the t-test Otava runs: a 10 %
+    step went unflagged, exit 0, under a numpy RuntimeWarning. Now a figure past 1e150 is no figure of a measure: the
+    store refuses to record it and names a stored one, as it does infinity."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, synthetic_history(np.random.default_rng(7), noise=0.01))
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE history_figures SET value = value * 1e160")
+    assert main(["history", "--db", str(db), "--detect"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"ERROR {db}: run '") and captured.err.count("\n") == 1
+    assert "not a finite number of a measure" in captured.err and "RuntimeWarning" not in captured.err
+    with pytest.raises(InputError, match=re.escape("has the value 1e+160, not a finite number of a measure")):
+        seeded_history(tmp_path / "new.sqlite3", [1e160])
