@@ -666,3 +666,25 @@ def test_attack_a_series_whose_squares_overflow_is_refused_not_read_as_no_change
     assert "not a finite number of a measure" in captured.err and "RuntimeWarning" not in captured.err
     with pytest.raises(InputError, match=re.escape("has the value 1e+160, not a finite number of a measure")):
         seeded_history(tmp_path / "new.sqlite3", [1e160])
+
+
+def test_acknowledging_a_series_or_commit_the_history_does_not_hold_is_refused(tmp_path, capsys):
+    """`--acknowledge` of a mistyped cell, measure or commit was stored and printed "acknowledged", exit 0, while
+    the change point it meant stayed flagged, and the row acknowledged nothing. Now it is bad input, naming what the
+    history holds; nothing is stored."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0])
+    measure = "throughput:requests_per_second"
+    for argv, said in (
+            (["flashmla-fp8-sm100", measure, commit_of(1)],
+             f"ERROR --acknowledge: no series flashmla-fp8-sm100 {measure} of main in {db}. `kvgate history` lists "
+             "the series recorded"),
+            (["flashmla-fp8-sm90", measure, commit_of(1)[:12]],
+             f"ERROR --acknowledge: {commit_of(1)[:12]} is no commit of a run of flashmla-fp8-sm90 {measure} on main in "
+             f"{db}. Name the whole commit of the change point's first run (`kvgate history --detect` prints its first "
+             "12 characters)")):
+        assert main(["history", "--db", str(db), "--acknowledge", *argv]) == 2
+        assert capsys.readouterr().err == said + "\n"
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM history_acknowledged").fetchone()[0] == 0
+    assert main(["history", "--db", str(db), "--acknowledge", "flashmla-fp8-sm90", measure, commit_of(1)]) == 0

@@ -43,6 +43,14 @@ def run(args: argparse.Namespace) -> int:
     with store.open_store(store.location(args.db)) as history:
         if args.acknowledge:
             cell, measure, commit = args.acknowledge
+            series = f"{trends.shown(cell)} {trends.shown(measure)}"
+            if (cell, measure) not in history.series_names(args.branch):  # a typo would acknowledge nothing
+                raise InputError("--acknowledge", f"no series {series} of {args.branch} in {history.shown}",
+                                 hint="`kvgate history` lists the series recorded")
+            if commit not in {point.commit or "" for point in history.series(args.branch, cell, measure)}:  # "": none
+                raise InputError("--acknowledge", f"{trends.shown(commit)} is no commit of a run of {series} on "
+                                 f"{args.branch} in {history.shown}", hint="Name the whole commit of the change "
+                                 "point's first run (`kvgate history --detect` prints its first 12 characters)")
             history.acknowledge(cell, measure, commit)
             print(f"kvgate history: acknowledged the change point of {trends.shown(cell)} {trends.shown(measure)} at "
                   f"{trends.shown(commit)}")
