@@ -255,6 +255,7 @@ def test_history_names_an_unknown_cell_with_what_is_recorded(tmp_path, capsys):
 
 
 def test_an_empty_history_says_how_runs_get_there(tmp_path, capsys):
+    store.open_store(str(tmp_path / "h.sqlite3")).__exit__()  # a store with no run yet (a missing file: below)
     assert main(["history", "--db", str(tmp_path / "h.sqlite3")]) == 2
     assert "no runs of main recorded. The gate records a run whose run.json names" in capsys.readouterr().err
 
@@ -688,3 +689,18 @@ def test_acknowledging_a_series_or_commit_the_history_does_not_hold_is_refused(t
     with sqlite3.connect(db) as connection:
         assert connection.execute("SELECT COUNT(*) FROM history_acknowledged").fetchone()[0] == 0
     assert main(["history", "--db", str(db), "--acknowledge", "flashmla-fp8-sm90", measure, commit_of(1)]) == 0
+
+
+@pytest.mark.parametrize("where", ["typo/h.sqlite3", "dangling.sqlite3"])
+def test_reading_a_history_that_does_not_exist_creates_nothing(where, tmp_path, monkeypatch, capsys):
+    """`kvgate history --db` naming a file that does not exist (a typo, a link to nowhere) created it, and the folders
+    on its way (or the file a dangling link names), to say "no runs of main recorded". Reading now creates nothing:
+    one line names the file and how a history gets there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dangling.sqlite3").symlink_to(tmp_path / "nowhere.sqlite3")
+    for argv in (["history", "--db", where], ["history", "--db", where, "--acknowledge", "c", "m", "a" * 40]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"ERROR {where}: holds no history: there is no such file. The gate of main records its runs there "
+            f"(kvgate gate --history {where}); name the history with --db or {store.URL_ENV}\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dangling.sqlite3"]

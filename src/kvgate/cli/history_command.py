@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-p-value", f"{args.max_p_value} is not between 0 and 1", hint="e.g. 1e-5")
     if args.last < 1:
         raise InputError("--last", f"{args.last} is not a count of runs of 1 or more", hint="e.g. 20")
-    with store.open_store(store.location(args.db)) as history:
+    with store.open_store(store.location(args.db), create=False) as history:  # a reader: a missing file is no history
         if args.acknowledge:
             cell, measure, commit = args.acknowledge
             series = f"{trends.shown(cell)} {trends.shown(measure)}"

@@ -223,10 +223,11 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/")
 _KNOWN_FORMS = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE, sqlite:///PATH or a SQLite file path"
 
 
-def open_store(where: str) -> HistoryStore:
+def open_store(where: str, *, create: bool = True) -> HistoryStore:
     """Open (and migrate) the history at `where`: a postgresql:// URL, a sqlite:/// URL or a file path. Anything
     else that names a scheme (`mysql://`, `postgresql+psycopg://`, `https://`), white space around it, or SQLite's
-    `:memory:` is refused: rows written there would be lost."""
+    `:memory:` is refused: rows written there would be lost. A reader passes `create=False`: a SQLite file that does
+    not exist (a typo, a dangling link) is refused, not created with the folders on its way."""
     scheme = _SCHEME.match(where)
     if where.startswith(POSTGRES_SCHEMES):
         store = _open_postgres(where)
@@ -246,6 +247,9 @@ def open_store(where: str) -> HistoryStore:
         path = Path(where.removeprefix("sqlite://")) if where.startswith("sqlite://") else Path(where)
         if path.is_dir():
             raise InputError(str(path), "is a folder", hint="Name the history's SQLite file, e.g. reports/history.sqlite3")
+        if not create and not path.exists():
+            raise InputError(str(path), "holds no history: there is no such file", hint="The gate of main records its "
+                             f"runs there (kvgate gate --history {path}); name the history with --db or {URL_ENV}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             connection = sqlite3.connect(path)
