@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cpu_run_fixture import extract, matrix_of_the_run
+from kvgate import InputError
 from kvgate.cli import gate_command, main
 from kvgate.history import detect, record, store, trends
 from test_fp8_kv_cache_check import gate_cli, h200_matrix, h200_unpacked  # noqa: F401 (fixtures)
@@ -254,6 +255,7 @@ def test_history_names_an_unknown_cell_with_what_is_recorded(tmp_path, capsys):
 
 
 def test_an_empty_history_says_how_runs_get_there(tmp_path, capsys):
+    store.open_store(str(tmp_path / "h.sqlite3")).__exit__()  # a store with no run yet (a missing file: below)
     assert main(["history", "--db", str(tmp_path / "h.sqlite3")]) == 2
     assert "no runs of main recorded. The gate records a run whose run.json names" in capsys.readouterr().err
 
@@ -555,3 +557,150 @@ def test_a_change_points_line_quotes_odd_stored_text():
     print(line)
     assert "\n" not in line and "'2026-10-01\\n::error::t'" in line and "'c\\n::add-mask'" in line  # its first 12 characters
     assert "\"'::warning::v'\"" not in line and "'::warning::v'" in line
+
+
+@pytest.mark.parametrize("finished_at", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_attack_a_run_time_past_the_calendar_in_utc_is_the_gates_time_not_a_traceback(finished_at, cpu_run, tmp_path,
+                                                                                      capsys):
+    """run.json `finished_at` at the calendar's edge with an offset (year 1 east of UTC, year 9999 west) read as a
+    time but overflowed when moved to UTC: the gate of main stopped with an OverflowError traceback. Now it is a time
+    that cannot be read, and the gate's own time stands, said so."""
+    db = tmp_path / "history.sqlite3"
+    run = run_naming(cpu_run, tmp_path, "main")
+    info = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    info.pop("started_at", None)
+    (run / "run.json").write_text(json.dumps({**info, "finished_at": finished_at}), encoding="utf-8")
+    assert gate(cpu_run, run, db) == 0
+    assert "run.json says neither when the run finished nor when it started" in capsys.readouterr().err
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM history_runs").fetchone()[0] == 1
+
+
+
+@pytest.mark.parametrize("name", ["x\x1b[31mred\x07", "a\x00b", "f\x0cg", "<script>alert(1)</script>&]]>"])
+def test_attack_stored_text_in_the_svg_is_well_formed_text_not_markup(name, tmp_path):
+    """A cell, a measure or a run's time holding a control character (an ANSI escape, NUL, a form feed) went into the
+    SVG as it was: XML forbids those characters, so the file was not well-formed and a browser drew an error page in
+    its place. Now stored text is drawn as the table prints it (quoted with its escapes) and escaped as markup."""
+    import xml.etree.ElementTree as ElementTree
+
+    db, svg = tmp_path / "h.sqlite3", tmp_path / "t.svg"
+    seeded_history(db, [10.0, 11.0], cell=name)
+    seeded_history(db, [12.0], cell="ok", measure=name)
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE history_runs SET recorded_at = ? || recorded_at", (name,))
+    assert main(["history", "--db", str(db), "--svg", str(svg)]) == 0
+    root = ElementTree.fromstring(svg.read_text(encoding="utf-8"))
+    namespace = "{http://www.w3.org/2000/svg}"
+    assert {element.tag for element in root.iter()} <= {f"{namespace}{tag}" for tag in (
+        "svg", "title", "text", "rect", "polyline", "polygon", "circle", "line", "a")}
+    texts = " ".join(element.text or "" for element in root.iter())
+    assert not re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", texts)
+    assert trends.shown(name) in texts
+
+
+def test_attack_a_figure_past_what_the_history_reads_is_refused_before_it_is_recorded(cpu_run, tmp_path, capsys):
+    """A throughput of 1e308 requests/s (finite, so the gate judged it) was recorded into the history, which then
+    refused its own row on every read: `kvgate history` and every later gate of main exited 2 until someone edited
+    the store by hand. Now the gate refuses to record it (one line, exit 2), and the history stays readable."""
+    db = tmp_path / "history.sqlite3"
+    seeded_history(db, [10.0])
+    run = run_naming(cpu_run, tmp_path, "main")
+    for path in (run / "cpu_attn-auto-cpu" / "throughput").glob("repeat-*.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), "requests_per_second": 1e308}),
+                        encoding="utf-8")
+    assert gate(cpu_run, run, db) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"ERROR {db}: cannot record the run: cpu_attn-auto-cpu throughput:requests_per_second has the value 1e+308, "
+        "not a finite number of a measure")
+    assert main(["history", "--db", str(db)]) == 0
+
+
+def test_attack_a_sqlite_database_of_another_program_is_refused_untouched(tmp_path, capsys):
+    """`--db` naming another program's SQLite database (a typo, a wrong variable) had kvgate's tables created in it:
+    the gate of main recorded its runs into that file, and `kvgate history` changed it to say "no runs". Now a
+    database that holds tables but no kvgate migrations is refused, one line, and left as it was."""
+    db = tmp_path / "other.sqlite3"
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    before = db.read_bytes()
+    assert main(["history", "--db", str(db)]) == 2
+    assert capsys.readouterr().err == (f"ERROR {db}: is a SQLite database of another program (its tables: users), not a "
+                                       "kvgate history. Name the history's own file, e.g. reports/history.sqlite3\n")
+    assert db.read_bytes() == before
+
+
+def test_attack_the_names_an_unknown_cell_error_lists_are_quoted_where_not_plain(tmp_path, capsys):
+    """`--cell` naming no series listed what is recorded as it was stored: a right-to-left override (or a `::`) in a
+    stored name printed raw in the error line, reordering what the terminal or CI log shows. Now each recorded name is
+    shown as the table shows it, quoted with its escapes where it is not plain."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 10.0], cell="a\u202eb")
+    seeded_history(db, [11.0], cell="ok", measure="::warning::m")  # replaces the first run (the same CI run)
+    for flag, recorded in (("--cell", "'a\\u202eb', ok"), ("--measure", "'::warning::m', throughput:requests_per_second")):
+        assert main(["history", "--db", str(db), flag, "nope"]) == 2
+        assert capsys.readouterr().err == f"ERROR {flag}: no series for 'nope' in {db}. Recorded: {recorded}\n"
+
+
+@pytest.mark.parametrize("last", ["0", "-3"])
+def test_a_last_of_no_runs_is_refused_not_an_empty_table(last, tmp_path, capsys):
+    """`--last 0` or a negative count printed each table's header and no run, exit 0: a history that looked empty. Now
+    it is bad input, one line."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0])
+    assert main(["history", "--db", str(db), "--last", last]) == 2
+    assert capsys.readouterr() == ("", f"ERROR --last: {last} is not a count of runs of 1 or more. e.g. 20\n")
+
+
+@needs_otava
+def test_attack_a_series_whose_squares_overflow_is_refused_not_read_as_no_change(tmp_path, capsys):
+    """A series near 1e160 (finite, below the plot's bound) overflowed the squares of the t-test Otava runs: a 10 %
+    step went unflagged, exit 0, under a numpy RuntimeWarning. Now a figure past 1e150 is no figure of a measure: the
+    store refuses to record it and names a stored one, as it does infinity."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, synthetic_history(np.random.default_rng(7), noise=0.01))
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE history_figures SET value = value * 1e160")
+    assert main(["history", "--db", str(db), "--detect"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"ERROR {db}: run '") and captured.err.count("\n") == 1
+    assert "not a finite number of a measure" in captured.err and "RuntimeWarning" not in captured.err
+    with pytest.raises(InputError, match=re.escape("has the value 1e+160, not a finite number of a measure")):
+        seeded_history(tmp_path / "new.sqlite3", [1e160])
+
+
+def test_acknowledging_a_series_or_commit_the_history_does_not_hold_is_refused(tmp_path, capsys):
+    """`--acknowledge` of a mistyped cell, measure or commit was stored and printed "acknowledged", exit 0, while
+    the change point it meant stayed flagged, and the row acknowledged nothing. Now it is bad input, naming what the
+    history holds; nothing is stored."""
+    db = tmp_path / "h.sqlite3"
+    seeded_history(db, [10.0, 11.0])
+    measure = "throughput:requests_per_second"
+    for argv, said in (
+            (["flashmla-fp8-sm100", measure, commit_of(1)],
+             f"ERROR --acknowledge: no series flashmla-fp8-sm100 {measure} of main in {db}. `kvgate history` lists "
+             "the series recorded"),
+            (["flashmla-fp8-sm90", measure, commit_of(1)[:12]],
+             f"ERROR --acknowledge: {commit_of(1)[:12]} is no commit of a run of flashmla-fp8-sm90 {measure} on main in "
+             f"{db}. Name the whole commit of the change point's first run (`kvgate history --detect` prints its first "
+             "12 characters)")):
+        assert main(["history", "--db", str(db), "--acknowledge", *argv]) == 2
+        assert capsys.readouterr().err == said + "\n"
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT COUNT(*) FROM history_acknowledged").fetchone()[0] == 0
+    assert main(["history", "--db", str(db), "--acknowledge", "flashmla-fp8-sm90", measure, commit_of(1)]) == 0
+
+
+@pytest.mark.parametrize("where", ["typo/h.sqlite3", "dangling.sqlite3"])
+def test_reading_a_history_that_does_not_exist_creates_nothing(where, tmp_path, monkeypatch, capsys):
+    """`kvgate history --db` naming a file that does not exist (a typo, a link to nowhere) created it, and the folders
+    on its way (or the file a dangling link names), to say "no runs of main recorded". Reading now creates nothing:
+    one line names the file and how a history gets there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dangling.sqlite3").symlink_to(tmp_path / "nowhere.sqlite3")
+    for argv in (["history", "--db", where], ["history", "--db", where, "--acknowledge", "c", "m", "a" * 40]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"ERROR {where}: holds no history: there is no such file. The gate of main records its runs there "
+            f"(kvgate gate --history {where}); name the history with --db or {store.URL_ENV}\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dangling.sqlite3"]

@@ -38,9 +38,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.max_p_value < 1:
         raise InputError("--max-p-value", f"{args.max_p_value} is not between 0 and 1", hint="e.g. 1e-5")
-    with store.open_store(store.location(args.db)) as history:
+    if args.last < 1:
+        raise InputError("--last", f"{args.last} is not a count of runs of 1 or more", hint="e.g. 20")
+    with store.open_store(store.location(args.db), create=False) as history:  # a reader: a missing file is no history
         if args.acknowledge:
             cell, measure, commit = args.acknowledge
+            series = f"{trends.shown(cell)} {trends.shown(measure)}"
+            if (cell, measure) not in history.series_names(args.branch):  # a typo would acknowledge nothing
+                raise InputError("--acknowledge", f"no series {series} of {args.branch} in {history.shown}",
+                                 hint="`kvgate history` lists the series recorded")
+            if commit not in {point.commit or "" for point in history.series(args.branch, cell, measure)}:  # "": none
+                raise InputError("--acknowledge", f"{trends.shown(commit)} is no commit of a run of {series} on "
+                                 f"{args.branch} in {history.shown}", hint="Name the whole commit of the change "
+                                 "point's first run (`kvgate history --detect` prints its first 12 characters)")
             history.acknowledge(cell, measure, commit)
             print(f"kvgate history: acknowledged the change point of {trends.shown(cell)} {trends.shown(measure)} at "
                   f"{trends.shown(commit)}")
@@ -84,5 +94,5 @@ def _select(names: list[tuple[str, str]], cells: list[str], measures: list[str],
     for flag, wanted, known in (("--cell", cells, known_cells), ("--measure", measures, known_measures)):
         unknown = [w for w in wanted if w not in known]
         if unknown:
-            raise InputError(flag, f"no series for '{unknown[0]}' in {shown}", hint=f"Recorded: {', '.join(known)}")
+            raise InputError(flag, f"no series for '{unknown[0]}' in {shown}", hint=f"Recorded: {', '.join(map(trends.shown, known))}")
     return [(c, m) for c, m in names if (not cells or c in cells) and (not measures or m in measures)]

@@ -108,10 +108,10 @@ def run_time(run_info: Mapping[str, Any]) -> str | None:
             continue
         try:
             when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
+            when = (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+        except (ValueError, OverflowError):  # OverflowError: year 1 east of UTC, year 9999 west, moved to UTC
             continue
-        when = when if when.tzinfo else when.replace(tzinfo=dt.UTC)
-        return when.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return when.isoformat(timespec="seconds").replace("+00:00", "Z")
     return None
 
 

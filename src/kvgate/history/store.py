@@ -85,6 +85,12 @@ class HistoryStore:
     def migrate(self) -> int:
         """Apply the migrations this store lacks, in one transaction; returns the schema version."""
         try:
+            tables = [] if self._postgres else sorted(row[0] for row in self._execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'").fetchall())
+            if tables and "history_migrations" not in tables:  # a SQLite file is one program's: never add ours to it
+                raise InputError(self.shown, f"is a SQLite database of another program (its tables: "
+                                 f"{', '.join(map(str, tables))[:200]}), not a kvgate history",
+                                 hint="Name the history's own file, e.g. reports/history.sqlite3")
             self._execute("CREATE TABLE IF NOT EXISTS history_migrations (version INTEGER PRIMARY KEY, "
                           "applied_at TEXT NOT NULL)")
             applied = {row[0] for row in self._execute("SELECT version FROM history_migrations").fetchall()}
@@ -116,9 +122,9 @@ class HistoryStore:
         run_id = uuid.uuid4().hex
         for figure in run.figures:
             for name, number in (("value", figure.value), ("low", figure.low), ("high", figure.high)):
-                if number is not None and not _finite(number):
+                if number is not None and (not _finite(number) or abs(number) > LARGEST):  # as `series` reads it
                     raise InputError(self.shown, f"cannot record the run: {figure.cell} {figure.measure} has the "
-                                     f"{name} {number!r}, not a finite number")
+                                     f"{name} {number!r}, not a finite number of a measure")
         try:
             for old in self._same_run(run):
                 self._execute("DELETE FROM history_figures WHERE run_id = ?", (old,))
@@ -217,10 +223,11 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/")
 _KNOWN_FORMS = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE, sqlite:///PATH or a SQLite file path"
 
 
-def open_store(where: str) -> HistoryStore:
+def open_store(where: str, *, create: bool = True) -> HistoryStore:
     """Open (and migrate) the history at `where`: a postgresql:// URL, a sqlite:/// URL or a file path. Anything
     else that names a scheme (`mysql://`, `postgresql+psycopg://`, `https://`), white space around it, or SQLite's
-    `:memory:` is refused: rows written there would be lost."""
+    `:memory:` is refused: rows written there would be lost. A reader passes `create=False`: a SQLite file that does
+    not exist (a typo, a dangling link) is refused, not created with the folders on its way."""
     scheme = _SCHEME.match(where)
     if where.startswith(POSTGRES_SCHEMES):
         store = _open_postgres(where)
@@ -240,6 +247,9 @@ def open_store(where: str) -> HistoryStore:
         path = Path(where.removeprefix("sqlite://")) if where.startswith("sqlite://") else Path(where)
         if path.is_dir():
             raise InputError(str(path), "is a folder", hint="Name the history's SQLite file, e.g. reports/history.sqlite3")
+        if not create and not path.exists():
+            raise InputError(str(path), "holds no history: there is no such file", hint="The gate of main records its "
+                             f"runs there (kvgate gate --history {path}); name the history with --db or {URL_ENV}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             connection = sqlite3.connect(path)
@@ -318,8 +328,9 @@ def _ci_run(environment: Any, run_folder: Any, recorded_at: Any) -> tuple[str, .
     return "run_folder", str(run_folder), str(recorded_at)
 
 
-# a figure past this (a damaged row) would overflow the plot's scale; no measure kvgate records comes near it
-LARGEST = 1e300
+# a figure past this (a damaged row) would overflow the plot's scale, or the squares of the t-test e-divisive runs (a
+# series near 1e160 hid its change points); no measure kvgate records comes near it
+LARGEST = 1e150
 
 
 def _finite(value: Any) -> bool:

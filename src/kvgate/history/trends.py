@@ -53,8 +53,9 @@ def table(cell: str, measure: str, points: Sequence[Point], found: Sequence[Chan
 
 def svg(cell: str, measure: str, points: Sequence[Point], found: Sequence[ChangePoint] = ()) -> str:
     """A line plot of the series (intervals as a band where recorded), each change point a dashed vertical line
-    with its p-value; the title names the cell and the measure."""
-    title = f"{cell} {measure}"
+    with its p-value; the title names the cell and the measure. Stored text is drawn as the table prints it (`shown`):
+    XML forbids control characters, so a name holding one would leave the file not well-formed."""
+    title = f"{shown(cell)} {shown(measure)}"
     values = [p.value for p in points]
     bounds = values + [b for p in points for b in (p.low, p.high) if b is not None]
     low, high = (min(bounds), max(bounds)) if bounds else (0.0, 1.0)
@@ -87,7 +88,7 @@ def svg(cell: str, measure: str, points: Sequence[Point], found: Sequence[Change
         parts.append(f'<polyline points="{line}" fill="none" stroke="#4a7fb5" stroke-width="1.5"/>')
         for i, v in enumerate(values):  # each run's dot, a link to its commit where the run named its repository
             dot = (f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3" fill="#4a7fb5"><title>run {i + 1}, '
-                   f"{escape(points[i].recorded_at)}, commit {escape(short(points[i].commit))}"
+                   f"{escape(shown(points[i].recorded_at))}, commit {escape(short(points[i].commit))}"
                    f"{_vllm(points[i])}: {v:.6g}</title></circle>")
             parts.append(_linked(dot, points[i].commit_url))
         parts += axis(points, x, MARGIN + plot_h)
@@ -109,14 +110,14 @@ def axis(points: Sequence[Point], x, bottom: float) -> list[str]:
     if not points:
         return []
     count = min(AXIS_LABELS, len(points))
-    shown = sorted({round(k * (len(points) - 1) / (count - 1)) for k in range(count)} if count > 1 else {0})
+    labelled = sorted({round(k * (len(points) - 1) / (count - 1)) for k in range(count)} if count > 1 else {0})
     parts = []
-    for index in shown:
+    for index in labelled:
         anchor = "start" if index == 0 and len(points) > 1 else "end" if index == len(points) - 1 and index else "middle"
         at = f'x="{x(index):.1f}" text-anchor="{anchor}" font-family="sans-serif" font-size="12"'
         parts.append(f'<line x1="{x(index):.1f}" x2="{x(index):.1f}" y1="{bottom:.1f}" y2="{bottom + 4:.1f}" '
                      'stroke="#999"/>')
-        parts.append(f'<text {at} y="{bottom + 17:.1f}">{escape(points[index].recorded_at[:10])}</text>')
+        parts.append(f'<text {at} y="{bottom + 17:.1f}">{escape(shown(points[index].recorded_at[:10]))}</text>')
         parts.append(_linked(f'<text {at} y="{bottom + 32:.1f}" fill="#0969da">{escape(short(points[index].commit)[:9])}'
                              "</text>", points[index].commit_url))
     return parts
