@@ -41,7 +41,7 @@ from kvgate.change.compiled_match import SHOWN_LIMIT, compiled_parts_match, rele
 from kvgate.change.compiled_match import git as _git
 from kvgate.change.patch import FilePatch, apply_file_patch, changed_paths, classify, parse_patch
 from kvgate.change.spec import VllmSpec
-from kvgate.results import regular_files
+from kvgate.matrix import regular_files
 
 MARKER = "kvgate-overlay.json"
 OVERLAYS_ENV = "KVGATE_OVERLAY_DIR"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kvgate import InputError
 from kvgate.change.import_graph import PACKAGE
-from kvgate.results import regular_files
+from kvgate.matrix import regular_files
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # one .py file; vLLM's largest is well under 1 MiB
 MAX_SOURCE_FILES = 100_000  # vLLM has a few thousand

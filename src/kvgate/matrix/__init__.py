@@ -8,6 +8,8 @@ the repository's `matrix/` folder. This package owns
     views        the matrix as other tools want it (a table, GitHub Actions' {"include": [...]})
     buildkite    the planned cells as a Buildkite pipeline in vLLM's CI conventions, and vLLM's step that uploads it
     toml_reading how every TOML file under matrix/ is read, so each problem names its file and place
+    regular_files  the bounded reader of a file kvgate did not write (a regular file only, at most a cap), which
+                 the TOML files', the results folder's, a vLLM tree's and the CLI's readers share
 
 Stdlib only, so the noxfile can import it before anything is installed. It must never import another stage
 of kvgate (runners, kernels, results, gate, report, workloads, cli) nor an engine (vLLM, torch, lm-eval);

@@ -6,7 +6,7 @@ Public, so every reader of a TOML file under matrix/ reports problems the same w
     describe_value(value)   how a value is named in an error ("the string 'x'", "a table", ...)
     shown_path(path)        a path as the user should see it (relative to the working folder when inside it)
 
-Stdlib only (and kvgate.results.regular_files, the bounded reader of a regular file).
+Stdlib only (and regular_files beside it, the bounded reader of a regular file).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError, unknown_name_hint
-from kvgate.results import regular_files
+from kvgate.matrix import regular_files
 
 MAX_TOML_BYTES = 16 * 1024 * 1024  # kvgate's largest TOML file is a few tens of kB; /dev/zero never ends
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}")  # TomlReader.label

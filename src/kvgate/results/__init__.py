@@ -9,8 +9,6 @@ owns
     schema       the contract's JSON Schemas (schemas/*.schema.json, draft 2020-12), one per file kvgate writes,
                  and a file against them as one error line
     run_loader   a whole run folder -> RunResults, every problem one line naming the file
-    regular_files  the bounded reader of a file kvgate did not write (a regular file only), which change/'s
-                 readers of a vLLM tree and a checkout share
 
 It may import the matrix (for cell ids); it must never import the runners, the kernels, the gate, the
 report, the workloads or the CLI, nor an engine (vLLM, torch, lm-eval). tests/test_layout.py enforces it.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import InputError
-from kvgate.results import regular_files
+from kvgate.matrix import regular_files
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # of a contract file (a probe file or a sample log is a few MB; more is hostile)
 
