@@ -27,7 +27,8 @@ Then `nox -s gate -- $KVGATE_RUN_DIR --expect-cells PLAN --require-baseline [--b
 request it is for. A broken stage's first error links its log in the cell's artifact (`--log-url`: a file of it on
 Buildkite, the artifact on GitHub Actions, listed with GH_TOKEN). On Buildkite (BUILDKITE=true) `gate/annotation.md`
 is the report folded to fit an annotation (1 MiB), which the gate step annotates the build with. run.json names the CI, its commit and the branch of a push or
-scheduled build (ci/ci_facts.py). The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
+scheduled build (ci/ci_facts.py). The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input);
+where $GITHUB_STEP_SUMMARY cannot be written (ci/step_files.py), one ERROR line says so and a pass becomes 2.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
 import ci_facts
 import pr_comment
+import step_files
 from ci_facts import workflow_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -348,10 +350,15 @@ def _annotate(gate_dir: Path, report: str, environ: Mapping[str, str]) -> None:
         (gate_dir / ANNOTATION_FILE).write_text(annotation(report), encoding="utf-8")
 
 
-def _append(path: str | None, text: str) -> None:
-    if path:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(text)
+def _summarise(summary: str | None, report: str, status: int) -> int:
+    """Append the report to $GITHUB_STEP_SUMMARY; the exit status to end with. Where the summary cannot be written,
+    one ERROR line says so and the gate's failure stands as it is, but a pass becomes 2: bad input is never a pass."""
+    try:
+        step_files.append("GITHUB_STEP_SUMMARY", summary, report)
+    except step_files.StepFileError as error:
+        print(f"ERROR {error}", file=sys.stderr, flush=True)
+        return status or 2
+    return status
 
 
 def _write_pull_request(gate_dir: Path, environ: Mapping[str, str]) -> None:
@@ -437,10 +444,9 @@ def run(environ: Mapping[str, str]) -> int:
         if baseline is None and not sides:
             report += ("\n_No baseline: no usable kvgate-run artifact of an earlier run on main was found"
                        + (" (a bootstrap run: this one becomes the first reference)._\n" if not required else "._\n"))
-        _append(summary, clip(report, SUMMARY_LIMIT, "_(report cut to fit the step summary; the full report "
-                                                     "is in the kvgate-gate artifact)_"))
         _annotate(gate_dir, report, environ)
-        return status
+        return _summarise(summary, clip(report, SUMMARY_LIMIT, "_(report cut to fit the step summary; the full "
+                                                              "report is in the kvgate-gate artifact)_"), status)
     tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-40:])
     report = note_report("the gate wrote no report", [
         f"`{' '.join(argv)}` exited {status} without writing {GATE_FOLDER}/report.md.", "", "```", tail, "```"])
@@ -450,9 +456,8 @@ def run(environ: Mapping[str, str]) -> int:
 def _finish(gate_dir: Path, summary: str | None, report: str, status: int, environ: Mapping[str, str]) -> int:
     gate_dir.mkdir(parents=True, exist_ok=True)
     (gate_dir / "report.md").write_text(report, encoding="utf-8")
-    _append(summary, report)
     _annotate(gate_dir, report, environ)
-    return status
+    return _summarise(summary, report, status)
 
 
 def main() -> int:

@@ -283,6 +283,34 @@ def test_nothing_planned_passes_with_a_note_and_runs_no_gate(tmp_path):
     assert (tmp_path / "run" / "gate" / "report.md").read_text() == summary
 
 
+def stand_in_gate(tmp_path: Path, status: int) -> str:
+    """A KVGATE_NOX that does what the gate session does for this job (writes gate/report.md) and exits `status`."""
+    script = tmp_path / "gate.sh"
+    script.write_text(f'#!/bin/sh\nmkdir -p "$4/gate" && printf "## kvgate\\n" > "$4/gate/report.md"\nexit {status}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(("plan_result", "planned", "gate", "status"), [
+    ("success", {"include": []}, None, 2),  # nothing to check, a pass: 2
+    ("failure", None, None, 1),  # the plan failed: the gate job's failure stands
+    ("success", {"include": [{"cell": "cpu_attn-fp8-cpu"}]}, 0, 2),  # the gate passed: 2
+    ("success", {"include": [{"cell": "cpu_attn-fp8-cpu"}]}, 1, 1),  # a regression stays one
+])
+def test_a_step_summary_that_cannot_be_written_never_turns_into_a_pass(tmp_path, capsys, plan_result, planned, gate,
+                                                                       status):
+    """$GITHUB_STEP_SUMMARY naming a folder was an IsADirectoryError traceback after the gate ran; now it is one ERROR
+    line naming the variable, the gate's failure stands as it is and a pass becomes 2; report.md is kept."""
+    env = job_environment(tmp_path, json.dumps(planned), PLAN_RESULT=plan_result, GITHUB_STEP_SUMMARY=str(tmp_path),
+                          GITHUB_REPOSITORY="", KVGATE_NOX="/bin/false" if gate is None else stand_in_gate(tmp_path, gate))
+
+    assert gate_job.run(env) == status
+    assert capsys.readouterr().err.endswith(
+        f"ERROR $GITHUB_STEP_SUMMARY {tmp_path}: cannot append to it (it is a folder). Point it at a file this job may "
+        "write (GitHub Actions sets it for each step), or unset it\n")
+    assert (tmp_path / "run" / "gate" / "report.md").read_text().startswith("## kvgate")
+
+
 def test_a_lost_plan_output_is_not_an_empty_plan(tmp_path):
     env = job_environment(tmp_path, "", KVGATE_NOX="/bin/false")
     with pytest.raises(gate_job.GateJobError) as error:
