@@ -51,6 +51,9 @@ import pr_comment
 import step_files
 from ci_facts import workflow_command
 
+# the bounded reader of a file kvgate did not write (stdlib only; ci_facts put src/ on the path)
+from kvgate.results.regular_files import FileTooLarge, NotRegularFile, read_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 IDENTITY_KEYS = ("backend", "kv_cache_dtype", "arch", "model")
@@ -64,6 +67,8 @@ SUMMARY_LIMIT = 1024 * 1024 - 4096
 ANNOTATION_LIMIT = 1024 * 1024 - 4096
 ANNOTATION_FILE = "annotation.md"
 PULL_REQUEST_FILE = "pull_request.json"
+# GitHub caps a webhook's payload at 25 MB; the event file of a run holds that payload.
+EVENT_READ_LIMIT = 64 * 1024 * 1024
 EXPECTED_CELLS_FILE = "expected-cells.json"
 ARTIFACT_PREFIX = "kvgate-cell-"
 BASE_SUFFIX = "--base"  # the base side's folder of an A/B run (docs/results-folder.md)
@@ -302,13 +307,27 @@ def usable_baseline(baseline_dir: Path | None) -> Path | None:
 
 
 def pull_request_info(event_path: str | None) -> dict[str, Any] | None:
-    """{"number", "head_sha"} of the pull request this run is for, from the event payload."""
+    """{"number", "head_sha"} of the pull request this run is for, from the event payload; None for another event's.
+
+    The payload is read as a file kvgate did not write (a regular file of at most EVENT_READ_LIMIT bytes: a FIFO
+    blocked the job for ever, /dev/zero was read without end); one that cannot be read, or is not JSON, is bad input."""
     if not event_path:
         return None
+    shown = event_path if event_path.isprintable() else ascii(event_path)
     try:
-        event = json.loads(Path(event_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return None
+        event = json.loads(read_bytes(event_path, EVENT_READ_LIMIT).decode("utf-8"))
+    except NotRegularFile as error:
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: not a regular file ({error.kind}). Point it at the "
+                           "event's JSON payload (GitHub Actions sets it), or unset it") from None
+    except FileTooLarge:
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: more than {EVENT_READ_LIMIT >> 20} MiB, larger than "
+                           "any event's payload. Point it at the event's JSON payload, or unset it") from None
+    except OSError as error:
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: cannot read it ({error.strerror or error}). Point it "
+                           "at the event's JSON payload (GitHub Actions sets it), or unset it") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: not JSON. Point it at the event's JSON payload "
+                           "(GitHub Actions sets it), or unset it") from None
     pr = event.get("pull_request") if isinstance(event, dict) else None
     if not isinstance(pr, dict) or isinstance(pr.get("number"), bool) or not isinstance(pr.get("number"), int):
         return None

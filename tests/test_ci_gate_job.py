@@ -517,3 +517,41 @@ def test_attack_a_cell_job_cannot_bring_its_own_base_side_as_the_baseline(tmp_pa
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir()) == sorted(["gate", *SEED_CELLS])
     out = capsys.readouterr().out
     assert all(f"{cell}--base/ is a base side's folder, but this workflow runs no base side" in out for cell in SEED_CELLS)
+
+
+def test_an_event_payload_that_is_a_fifo_is_one_error_not_a_job_blocked_for_ever(tmp_path):
+    """$GITHUB_EVENT_PATH naming a FIFO blocked the gate job for ever, before any gate ran."""
+    fifo = tmp_path / "event.fifo"
+    os.mkfifo(fifo)
+    env = {**job_environment(tmp_path, json.dumps({"include": []})), "KVGATE_NOX": "/bin/false",
+           "GITHUB_EVENT_PATH": str(fifo)}
+    result = subprocess.run([sys.executable, "-I", "ci/gate_job.py"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (2, (
+        f"ERROR $GITHUB_EVENT_PATH {fifo}: not a regular file (a FIFO, socket or device). Point it at the event's JSON "
+        "payload (GitHub Actions sets it), or unset it\n"))
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("/dev/zero", None, "not a regular file (a FIFO, socket or device). Point it at the event's JSON payload (GitHub "
+                        "Actions sets it), or unset it"),
+    ("big.json", b"{" + b" " * (1 << 20), "more than 1 MiB, larger than any event's payload. Point it at the event's "
+                                          "JSON payload, or unset it"),
+    ("folder", None, "not a regular file (a folder). Point it at the event's JSON payload (GitHub Actions sets it), or "
+                     "unset it"),
+    ("missing.json", None, "cannot read it (No such file or directory). Point it at the event's JSON payload (GitHub "
+                           "Actions sets it), or unset it"),
+    ("broken.json", b'{"pull_request": ', "not JSON. Point it at the event's JSON payload (GitHub Actions sets it), "
+                                          "or unset it"),
+])
+def test_an_event_payload_that_cannot_be_read_is_one_error(tmp_path, monkeypatch, name, content, message):
+    """/dev/zero was read without end; a folder, a missing file or broken JSON silently named no pull request."""
+    monkeypatch.setattr(gate_job, "EVENT_READ_LIMIT", 1 << 20)
+    path = Path(name) if name.startswith("/") else tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    elif name == "folder":
+        path.mkdir()
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.pull_request_info(str(path))
+    assert str(error.value) == f"$GITHUB_EVENT_PATH {path}: {message}"
