@@ -33,6 +33,7 @@ where $GITHUB_STEP_SUMMARY cannot be written (ci/step_files.py), one ERROR line 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -398,9 +399,14 @@ def run(environ: Mapping[str, str]) -> int:
     sides = read_sides(environ.get("KVGATE_SIDES", ""))
     required = require_baseline(environ)
 
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise GateJobError(f"{run_dir}: the run folder must start empty; it holds files already")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            raise GateJobError(f"{run_dir}: the run folder must start empty; it holds files already")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file there, or on its way; a folder that cannot be listed or made
+        what = "it is a file" if error.errno == errno.EEXIST else error.strerror or str(error)
+        raise GateJobError(f"$KVGATE_RUN_DIR {run_dir}: cannot make the run folder ({what}). Point it at an empty or "
+                           "new folder") from None
     _write_pull_request(gate_dir, environ)
 
     if plan_result != "success":

@@ -353,6 +353,18 @@ def test_the_run_folder_must_start_empty(tmp_path):
     assert str(error.value) == f"{tmp_path / 'run'}: the run folder must start empty; it holds files already"
 
 
+@pytest.mark.parametrize(("run_dir", "why"), [("file", "it is a file"), ("file/run", "Not a directory")])
+def test_a_run_folder_that_cannot_be_made_is_one_error(tmp_path, run_dir, why):
+    """$KVGATE_RUN_DIR naming a file (or a folder under one) was a NotADirectoryError traceback."""
+    (tmp_path / "file").write_text("x")
+    env = job_environment(tmp_path, json.dumps({"include": []}), KVGATE_RUN_DIR=str(tmp_path / run_dir))
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(env)
+    assert str(error.value) == (f"$KVGATE_RUN_DIR {tmp_path / run_dir}: cannot make the run folder ({why}). Point it at "
+                                "an empty or new folder")
+    assert (tmp_path / "file").read_text() == "x"
+
+
 @pytest.mark.parametrize(("environ", "message"), [
     ({"KVGATE_SIDES": "base,left"}, "$KVGATE_SIDES: unknown side 'left'. Write base,head or head"),
     ({"KVGATE_BOOTSTRAP_BASELINE": "yes"}, "$KVGATE_BOOTSTRAP_BASELINE: 'yes', expected true or false"),
