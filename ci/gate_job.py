@@ -107,6 +107,14 @@ def planned_cells(matrix_json: str) -> list[dict[str, Any]]:
     if not isinstance(include, list) or not all(
             isinstance(e, dict) and isinstance(e.get("cell"), str) and CELL_ID.fullmatch(e["cell"]) for e in include):
         raise GateJobError("$PLANNED_MATRIX: expected {\"include\": [{\"cell\": \"<id>\", ...}, ...]} from ci/plan.py")
+    for index, entry in enumerate(include):  # what this job reads of an entry besides its cell: the stages planned
+        stages, reasons = entry.get("stages", []), entry.get("not_planned", {})
+        if not isinstance(stages, list) or not all(isinstance(s, str) and s in CELL_STAGES for s in stages):
+            raise GateJobError(f"$PLANNED_MATRIX: expected a list of stages ({', '.join(CELL_STAGES)}) in "
+                               f"include[{index}].stages, as ci/plan.py writes it")
+        if not isinstance(reasons, dict) or not all(k in CELL_STAGES and isinstance(v, str) for k, v in reasons.items()):
+            raise GateJobError(f"$PLANNED_MATRIX: expected {{stage: reason}} in include[{index}].not_planned, as "
+                               "ci/plan.py writes it")
     return include
 
 

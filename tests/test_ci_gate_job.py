@@ -380,6 +380,14 @@ def test_bad_job_settings_are_one_error(tmp_path, environ, message):
     ("[" * 5000, "$PLANNED_MATRIX: not JSON (nested too deep)"),
     ('{"include": [{"cell": "../../etc"}]}',
      '$PLANNED_MATRIX: expected {"include": [{"cell": "<id>", ...}, ...]} from ci/plan.py'),
+    ('{"include": [{"cell": "cpu_attn-fp8-cpu", "stages": 5}]}',
+     "$PLANNED_MATRIX: expected a list of stages (kernels, accuracy, throughput) in include[0].stages, as ci/plan.py "
+     "writes it"),
+    ('{"include": [{"cell": "cpu_attn-fp8-cpu", "stages": "accuracy"}]}',
+     "$PLANNED_MATRIX: expected a list of stages (kernels, accuracy, throughput) in include[0].stages, as ci/plan.py "
+     "writes it"),
+    ('{"include": [{"cell": "cpu_attn-fp8-cpu", "not_planned": ["kernels"]}]}',
+     "$PLANNED_MATRIX: expected {stage: reason} in include[0].not_planned, as ci/plan.py writes it"),
 ])
 def test_bad_planned_matrix_is_an_error(value, message):
     with pytest.raises(gate_job.GateJobError) as error:
@@ -396,6 +404,21 @@ def test_the_script_says_bad_input_in_one_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ parts
+
+@pytest.mark.parametrize("stages", [5, "accuracy"])
+def test_planned_stages_of_another_shape_are_one_error_and_write_nothing_into_a_cell(tmp_path, stages):
+    """A planned entry's `stages` of another shape was a TypeError traceback (5) or, a string, marked each of its
+    letters a failed stage in the cell's status.json; now it is one error, before any artifact is read."""
+    cell = tmp_path / "artifacts" / "kvgate-cell-cpu_attn-fp8-cpu" / "cpu_attn-fp8-cpu"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text(json.dumps({"backend": "CPU_ATTN", "kv_cache_dtype": "fp8", "arch": "cpu"}))
+    env = job_environment(tmp_path, json.dumps({"include": [{"cell": "cpu_attn-fp8-cpu", "stages": stages}]}),
+                          KVGATE_NOX="/bin/false")
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(env)
+    assert str(error.value).startswith("$PLANNED_MATRIX: expected a list of stages")
+    assert not (tmp_path / "run" / "cpu_attn-fp8-cpu").exists()
+
 
 def test_a_cells_artifact_brings_its_own_folders_only(tmp_path):
     seed = seed_cells(tmp_path)
