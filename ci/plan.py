@@ -218,7 +218,7 @@ def read_budget(environ: Mapping[str, str], event: str) -> GpuBudget:
     numbers = {}
     for name, default in (("KVGATE_SIDES", "1"), ("KVGATE_CELL_JOB_MINUTES", "180")):
         text = environ.get(name, "").strip() or default
-        if not text.isdigit() or int(text) < 1:
+        if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < 1:  # str.isdigit() takes '²', which int() refuses
             raise PlanError(f"${name} {text[:40]!r}: expected a whole number >= 1")
         numbers[name] = int(text)
     return GpuBudget(triggered=gpu == "true" or event in ALL_CELLS_EVENTS, cap_minutes=cap,

@@ -548,6 +548,9 @@ def test_the_budget_is_read_from_the_environment(environ, event, expected):
     ({"KVGATE_GPU_MINUTES_CAP": "-5"}, "$KVGATE_GPU_MINUTES_CAP '-5': expected a number of minutes >= 0 (the "
                                        "repository variable; leave it unset for no cap)"),
     ({"KVGATE_SIDES": "0"}, "$KVGATE_SIDES '0': expected a whole number >= 1"),
+    # a ValueError traceback each: str.isdigit() takes '²', and int() refuses more than 4300 digits
+    ({"KVGATE_SIDES": "²"}, "$KVGATE_SIDES '²': expected a whole number >= 1"),
+    ({"KVGATE_CELL_JOB_MINUTES": "9" * 5000}, f"$KVGATE_CELL_JOB_MINUTES {'9' * 40!r}: expected a whole number >= 1"),
 ])
 def test_a_bad_budget_setting_is_one_error(environ, message):
     with pytest.raises(plan.PlanError) as error:
