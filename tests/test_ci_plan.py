@@ -585,6 +585,19 @@ def test_the_cell_job_says_a_bad_environment_in_one_line_not_a_traceback(tmp_pat
     assert result.stderr.startswith("ERROR ") and result.stderr.count("\n") == 1 and message in result.stderr
 
 
+def test_a_cell_job_results_folder_under_a_file_is_one_error_line(tmp_path):
+    """$KVGATE_RUN_DIR naming a folder under a file was a NotADirectoryError traceback."""
+    (tmp_path / "file").write_text("x")
+    run_dir = tmp_path / "file" / "run"
+    env = {**os.environ, "KVGATE_CELL": "x", "KVGATE_SESSIONS": '["cell(x)"]', "KVGATE_RUN_DIR": str(run_dir),
+           "KVGATE_NOX": "true", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-I", str(ROOT / "ci" / "cell_job.py")], env=env, capture_output=True,
+                            text=True, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+        f"ERROR $KVGATE_RUN_DIR: {str(run_dir)!r} cannot be made (Not a directory). Point it at the folder the "
+        "artifact uploads\n"))
+
+
 @pytest.mark.parametrize("variable", ["GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY"])
 def test_a_step_file_that_cannot_be_written_is_one_error_line(tmp_path, variable):
     """A $GITHUB_OUTPUT or $GITHUB_STEP_SUMMARY naming a folder was an IsADirectoryError traceback, and one naming a
