@@ -149,6 +149,11 @@ def main() -> int:
         cell, sessions, run_dir = read_environment(environ)
         posargs = vllm_arguments(environ)
         workers = kernel_workers(environ, gpu_count(environ))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file on its way (KVGATE_RUN_DIR=file/run), a folder this job may not write
+            raise CellJobError(f"$KVGATE_RUN_DIR: {str(run_dir)[:200]!r} cannot be made ({error.strerror or error}). "
+                               "Point it at the folder the artifact uploads") from None
     except CellJobError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
@@ -156,7 +161,6 @@ def main() -> int:
     if workers is not None:
         environ[WORKERS_ENV] = workers
         print(f"kvgate cell job: kernel tests with {workers} pytest-xdist workers ({WORKERS_ENV})", flush=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
     nox = environ.get("KVGATE_NOX", "nox").split()
     status = 0
     for argv in session_commands(nox, sessions, posargs):

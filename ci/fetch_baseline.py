@@ -10,7 +10,8 @@ silently becoming the next reference (a failed run is never a baseline).
 
 No such run, an expired artifact, or a failed `gh`: a warning and no $BASELINE_DIR. The gate job runs the gate
 with --require-baseline, so that is a failing check, not a pass (fail closed); the step itself exits 0 so the
-gate still runs and says why. Writes `run-id` (empty when none) to $GITHUB_OUTPUT. Exit 2 on bad input.
+gate still runs and says why. Writes `run-id` (empty when none) to $GITHUB_OUTPUT. Exit 2 on bad input, a
+$GITHUB_OUTPUT that cannot be appended to included (ci/step_files.py), with one `ERROR` line.
 Needs GH_TOKEN with actions: read.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+import step_files
 from ci_facts import workflow_command
 
 ARTIFACT = "kvgate-run"
@@ -123,10 +125,11 @@ def main() -> int:
     except BaselineError as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
-    output = os.environ.get("GITHUB_OUTPUT")
-    if output:
-        with open(output, "a", encoding="utf-8") as handle:
-            handle.write(f"run-id={run_id or ''}\n")
+    try:  # the baseline already fetched stays; the gate step after this one does not run
+        step_files.append("GITHUB_OUTPUT", os.environ.get("GITHUB_OUTPUT"), f"run-id={run_id or ''}\n")
+    except step_files.StepFileError as error:
+        print(f"ERROR {error}", file=sys.stderr)
+        return 2
     return 0
 
 

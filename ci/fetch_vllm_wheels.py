@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+import step_files
 from ci_facts import workflow_command
 
 INDEX = "https://wheels.vllm.ai"
@@ -62,10 +63,11 @@ def main(environ: dict[str, str] = os.environ) -> int:  # type: ignore[assignmen
             continue
         print(f"vLLM wheel of {commit[:12]} ({side.lower()}): {wheel.name}")
         lines.append(f"KVGATE_VLLM_{side}_WHEEL={wheel}\n")
-    target = environ.get("GITHUB_ENV", "")
-    if target and lines:
-        with open(target, "a", encoding="utf-8") as handle:
-            handle.writelines(lines)
+    try:  # the wheels downloaded stay where they are
+        step_files.append("GITHUB_ENV", environ.get("GITHUB_ENV", ""), "".join(lines))
+    except step_files.StepFileError as error:
+        print(workflow_command("error", str(error)))
+        return 2
     return 0
 
 

@@ -27,11 +27,13 @@ Then `nox -s gate -- $KVGATE_RUN_DIR --expect-cells PLAN --require-baseline [--b
 request it is for. A broken stage's first error links its log in the cell's artifact (`--log-url`: a file of it on
 Buildkite, the artifact on GitHub Actions, listed with GH_TOKEN). On Buildkite (BUILDKITE=true) `gate/annotation.md`
 is the report folded to fit an annotation (1 MiB), which the gate step annotates the build with. run.json names the CI, its commit and the branch of a push or
-scheduled build (ci/ci_facts.py). The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input).
+scheduled build (ci/ci_facts.py). The exit status is the gate's (0 pass, 1 regression or missing cell, 2 bad input);
+where $GITHUB_STEP_SUMMARY cannot be written (ci/step_files.py), one ERROR line says so and a pass becomes 2.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -47,7 +49,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
 import ci_facts
 import pr_comment
+import step_files
 from ci_facts import workflow_command
+
+# the bounded reader of a file kvgate did not write (stdlib only; ci_facts put src/ on the path)
+from kvgate.results.regular_files import FileTooLarge, NotRegularFile, read_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +68,8 @@ SUMMARY_LIMIT = 1024 * 1024 - 4096
 ANNOTATION_LIMIT = 1024 * 1024 - 4096
 ANNOTATION_FILE = "annotation.md"
 PULL_REQUEST_FILE = "pull_request.json"
+# GitHub caps a webhook's payload at 25 MB; the event file of a run holds that payload.
+EVENT_READ_LIMIT = 64 * 1024 * 1024
 EXPECTED_CELLS_FILE = "expected-cells.json"
 ARTIFACT_PREFIX = "kvgate-cell-"
 BASE_SUFFIX = "--base"  # the base side's folder of an A/B run (docs/results-folder.md)
@@ -99,6 +107,14 @@ def planned_cells(matrix_json: str) -> list[dict[str, Any]]:
     if not isinstance(include, list) or not all(
             isinstance(e, dict) and isinstance(e.get("cell"), str) and CELL_ID.fullmatch(e["cell"]) for e in include):
         raise GateJobError("$PLANNED_MATRIX: expected {\"include\": [{\"cell\": \"<id>\", ...}, ...]} from ci/plan.py")
+    for index, entry in enumerate(include):  # what this job reads of an entry besides its cell: the stages planned
+        stages, reasons = entry.get("stages", []), entry.get("not_planned", {})
+        if not isinstance(stages, list) or not all(isinstance(s, str) and s in CELL_STAGES for s in stages):
+            raise GateJobError(f"$PLANNED_MATRIX: expected a list of stages ({', '.join(CELL_STAGES)}) in "
+                               f"include[{index}].stages, as ci/plan.py writes it")
+        if not isinstance(reasons, dict) or not all(k in CELL_STAGES and isinstance(v, str) for k, v in reasons.items()):
+            raise GateJobError(f"$PLANNED_MATRIX: expected {{stage: reason}} in include[{index}].not_planned, as "
+                               "ci/plan.py writes it")
     return include
 
 
@@ -300,13 +316,27 @@ def usable_baseline(baseline_dir: Path | None) -> Path | None:
 
 
 def pull_request_info(event_path: str | None) -> dict[str, Any] | None:
-    """{"number", "head_sha"} of the pull request this run is for, from the event payload."""
+    """{"number", "head_sha"} of the pull request this run is for, from the event payload; None for another event's.
+
+    The payload is read as a file kvgate did not write (a regular file of at most EVENT_READ_LIMIT bytes: a FIFO
+    blocked the job for ever, /dev/zero was read without end); one that cannot be read, or is not JSON, is bad input."""
     if not event_path:
         return None
+    shown = event_path if event_path.isprintable() else ascii(event_path)
     try:
-        event = json.loads(Path(event_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return None
+        event = json.loads(read_bytes(event_path, EVENT_READ_LIMIT).decode("utf-8"))
+    except NotRegularFile as error:
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: not a regular file ({error.kind}). Point it at the "
+                           "event's JSON payload (GitHub Actions sets it), or unset it") from None
+    except FileTooLarge:
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: more than {EVENT_READ_LIMIT >> 20} MiB, larger than "
+                           "any event's payload. Point it at the event's JSON payload, or unset it") from None
+    except OSError as error:
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: cannot read it ({error.strerror or error}). Point it "
+                           "at the event's JSON payload (GitHub Actions sets it), or unset it") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise GateJobError(f"$GITHUB_EVENT_PATH {shown[:200]}: not JSON. Point it at the event's JSON payload "
+                           "(GitHub Actions sets it), or unset it") from None
     pr = event.get("pull_request") if isinstance(event, dict) else None
     if not isinstance(pr, dict) or isinstance(pr.get("number"), bool) or not isinstance(pr.get("number"), int):
         return None
@@ -348,10 +378,15 @@ def _annotate(gate_dir: Path, report: str, environ: Mapping[str, str]) -> None:
         (gate_dir / ANNOTATION_FILE).write_text(annotation(report), encoding="utf-8")
 
 
-def _append(path: str | None, text: str) -> None:
-    if path:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(text)
+def _summarise(summary: str | None, report: str, status: int) -> int:
+    """Append the report to $GITHUB_STEP_SUMMARY; the exit status to end with. Where the summary cannot be written,
+    one ERROR line says so and the gate's failure stands as it is, but a pass becomes 2: bad input is never a pass."""
+    try:
+        step_files.append("GITHUB_STEP_SUMMARY", summary, report)
+    except step_files.StepFileError as error:
+        print(f"ERROR {error}", file=sys.stderr, flush=True)
+        return status or 2
+    return status
 
 
 def _write_pull_request(gate_dir: Path, environ: Mapping[str, str]) -> None:
@@ -372,9 +407,14 @@ def run(environ: Mapping[str, str]) -> int:
     sides = read_sides(environ.get("KVGATE_SIDES", ""))
     required = require_baseline(environ)
 
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise GateJobError(f"{run_dir}: the run folder must start empty; it holds files already")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            raise GateJobError(f"{run_dir}: the run folder must start empty; it holds files already")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file there, or on its way; a folder that cannot be listed or made
+        what = "it is a file" if error.errno == errno.EEXIST else error.strerror or str(error)
+        raise GateJobError(f"$KVGATE_RUN_DIR {run_dir}: cannot make the run folder ({what}). Point it at an empty or "
+                           "new folder") from None
     _write_pull_request(gate_dir, environ)
 
     if plan_result != "success":
@@ -437,10 +477,9 @@ def run(environ: Mapping[str, str]) -> int:
         if baseline is None and not sides:
             report += ("\n_No baseline: no usable kvgate-run artifact of an earlier run on main was found"
                        + (" (a bootstrap run: this one becomes the first reference)._\n" if not required else "._\n"))
-        _append(summary, clip(report, SUMMARY_LIMIT, "_(report cut to fit the step summary; the full report "
-                                                     "is in the kvgate-gate artifact)_"))
         _annotate(gate_dir, report, environ)
-        return status
+        return _summarise(summary, clip(report, SUMMARY_LIMIT, "_(report cut to fit the step summary; the full "
+                                                              "report is in the kvgate-gate artifact)_"), status)
     tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-40:])
     report = note_report("the gate wrote no report", [
         f"`{' '.join(argv)}` exited {status} without writing {GATE_FOLDER}/report.md.", "", "```", tail, "```"])
@@ -450,9 +489,8 @@ def run(environ: Mapping[str, str]) -> int:
 def _finish(gate_dir: Path, summary: str | None, report: str, status: int, environ: Mapping[str, str]) -> int:
     gate_dir.mkdir(parents=True, exist_ok=True)
     (gate_dir / "report.md").write_text(report, encoding="utf-8")
-    _append(summary, report)
     _annotate(gate_dir, report, environ)
-    return status
+    return _summarise(summary, report, status)
 
 
 def main() -> int:

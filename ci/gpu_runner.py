@@ -83,7 +83,7 @@ def read_settings(environ: Mapping[str, str]) -> Settings:
     if not _ORG.fullmatch(org):  # it goes into the API's path: `acme/../..` would send the token's request elsewhere
         raise SettingsError(f"$KVGATE_RUNNER_ORG: {org[:40]!r} is not an organization's login")
     group = need("KVGATE_RUNNER_GROUP_ID")
-    if not re.fullmatch(r"[0-9]+", group):  # str.isdigit() takes '²', which int() refuses
+    if not re.fullmatch(r"[0-9]{1,18}", group):  # str.isdigit() takes '²', and int() more than 4300 digits: refused
         raise SettingsError(f"$KVGATE_RUNNER_GROUP_ID: {group[:40]!r} is not a runner group id (a number)")
     labels = tuple(label.strip() for label in need("KVGATE_RUNNER_LABELS").split(",") if label.strip())
     bad = [label for label in labels if not _LABEL.fullmatch(label)]

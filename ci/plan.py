@@ -39,7 +39,8 @@ which requires every planned cell, fails it as not run. CPU cells always run and
 Writes to $GITHUB_OUTPUT: matrix (the cells that run, `{"include": [...]}`, one line), planned (every cell the
 change selects, those held back with `held_back`; the gate's list), has-cells (true/false), cell-count, gpu-minutes
 (the upper bound of the cells that run), merge-base (with --base/--head: the commit the change is counted from);
-a short plan to $GITHUB_STEP_SUMMARY; the matrix JSON to stdout. Exit 2 with one `ERROR` line on bad input.
+a short plan to $GITHUB_STEP_SUMMARY; the matrix JSON to stdout. Exit 2 with one `ERROR` line on bad input,
+a $GITHUB_OUTPUT or $GITHUB_STEP_SUMMARY that cannot be appended to included (ci/step_files.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+import step_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,7 +218,7 @@ def read_budget(environ: Mapping[str, str], event: str) -> GpuBudget:
     numbers = {}
     for name, default in (("KVGATE_SIDES", "1"), ("KVGATE_CELL_JOB_MINUTES", "180")):
         text = environ.get(name, "").strip() or default
-        if not text.isdigit() or int(text) < 1:
+        if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < 1:  # str.isdigit() takes '²', which int() refuses
             raise PlanError(f"${name} {text[:40]!r}: expected a whole number >= 1")
         numbers[name] = int(text)
     return GpuBudget(triggered=gpu == "true" or event in ALL_CELLS_EVENTS, cap_minutes=cap,
@@ -502,12 +506,6 @@ def plan(event: str, changed: list[str] | None, nox: Sequence[str], cwd: Path,
     return parse_matrix(result.stdout), reason, explanation
 
 
-def _append(path: str | None, text: str) -> None:
-    if path:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(text)
-
-
 def read_changed_list(path: Path) -> list[str]:
     """--changed-files: one path a line, or NUL-separated (`git diff -z --name-only`) when it holds a NUL."""
     try:
@@ -598,13 +596,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         matrix = with_runner_pool(matrix, args.pool_label)
         budgeted = apply_gpu_budget(matrix, workload_timeouts(matrix), read_budget(os.environ, args.event),
                                     workload_measured_minutes(matrix))
-        _append(os.environ.get("GITHUB_OUTPUT"), output_lines({**outputs(matrix, budgeted),
-                                                               "merge-base": args.merge_base}))
-    except PlanError as error:
+        step_files.append("GITHUB_OUTPUT", os.environ.get("GITHUB_OUTPUT"),
+                          output_lines({**outputs(matrix, budgeted), "merge-base": args.merge_base}))
+        step_files.append("GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"),
+                          summary(matrix, reason, budgeted) + (f"\n{explanation}" if explanation else ""))
+    except (PlanError, step_files.StepFileError) as error:
         print(f"ERROR {error}", file=sys.stderr)
         return 2
-    _append(os.environ.get("GITHUB_STEP_SUMMARY"), summary(matrix, reason, budgeted)
-            + (f"\n{explanation}" if explanation else ""))
     print(json.dumps({"include": budgeted.run}, separators=(",", ":")))
     print(f"kvgate plan: {reason} {len(budgeted.run)} cells. {budget_line(budgeted)}", file=sys.stderr)
     for entry in budgeted.held:

@@ -24,7 +24,8 @@ a verdict that breaks it (not JSON, NaN or a number out of range included) is on
 comment, since its heading could not be trusted.
 
 Writes COMMENT_FILE = {"pull_request": N, "marker": ..., "body": ...}, or nothing (exit 0, a notice) when there
-is no usable artifact. Never raises on any input: an unexpected error is a warning and no comment.
+is no usable artifact. Never raises on any input: an unexpected error is a warning and no comment. A COMMENT_FILE or
+$GITHUB_OUTPUT that cannot be written (ci/step_files.py) is one ERROR line, exit status 2, and `post` is not set.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run isolated (python -I), Python puts no folder there
+import step_files
 
 MARKER = "<!-- kvgate-gate-report -->"
 # GitHub refuses comment bodies over 65,536 characters.
@@ -332,11 +334,17 @@ def main() -> int:
     except Exception as error:
         print(f"::warning::kvgate: no comment posted: the artifact could not be rendered ({type(error).__name__})")
         return 0
-    out.write_text(json.dumps(data), encoding="utf-8")
-    github_output = os.environ.get("GITHUB_OUTPUT")
-    if github_output:
-        with open(github_output, "a", encoding="utf-8") as handle:
-            handle.write("post=true\n")
+    try:
+        out.write_text(json.dumps(data), encoding="utf-8")
+    except OSError as error:
+        print(f"ERROR {_one_line(f'$COMMENT_FILE {out}')[:200]}: cannot write the comment ({error.strerror or error}). "
+              "Point it at a file this job may write", file=sys.stderr)
+        return 2
+    try:
+        step_files.append("GITHUB_OUTPUT", os.environ.get("GITHUB_OUTPUT"), "post=true\n")
+    except step_files.StepFileError as error:
+        print(f"ERROR {_one_line(str(error))}", file=sys.stderr)
+        return 2
     print(f"kvgate: comment for pull request #{data['pull_request']} ({len(str(data['body']))} characters)")
     return 0
 

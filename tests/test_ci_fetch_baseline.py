@@ -150,3 +150,15 @@ def test_a_baseline_folder_that_is_a_file_or_an_empty_gh_is_one_error_line(tmp_p
                             text=True, check=False)
     assert result.returncode == 2 and result.stderr.startswith("ERROR ") and result.stderr.count("\n") == 1
     assert message in result.stderr
+
+
+def test_a_run_id_output_that_cannot_be_written_is_one_error_line_and_the_baseline_stays(tmp_path):
+    """$GITHUB_OUTPUT naming a folder was an IsADirectoryError traceback after the baseline was fetched."""
+    world = {"runs": {"push": [run_of(700, "push", "2026-01-02T00:00:00Z")]}, "artifacts": ["700"]}
+    env = {**os.environ, **environment(tmp_path, world), "GITHUB_OUTPUT": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-I", "ci/fetch_baseline.py"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, check=False)
+    assert (result.returncode, result.stderr) == (2, (
+        f"ERROR $GITHUB_OUTPUT {tmp_path}: cannot append to it (it is a folder). Point it at a file this job may write "
+        "(GitHub Actions sets it for each step), or unset it\n"))
+    assert (tmp_path / "baseline" / "cpu_attn-fp8-cpu" / "cell.json").is_file()

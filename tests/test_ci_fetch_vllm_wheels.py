@@ -57,3 +57,16 @@ def test_both_wheels_and_a_bad_commit(tmp_path):
         f"KVGATE_VLLM_HEAD_WHEEL={tmp_path}/wheels/head/vllm-0.27.0.dev13+gbbbbbbb-cp38-abi3-manylinux1_x86_64.whl"]
     bad = run(tmp_path, MERGE_BASE="main", HEAD_SHA=HEAD, KVGATE_VLLM_WHEEL_INDEX=index.as_uri())
     assert bad.returncode == 2 and "::error::$MERGE_BASE: 'main' is not a full 40-character commit SHA" in bad.stdout
+
+
+def test_a_job_environment_file_that_cannot_be_written_is_one_error_line(tmp_path):
+    """$GITHUB_ENV naming a folder was an IsADirectoryError traceback once a wheel was found."""
+    index = tmp_path / "index"
+    per_commit_index(index, BASE, "0.27.0.dev12+gaaaaaaa")
+    (tmp_path / "folder").mkdir()
+    result = run(tmp_path, MERGE_BASE=BASE, HEAD_SHA=HEAD, KVGATE_VLLM_WHEEL_INDEX=index.as_uri(),
+                 GITHUB_ENV=str(tmp_path / "folder"))
+    assert (result.returncode, result.stderr) == (2, "")
+    assert result.stdout.splitlines()[-1] == (
+        f"::error::$GITHUB_ENV {tmp_path}/folder: cannot append to it (it is a folder). Point it at a file this job may "
+        "write (GitHub Actions sets it for each step), or unset it")

@@ -283,6 +283,34 @@ def test_nothing_planned_passes_with_a_note_and_runs_no_gate(tmp_path):
     assert (tmp_path / "run" / "gate" / "report.md").read_text() == summary
 
 
+def stand_in_gate(tmp_path: Path, status: int) -> str:
+    """A KVGATE_NOX that does what the gate session does for this job (writes gate/report.md) and exits `status`."""
+    script = tmp_path / "gate.sh"
+    script.write_text(f'#!/bin/sh\nmkdir -p "$4/gate" && printf "## kvgate\\n" > "$4/gate/report.md"\nexit {status}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(("plan_result", "planned", "gate", "status"), [
+    ("success", {"include": []}, None, 2),  # nothing to check, a pass: 2
+    ("failure", None, None, 1),  # the plan failed: the gate job's failure stands
+    ("success", {"include": [{"cell": "cpu_attn-fp8-cpu"}]}, 0, 2),  # the gate passed: 2
+    ("success", {"include": [{"cell": "cpu_attn-fp8-cpu"}]}, 1, 1),  # a regression stays one
+])
+def test_a_step_summary_that_cannot_be_written_never_turns_into_a_pass(tmp_path, capsys, plan_result, planned, gate,
+                                                                       status):
+    """$GITHUB_STEP_SUMMARY naming a folder was an IsADirectoryError traceback after the gate ran; now it is one ERROR
+    line naming the variable, the gate's failure stands as it is and a pass becomes 2; report.md is kept."""
+    env = job_environment(tmp_path, json.dumps(planned), PLAN_RESULT=plan_result, GITHUB_STEP_SUMMARY=str(tmp_path),
+                          GITHUB_REPOSITORY="", KVGATE_NOX="/bin/false" if gate is None else stand_in_gate(tmp_path, gate))
+
+    assert gate_job.run(env) == status
+    assert capsys.readouterr().err.endswith(
+        f"ERROR $GITHUB_STEP_SUMMARY {tmp_path}: cannot append to it (it is a folder). Point it at a file this job may "
+        "write (GitHub Actions sets it for each step), or unset it\n")
+    assert (tmp_path / "run" / "gate" / "report.md").read_text().startswith("## kvgate")
+
+
 def test_a_lost_plan_output_is_not_an_empty_plan(tmp_path):
     env = job_environment(tmp_path, "", KVGATE_NOX="/bin/false")
     with pytest.raises(gate_job.GateJobError) as error:
@@ -325,6 +353,18 @@ def test_the_run_folder_must_start_empty(tmp_path):
     assert str(error.value) == f"{tmp_path / 'run'}: the run folder must start empty; it holds files already"
 
 
+@pytest.mark.parametrize(("run_dir", "why"), [("file", "it is a file"), ("file/run", "Not a directory")])
+def test_a_run_folder_that_cannot_be_made_is_one_error(tmp_path, run_dir, why):
+    """$KVGATE_RUN_DIR naming a file (or a folder under one) was a NotADirectoryError traceback."""
+    (tmp_path / "file").write_text("x")
+    env = job_environment(tmp_path, json.dumps({"include": []}), KVGATE_RUN_DIR=str(tmp_path / run_dir))
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(env)
+    assert str(error.value) == (f"$KVGATE_RUN_DIR {tmp_path / run_dir}: cannot make the run folder ({why}). Point it at "
+                                "an empty or new folder")
+    assert (tmp_path / "file").read_text() == "x"
+
+
 @pytest.mark.parametrize(("environ", "message"), [
     ({"KVGATE_SIDES": "base,left"}, "$KVGATE_SIDES: unknown side 'left'. Write base,head or head"),
     ({"KVGATE_BOOTSTRAP_BASELINE": "yes"}, "$KVGATE_BOOTSTRAP_BASELINE: 'yes', expected true or false"),
@@ -340,6 +380,14 @@ def test_bad_job_settings_are_one_error(tmp_path, environ, message):
     ("[" * 5000, "$PLANNED_MATRIX: not JSON (nested too deep)"),
     ('{"include": [{"cell": "../../etc"}]}',
      '$PLANNED_MATRIX: expected {"include": [{"cell": "<id>", ...}, ...]} from ci/plan.py'),
+    ('{"include": [{"cell": "cpu_attn-fp8-cpu", "stages": 5}]}',
+     "$PLANNED_MATRIX: expected a list of stages (kernels, accuracy, throughput) in include[0].stages, as ci/plan.py "
+     "writes it"),
+    ('{"include": [{"cell": "cpu_attn-fp8-cpu", "stages": "accuracy"}]}',
+     "$PLANNED_MATRIX: expected a list of stages (kernels, accuracy, throughput) in include[0].stages, as ci/plan.py "
+     "writes it"),
+    ('{"include": [{"cell": "cpu_attn-fp8-cpu", "not_planned": ["kernels"]}]}',
+     "$PLANNED_MATRIX: expected {stage: reason} in include[0].not_planned, as ci/plan.py writes it"),
 ])
 def test_bad_planned_matrix_is_an_error(value, message):
     with pytest.raises(gate_job.GateJobError) as error:
@@ -356,6 +404,21 @@ def test_the_script_says_bad_input_in_one_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ parts
+
+@pytest.mark.parametrize("stages", [5, "accuracy"])
+def test_planned_stages_of_another_shape_are_one_error_and_write_nothing_into_a_cell(tmp_path, stages):
+    """A planned entry's `stages` of another shape was a TypeError traceback (5) or, a string, marked each of its
+    letters a failed stage in the cell's status.json; now it is one error, before any artifact is read."""
+    cell = tmp_path / "artifacts" / "kvgate-cell-cpu_attn-fp8-cpu" / "cpu_attn-fp8-cpu"
+    cell.mkdir(parents=True)
+    (cell / "cell.json").write_text(json.dumps({"backend": "CPU_ATTN", "kv_cache_dtype": "fp8", "arch": "cpu"}))
+    env = job_environment(tmp_path, json.dumps({"include": [{"cell": "cpu_attn-fp8-cpu", "stages": stages}]}),
+                          KVGATE_NOX="/bin/false")
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.run(env)
+    assert str(error.value).startswith("$PLANNED_MATRIX: expected a list of stages")
+    assert not (tmp_path / "run" / "cpu_attn-fp8-cpu").exists()
+
 
 def test_a_cells_artifact_brings_its_own_folders_only(tmp_path):
     seed = seed_cells(tmp_path)
@@ -489,3 +552,41 @@ def test_attack_a_cell_job_cannot_bring_its_own_base_side_as_the_baseline(tmp_pa
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.is_dir()) == sorted(["gate", *SEED_CELLS])
     out = capsys.readouterr().out
     assert all(f"{cell}--base/ is a base side's folder, but this workflow runs no base side" in out for cell in SEED_CELLS)
+
+
+def test_an_event_payload_that_is_a_fifo_is_one_error_not_a_job_blocked_for_ever(tmp_path):
+    """$GITHUB_EVENT_PATH naming a FIFO blocked the gate job for ever, before any gate ran."""
+    fifo = tmp_path / "event.fifo"
+    os.mkfifo(fifo)
+    env = {**job_environment(tmp_path, json.dumps({"include": []})), "KVGATE_NOX": "/bin/false",
+           "GITHUB_EVENT_PATH": str(fifo)}
+    result = subprocess.run([sys.executable, "-I", "ci/gate_job.py"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (2, (
+        f"ERROR $GITHUB_EVENT_PATH {fifo}: not a regular file (a FIFO, socket or device). Point it at the event's JSON "
+        "payload (GitHub Actions sets it), or unset it\n"))
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("/dev/zero", None, "not a regular file (a FIFO, socket or device). Point it at the event's JSON payload (GitHub "
+                        "Actions sets it), or unset it"),
+    ("big.json", b"{" + b" " * (1 << 20), "more than 1 MiB, larger than any event's payload. Point it at the event's "
+                                          "JSON payload, or unset it"),
+    ("folder", None, "not a regular file (a folder). Point it at the event's JSON payload (GitHub Actions sets it), or "
+                     "unset it"),
+    ("missing.json", None, "cannot read it (No such file or directory). Point it at the event's JSON payload (GitHub "
+                           "Actions sets it), or unset it"),
+    ("broken.json", b'{"pull_request": ', "not JSON. Point it at the event's JSON payload (GitHub Actions sets it), "
+                                          "or unset it"),
+])
+def test_an_event_payload_that_cannot_be_read_is_one_error(tmp_path, monkeypatch, name, content, message):
+    """/dev/zero was read without end; a folder, a missing file or broken JSON silently named no pull request."""
+    monkeypatch.setattr(gate_job, "EVENT_READ_LIMIT", 1 << 20)
+    path = Path(name) if name.startswith("/") else tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    elif name == "folder":
+        path.mkdir()
+    with pytest.raises(gate_job.GateJobError) as error:
+        gate_job.pull_request_info(str(path))
+    assert str(error.value) == f"$GITHUB_EVENT_PATH {path}: {message}"

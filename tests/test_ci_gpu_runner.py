@@ -71,6 +71,8 @@ def test_the_just_in_time_request_names_the_group_and_labels():
      "(KVGATE_RUNNER_CACHES)"),
     ({"KVGATE_RUNNER_GROUP_ID": "main"}, "$KVGATE_RUNNER_GROUP_ID: 'main' is not a runner group id (a number)"),
     ({"KVGATE_RUNNER_GROUP_ID": "\u00b2"}, "$KVGATE_RUNNER_GROUP_ID: '\u00b2' is not a runner group id (a number)"),
+    ({"KVGATE_RUNNER_GROUP_ID": "7" * 5000},  # a ValueError traceback: int() refuses more than 4300 digits
+     f"$KVGATE_RUNNER_GROUP_ID: {'7' * 40!r} is not a runner group id (a number)"),
     ({"KVGATE_RUNNER_ORG": "acme/../../repos/acme/kvgate"},
      "$KVGATE_RUNNER_ORG: 'acme/../../repos/acme/kvgate' is not an organization's login"),
     ({"KVGATE_RUNNER_TIME_CAP": "forever"}, "$KVGATE_RUNNER_TIME_CAP: 'forever' is not a duration (e.g. 5h, 300m)"),

@@ -548,6 +548,9 @@ def test_the_budget_is_read_from_the_environment(environ, event, expected):
     ({"KVGATE_GPU_MINUTES_CAP": "-5"}, "$KVGATE_GPU_MINUTES_CAP '-5': expected a number of minutes >= 0 (the "
                                        "repository variable; leave it unset for no cap)"),
     ({"KVGATE_SIDES": "0"}, "$KVGATE_SIDES '0': expected a whole number >= 1"),
+    # a ValueError traceback each: str.isdigit() takes '²', and int() refuses more than 4300 digits
+    ({"KVGATE_SIDES": "²"}, "$KVGATE_SIDES '²': expected a whole number >= 1"),
+    ({"KVGATE_CELL_JOB_MINUTES": "9" * 5000}, f"$KVGATE_CELL_JOB_MINUTES {'9' * 40!r}: expected a whole number >= 1"),
 ])
 def test_a_bad_budget_setting_is_one_error(environ, message):
     with pytest.raises(plan.PlanError) as error:
@@ -580,3 +583,38 @@ def test_the_cell_job_says_a_bad_environment_in_one_line_not_a_traceback(tmp_pat
                             text=True, check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("ERROR ") and result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def test_a_cell_job_results_folder_under_a_file_is_one_error_line(tmp_path):
+    """$KVGATE_RUN_DIR naming a folder under a file was a NotADirectoryError traceback."""
+    (tmp_path / "file").write_text("x")
+    run_dir = tmp_path / "file" / "run"
+    env = {**os.environ, "KVGATE_CELL": "x", "KVGATE_SESSIONS": '["cell(x)"]', "KVGATE_RUN_DIR": str(run_dir),
+           "KVGATE_NOX": "true", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-I", str(ROOT / "ci" / "cell_job.py")], env=env, capture_output=True,
+                            text=True, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+        f"ERROR $KVGATE_RUN_DIR: {str(run_dir)!r} cannot be made (Not a directory). Point it at the folder the "
+        "artifact uploads\n"))
+
+
+@pytest.mark.parametrize("variable", ["GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY"])
+def test_a_step_file_that_cannot_be_written_is_one_error_line(tmp_path, variable):
+    """A $GITHUB_OUTPUT or $GITHUB_STEP_SUMMARY naming a folder was an IsADirectoryError traceback, and one naming a
+    FIFO that nothing reads blocked the plan for ever; now each is one line naming the variable and the fix, exit 2,
+    and what the other step file held already is kept."""
+    listing = tmp_path / "changed.txt"
+    listing.write_text("docs/index.md\n")
+    other = tmp_path / "other.txt"
+    other.write_text("earlier=1\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, why in ((tmp_path, "it is a folder"), (fifo, "it is a FIFO or socket that nothing reads")):
+        env = {**os.environ, "GITHUB_OUTPUT": str(other), "GITHUB_STEP_SUMMARY": str(other), variable: str(target)}
+        result = subprocess.run([sys.executable, "-I", "ci/plan.py", "--event", "pull_request", "--changed-files",
+                                 str(listing)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+                                check=False)
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", (
+            f"ERROR ${variable} {target}: cannot append to it ({why}). Point it at a file this job may write (GitHub "
+            "Actions sets it for each step), or unset it\n"))
+        assert other.read_text().startswith("earlier=1\n")

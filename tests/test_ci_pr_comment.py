@@ -453,3 +453,22 @@ def test_attack_a_dropped_links_text_first_in_a_line_opens_no_block(text, expect
     """A link out of the repository keeps only its text; first in a line, that text was written unescaped there and
     opened a heading, a quote or a list item of the pull request's words."""
     assert pr_comment.sanitise(text, "acme/kvgate") == expected + "\n"
+
+
+@pytest.mark.parametrize(("variable", "message"), [
+    ("COMMENT_FILE", "ERROR $COMMENT_FILE {folder}: cannot write the comment (Is a directory). Point it at a file this "
+                     "job may write\n"),
+    ("GITHUB_OUTPUT", "ERROR $GITHUB_OUTPUT {folder}: cannot append to it (it is a folder). Point it at a file this job "
+                      "may write (GitHub Actions sets it for each step), or unset it\n"),
+])
+def test_a_comment_file_or_output_that_cannot_be_written_is_one_error_line(tmp_path, variable, message):
+    """Either naming a folder was an IsADirectoryError traceback, though the renderer says it never raises."""
+    folder = gate_artifact(tmp_path, "## kvgate gate: PASS\n", verdict_json=verdict(True))
+    (tmp_path / "folder").mkdir()
+    env = {**os.environ, "GATE_DIR": str(folder), "COMMENT_FILE": str(tmp_path / "c.json"),
+           "GITHUB_OUTPUT": str(tmp_path / "out"), "HEAD_SHA": HEAD, "RUN_URL": RUN_URL, "RUN_CONCLUSION": "success",
+           variable: str(tmp_path / "folder")}
+    result = subprocess.run([sys.executable, "-I", "ci/pr_comment.py"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, check=False)
+    assert (result.returncode, result.stderr) == (2, message.format(folder=tmp_path / "folder"))
+    assert not (tmp_path / "out").exists()  # no post=true: nothing is posted
