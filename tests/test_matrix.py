@@ -229,6 +229,22 @@ def test_missing_file(matrix_copy):
     ]
 
 
+def test_backends_or_workloads_that_are_not_tables_are_one_line_each(capsys, matrix_copy):
+    (matrix_copy / "backends.toml").write_text('backends = "FLASH_ATTN"\n')
+    workloads = (matrix_copy / "workloads.toml").read_text()
+    (matrix_copy / "workloads.toml").write_text("workloads = []\n" + workloads[:workloads.index("[workloads.")])
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(matrix_copy))
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert all(line.startswith("ERROR ") for line in lines), err  # the other files' names of backends follow, no traceback
+    assert [line for line in lines if "/backends.toml:" in line or "/workloads.toml:" in line] == [
+        f"ERROR {matrix_copy}/backends.toml: expected [backends.<NAME>] tables, got the string 'FLASH_ATTN' in backends. "
+        "Declare each backend as a table: [backends.FLASH_ATTN]",
+        f"ERROR {matrix_copy}/workloads.toml: expected [workloads.<name>] tables, got a list in workloads. Declare each "
+        "workload as a table: [workloads.tiny-llama]",
+    ]
+
+
 def test_workload_may_not_set_what_the_cell_sets(matrix_copy):
     edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 32784, enforce_eager = false }",
          'model_args = { max_model_len = 32784, kv_cache_dtype = "fp8" }')

@@ -185,6 +185,10 @@ def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence
     backends: dict[str, Backend] = {}
     if not reader.keys(doc, "backends.toml", ["backends"], ["shared", "selection"]):
         return backends, ()
+    if not isinstance(doc["backends"], dict):
+        reader.error(f"expected [backends.<NAME>] tables, got {describe_value(doc['backends'])}", "backends",
+                     "Declare each backend as a table: [backends.FLASH_ATTN]")
+        return backends, ()
     for name, spec in doc["backends"].items():
         where = f"backends.{name}"
         if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
@@ -321,6 +325,10 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True,
                                     optional=THROUGHPUT_OPTIONAL_KEYS)
     timeout_defaults = _settings(reader, defaults.get("timeouts", {}), "defaults.timeouts", TIMEOUT_KEYS)
+    if not isinstance(doc["workloads"], dict):
+        reader.error(f"expected [workloads.<name>] tables, got {describe_value(doc['workloads'])}", "workloads",
+                     "Declare each workload as a table: [workloads.tiny-llama]")
+        return workloads
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
