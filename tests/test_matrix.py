@@ -245,6 +245,29 @@ def test_backends_or_workloads_that_are_not_tables_are_one_line_each(capsys, mat
     ]
 
 
+@pytest.mark.parametrize(("value", "shown"), [('"32k"', "the string '32k'"), ("nan", "the number nan"),
+                                              ("inf", "the number inf"), ("{ tokens = 1 }", "a table"),
+                                              ("0", "the number 0"), ("true", "the boolean true")])
+def test_a_max_model_len_kvgate_cannot_read_is_named_when_the_matrix_loads(matrix_copy, value, shown):
+    # it was accepted, and int() of it was a ValueError, OverflowError or TypeError traceback where a stage or the gate
+    # asked the workload its max_model_len
+    edit(matrix_copy, "workloads.toml", "model_args = { trust_remote_code = true, max_model_len = 32784,",
+         f"model_args = {{ trust_remote_code = true, max_model_len = {value},")
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: expected a whole number of tokens >= 1, got {shown} in "
+        "workloads.deepseek-v2-lite.model_args.max_model_len. Write e.g. max_model_len = 4096",
+    ]
+
+
+def test_trust_remote_code_as_a_string_is_refused_not_read_as_true(matrix_copy):
+    edit(matrix_copy, "workloads.toml", "model_args = { trust_remote_code = true,",
+         'model_args = { trust_remote_code = "false",')  # bool("false") is True: the engine would run the hub's code
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: expected true or false, got the string 'false' in "
+        "workloads.deepseek-v2-lite.model_args.trust_remote_code",
+    ]
+
+
 def test_workload_may_not_set_what_the_cell_sets(matrix_copy):
     edit(matrix_copy, "workloads.toml", "model_args = { max_model_len = 32784, enforce_eager = false }",
          'model_args = { max_model_len = 32784, kv_cache_dtype = "fp8" }')

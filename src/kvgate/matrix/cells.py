@@ -346,6 +346,15 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
         if "calculate_kv_scales" in model_args:
             reader.error("'calculate_kv_scales' is set by kvgate for the FP8 cells only",
                          f"{where}.model_args.calculate_kv_scales", f"Write it as {where}.calculate_kv_scales")
+        # read by kvgate itself (the engine's length, the passkey lengths that fit it; whether to trust the model's code)
+        length = model_args.get("max_model_len", 1)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            reader.error(f"expected a whole number of tokens >= 1, got {describe_value(length)}",
+                         f"{where}.model_args.max_model_len", "Write e.g. max_model_len = 4096")
+            model_args = {k: v for k, v in model_args.items() if k != "max_model_len"}
+        if not isinstance(model_args.get("trust_remote_code", False), bool):
+            reader.error(f"expected true or false, got {describe_value(model_args['trust_remote_code'])}",
+                         f"{where}.model_args.trust_remote_code")
         workloads[name] = Workload(
             name=name, model=reader.string(spec, "model", where), mla=reader.boolean(spec, "mla", where),
             archs=reader.names(spec["archs"], f"{where}.archs", archs, "arch"), model_args=dict(model_args),
