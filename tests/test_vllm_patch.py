@@ -106,6 +106,9 @@ def test_paths_are_sorted_into_package_build_and_elsewhere():
     ('--- "a/vllm/a\\nb.py"\n+++ "b/vllm/a\\nb.py"\n@@ -1 +1 @@\n-a\n+b\n', "p: unsafe path 'vllm/a\\nb.py' in line 1. A "
                                                                           "vLLM patch names files relative to the "
                                                                           "repository root (a/vllm/...)"),
+    # a quoted path's octal escape past a byte (\777 is 511): bytes() refused it, a ValueError traceback before
+    ('--- "a/vllm/\\777.py"\n+++ "b/vllm/\\777.py"\n@@ -1 +1 @@\n-a\n+b\n',
+     "p: unsafe path 'vllm/\\\\777.py' in line 1. A vLLM patch names files relative to the repository root (a/vllm/...)"),
     # a number of thousands of digits: int() refuses it (ValueError), a traceback before
     ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -" + "9" * 5000 + ",1 +1 @@\n-a\n+b\n",
      "p: malformed hunk header '@@ -" + "9" * 56 + "' in line 3. Expected '@@ -START,COUNT +START,COUNT @@'"),

@@ -29,7 +29,7 @@ BUILD_FOLDERS = ("csrc", "cmake", "requirements")
 
 # At most 9 digits a number: no file of vLLM comes near a billion lines, and int() of thousands of digits raises
 _HUNK = re.compile(r"^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@")
-_OCTAL = re.compile(rb"\\([0-7]{3})")
+_OCTAL = re.compile(rb"\\([0-3][0-7]{2})")  # a byte: git writes \000 to \377
 _MAIL_START = re.compile(r"^From [0-9a-f]{40} ")
 _PLAIN_BINARY = re.compile(r"^(?:Binary files|Files) (.+) and (.+) differ$")
 
