@@ -197,6 +197,26 @@ def test_a_file_the_parser_would_lose_is_one_error(text, message):
     assert str(caught.value) == message
 
 
+@pytest.mark.parametrize("extra", ["+injected", "-line3"])
+def test_a_line_past_its_hunks_counts_is_one_error_not_dropped(repo, extra):
+    """A line added to a hunk by hand, its header's counts not: applied, it was left out, and the run tested a change
+    that was not the patch (git apply refuses it)."""
+    text = "--- a/vllm/a/x.py\n+++ b/vllm/a/x.py\n@@ -1,2 +1,2 @@\n line1\n-line2\n+LINE2\n" + extra + "\n"
+    with pytest.raises(InputError) as caught:
+        parse_patch(text, "p")
+    assert str(caught.value) == (f"p: {extra!r} follows a hunk whose header counts 2 old and 2 new lines (line 3) in "
+                                 "line 7. Was the patch edited by hand? Make it again with `git diff`, or fix the hunk's "
+                                 "counts")
+
+
+def test_a_format_patch_signature_after_the_last_hunk_is_no_hunk_line(repo):
+    change(repo)
+    git(repo, "commit", "-qm", "change")
+    series = git(repo, "format-patch", "--stdout", "HEAD~1")
+    assert "\n-- \n" in series  # git's signature, then its version
+    assert len(parse_patch(series, "p")) == 6
+
+
 def test_what_plain_diff_and_editors_write_keeps_every_file():
     # a byte order mark before the first header (an editor's UTF-8 with BOM)
     assert changed_paths(parse_patch("\ufeff" + CUSTOM_OPS + DOCS, "p")) == ["vllm/_custom_ops.py", "docs/x.md"]

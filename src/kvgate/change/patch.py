@@ -149,6 +149,12 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
             # a header whose other half is damaged: its hunks would be read as the previous file's
             raise InputError(source, f"a file header {line[:80]!r} without its '{'---' if line[0] == '+' else '+++'}' "
                                      "line", f"line {i + 1}", "Was the header cut or edited by hand?")
+        elif current is not None and current.hunks and line[:1] in ("+", "-") and line not in ("-- ", "--"):
+            # a line the hunk's header does not count (a line added by hand, the counts not): applied, it was dropped
+            hunk = current.hunks[-1]
+            raise InputError(source, f"{line[:60]!r} follows a hunk whose header counts {hunk.old_count} old and "
+                                     f"{hunk.new_count} new lines (line {hunk.patch_line})", f"line {i + 1}",
+                             "Was the patch edited by hand? Make it again with `git diff`, or fix the hunk's counts")
         elif current is not None and not current.saw_old:
             if line.startswith("rename from ") or line.startswith("copy from "):
                 current.rename_from = _unquote(line.split(" from ", 1)[1], source, i + 1)
