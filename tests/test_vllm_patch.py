@@ -217,6 +217,23 @@ def test_a_format_patch_signature_after_the_last_hunk_is_no_hunk_line(repo):
     assert len(parse_patch(series, "p")) == 6
 
 
+def test_a_rename_whose_headers_name_another_file_is_one_error():
+    """The hunks of vllm/x.py were read as the rename's, of docs/ (inert): applied nowhere, selecting no cell; git apply
+    calls it an inconsistent old filename."""
+    text = ("diff --git a/docs/x.md b/docs/y.md\nsimilarity index 90%\nrename from docs/x.md\nrename to docs/y.md\n"
+            "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+A\n")
+    with pytest.raises(InputError) as caught:
+        parse_patch(text, "p")
+    assert str(caught.value) == ("p: the '---' header names 'vllm/x.py', its rename line 'docs/x.md' in line 1. Was the "
+                                 "header edited by hand? Make the patch again with `git diff`")
+
+
+def test_a_rename_with_changes_keeps_its_paths(repo):
+    change(repo)
+    renamed = [p for p in parse_patch(git(repo, "diff", "--cached", "-M"), "p") if p.old_path == "vllm/old_name.py"]
+    assert [(p.old_path, p.new_path, len(p.hunks)) for p in renamed] == [("vllm/old_name.py", "vllm/new_name.py", 1)]
+
+
 def test_what_plain_diff_and_editors_write_keeps_every_file():
     # a byte order mark before the first header (an editor's UTF-8 with BOM)
     assert changed_paths(parse_patch("\ufeff" + CUSTOM_OPS + DOCS, "p")) == ["vllm/_custom_ops.py", "docs/x.md"]
