@@ -187,6 +187,18 @@ def test_duplicate_dtype(matrix_copy):
     ]
 
 
+@pytest.mark.parametrize(("name", "shown"), [("fp8 $(id)", "'fp8 $(id)'"), ("fp8-e4m3", "'fp8-e4m3'"),
+                                             ("fp8\\n", "'fp8\\n'")])
+def test_a_dtype_name_that_cannot_be_part_of_a_cell_id_is_refused(matrix_copy, name, shown):
+    # it made cell ids with a space and `$(` (GitHub job names, results folders, the Buildkite step's shell words) or a
+    # '-' that split_cell_id read as another backend
+    edit(matrix_copy, "axes.toml", '"fp8_e5m2"]', f'"fp8_e5m2", "{name}"]')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/axes.toml: kv_cache_dtype {shown} is not a name vLLM's --kv-cache-dtype takes in "
+        "kv_cache_dtypes[4]. Use lower case, digits and _ (e.g. fp8_e4m3)",
+    ]
+
+
 def test_duplicate_backend_table_is_invalid_toml(matrix_copy):
     path = matrix_copy / "backends.toml"
     path.write_text(path.read_text() + '\n[backends.CPU_MLA]\nmla = true\n')

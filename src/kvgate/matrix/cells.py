@@ -140,6 +140,9 @@ def parse(documents: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]
     )
 
 
+_DTYPE_NAME = re.compile(r"[a-z0-9][a-z0-9_]{0,39}")  # vLLM's: auto, fp8, fp8_e4m3, fp8_e5m2, fp8_inc, nvfp4, ...
+
+
 def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, ...], dict[str, Arch]]:
     if not reader.keys(doc, "axes", ["kv_cache_dtypes", "archs"], ["features"]):
         return (), {}
@@ -152,6 +155,10 @@ def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, 
                      "kv_cache_dtypes")
     if len(set(dtypes)) != len(dtypes):
         reader.error("duplicate dtype", "kv_cache_dtypes")
+    for index, dtype in enumerate(dtypes):  # a part of every cell id: a job name, a folder, a word of CI's shell
+        if not _DTYPE_NAME.fullmatch(dtype):
+            reader.error(f"kv_cache_dtype {ascii(dtype)[:80]} is not a name vLLM's --kv-cache-dtype takes",
+                         f"kv_cache_dtypes[{index}]", "Use lower case, digits and _ (e.g. fp8_e4m3)")
     archs: dict[str, Arch] = {}
     table = doc["archs"]
     if not isinstance(table, dict):
