@@ -234,6 +234,20 @@ def test_a_rename_with_changes_keeps_its_paths(repo):
     assert [(p.old_path, p.new_path, len(p.hunks)) for p in renamed] == [("vllm/old_name.py", "vllm/new_name.py", 1)]
 
 
+def test_an_empty_file_has_no_line_to_match_or_to_end(repo):
+    """An empty file was read as one empty line: text added without a newline at its end gained one, and a hunk
+    removing an empty line applied to a file that has none."""
+    (repo / "vllm" / "empty.py").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "empty")
+    (repo / "vllm" / "empty.py").write_text("x = 1")
+    patch = parse_patch(git(repo, "diff"), "p")[0]
+    assert apply_file_patch("", patch, "p") == "x = 1"
+    removal = parse_patch("--- a/vllm/empty.py\n+++ b/vllm/empty.py\n@@ -1 +0,0 @@\n-\n", "p")[0]
+    with pytest.raises(InputError, match=r"hunk 1 of vllm/empty\.py does not apply"):
+        apply_file_patch("", removal, "p")
+
+
 def test_what_plain_diff_and_editors_write_keeps_every_file():
     # a byte order mark before the first header (an editor's UTF-8 with BOM)
     assert changed_paths(parse_patch("\ufeff" + CUSTOM_OPS + DOCS, "p")) == ["vllm/_custom_ops.py", "docs/x.md"]

@@ -321,10 +321,10 @@ def apply_file_patch(original: str | None, patch: FilePatch, source: str) -> str
 
 
 def _apply_hunks(original: str, patch: FilePatch, source: str) -> str:
-    lines = original.split("\n")
-    ends_with_newline = original.endswith("\n")
-    if ends_with_newline:
+    lines = original.split("\n") if original else []  # an empty file has no line, not one empty line
+    if original.endswith("\n"):
         lines.pop()
+    ends_with_newline = original.endswith("\n") or not original  # lines added to it end theirs, unless a hunk says
     out: list[str] = []
     cursor = 0  # index into `lines` of the first line not yet copied
     new_ends_with_newline = ends_with_newline
