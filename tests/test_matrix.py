@@ -250,10 +250,10 @@ def test_backends_or_workloads_that_are_not_tables_are_one_line_each(capsys, mat
     lines = err.splitlines()
     assert all(line.startswith("ERROR ") for line in lines), err  # the other files' names of backends follow, no traceback
     assert [line for line in lines if "/backends.toml:" in line or "/workloads.toml:" in line] == [
-        f"ERROR {matrix_copy}/backends.toml: expected [backends.<NAME>] tables, got the string 'FLASH_ATTN' in backends. "
-        "Declare each backend as a table: [backends.FLASH_ATTN]",
+        f"ERROR {matrix_copy}/backends.toml: expected [backends.<name>] tables, got the string 'FLASH_ATTN' in backends. "
+        "Declare each as a table: [backends.FLASH_ATTN]",
         f"ERROR {matrix_copy}/workloads.toml: expected [workloads.<name>] tables, got a list in workloads. Declare each "
-        "workload as a table: [workloads.tiny-llama]",
+        "as a table: [workloads.tiny-llama]",
     ]
 
 
