@@ -91,8 +91,23 @@ def test_a_malformed_canaries_file_names_each_problem(tmp_path):
     assert [str(e) for e in caught.value.errors] == [
         f"{shown}: expect must be \"fail\" or \"pass\", got 'maybe' in x.expect",
         f"{shown}: unknown stage 'acc' in x.stages[0]. Known: accuracy, kernels, throughput",
-        f"{shown}: expected a list of cell ids in x.cells",
+        f"{shown}: expected a list of cell ids, got a list in x.cells",
         f"{shown}: no such patch file none.patch in x.patch"]
+
+
+def test_a_canary_of_wrong_types_is_named_not_read_as_something(tmp_path):
+    # ci = "false" was bool("false"), True: the canary ran in CI; a cell id that was not a string was dropped; no
+    # stage at all was no canary
+    (tmp_path / "c.patch").write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    (tmp_path / CANARIES_FILE).write_text('[x]\nwhat = "w"\npatch = "c.patch"\ncells = ["cpu_attn-fp8-cpu", 5]\n'
+                                          'stages = []\nexpect = "fail"\nci = "false"\n')
+    with pytest.raises(InputErrors) as caught:
+        load_canaries(tmp_path)
+    shown = f"{tmp_path / CANARIES_FILE}"
+    assert [str(e) for e in caught.value.errors] == [
+        f"{shown}: expected at least one stage in x.stages. Name some of kernels, accuracy, throughput",
+        f"{shown}: expected a list of cell ids, got a list in x.cells",
+        f"{shown}: expected true or false, got the string 'false' in x.ci"]
 
 
 RECORDED = Path(__file__).parent / "fixtures" / "canaries" / "ci-canaries.tar.xz"

@@ -187,6 +187,18 @@ def test_duplicate_dtype(matrix_copy):
     ]
 
 
+@pytest.mark.parametrize(("name", "shown"), [("fp8 $(id)", "'fp8 $(id)'"), ("fp8-e4m3", "'fp8-e4m3'"),
+                                             ("fp8\\n", "'fp8\\n'")])
+def test_a_dtype_name_that_cannot_be_part_of_a_cell_id_is_refused(matrix_copy, name, shown):
+    # it made cell ids with a space and `$(` (GitHub job names, results folders, the Buildkite step's shell words) or a
+    # '-' that split_cell_id read as another backend
+    edit(matrix_copy, "axes.toml", '"fp8_e5m2"]', f'"fp8_e5m2", "{name}"]')
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/axes.toml: kv_cache_dtype {shown} is not a name vLLM's --kv-cache-dtype takes in "
+        "kv_cache_dtypes[4]. Use lower case, digits and _ (e.g. fp8_e4m3)",
+    ]
+
+
 def test_duplicate_backend_table_is_invalid_toml(matrix_copy):
     path = matrix_copy / "backends.toml"
     path.write_text(path.read_text() + '\n[backends.CPU_MLA]\nmla = true\n')
@@ -226,6 +238,45 @@ def test_missing_file(matrix_copy):
     assert load_errors(matrix_copy) == [
         f"{matrix_copy}/workloads.toml: file is missing. kvgate reads axes.toml, backends.toml, exclusions.toml, "
         "waivers.toml, workloads.toml",
+    ]
+
+
+def test_backends_or_workloads_that_are_not_tables_are_one_line_each(capsys, matrix_copy):
+    (matrix_copy / "backends.toml").write_text('backends = "FLASH_ATTN"\n')
+    workloads = (matrix_copy / "workloads.toml").read_text()
+    (matrix_copy / "workloads.toml").write_text("workloads = []\n" + workloads[:workloads.index("[workloads.")])
+    code, out, err = run_cli(capsys, "matrix", "--matrix-dir", str(matrix_copy))
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert all(line.startswith("ERROR ") for line in lines), err  # the other files' names of backends follow, no traceback
+    assert [line for line in lines if "/backends.toml:" in line or "/workloads.toml:" in line] == [
+        f"ERROR {matrix_copy}/backends.toml: expected [backends.<name>] tables, got the string 'FLASH_ATTN' in backends. "
+        "Declare each as a table: [backends.FLASH_ATTN]",
+        f"ERROR {matrix_copy}/workloads.toml: expected [workloads.<name>] tables, got a list in workloads. Declare each "
+        "as a table: [workloads.tiny-llama]",
+    ]
+
+
+@pytest.mark.parametrize(("value", "shown"), [('"32k"', "the string '32k'"), ("nan", "the number nan"),
+                                              ("inf", "the number inf"), ("{ tokens = 1 }", "a table"),
+                                              ("0", "the number 0"), ("true", "the boolean true")])
+def test_a_max_model_len_kvgate_cannot_read_is_named_when_the_matrix_loads(matrix_copy, value, shown):
+    # it was accepted, and int() of it was a ValueError, OverflowError or TypeError traceback where a stage or the gate
+    # asked the workload its max_model_len
+    edit(matrix_copy, "workloads.toml", "model_args = { trust_remote_code = true, max_model_len = 32784,",
+         f"model_args = {{ trust_remote_code = true, max_model_len = {value},")
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: expected a whole number of tokens >= 1, got {shown} in "
+        "workloads.deepseek-v2-lite.model_args.max_model_len. Write e.g. max_model_len = 4096",
+    ]
+
+
+def test_trust_remote_code_as_a_string_is_refused_not_read_as_true(matrix_copy):
+    edit(matrix_copy, "workloads.toml", "model_args = { trust_remote_code = true,",
+         'model_args = { trust_remote_code = "false",')  # bool("false") is True: the engine would run the hub's code
+    assert load_errors(matrix_copy) == [
+        f"{matrix_copy}/workloads.toml: expected true or false, got the string 'false' in "
+        "workloads.deepseek-v2-lite.model_args.trust_remote_code",
     ]
 
 

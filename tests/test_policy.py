@@ -184,7 +184,7 @@ BAD_POLICIES = {
          "matrix/policy.toml: missing key 'fp8_tax_points' in accuracy"]),
     "alpha out of range": (
         _set("accuracy", "alpha", value=5),
-        ["matrix/policy.toml: expected a number > 0 and <= 0.5, got the number 5 in accuracy.alpha"]),
+        ["matrix/policy.toml: expected a number > 0 and < 0.5, got the number 5 in accuracy.alpha"]),
     "multiplicity in capitals": (
         _set("accuracy", "multiplicity", value="Holm"),
         ["matrix/policy.toml: unknown multiplicity method 'Holm' in accuracy.multiplicity. Did you mean holm?"]),
@@ -255,6 +255,38 @@ BAD_POLICIES = {
     "no kernels table": (
         lambda doc: doc.pop("kernels"),
         ["matrix/policy.toml: missing key 'kernels' in policy.toml"]),
+    # Values each in range that make no design: the gate's question plan met them as a ValueError traceback, or ran
+    # out of memory sizing 10^22 questions
+    "alpha of one half": (  # the sequential design needs alpha < 0.5
+        _set("accuracy", "alpha", value=0.5),
+        ["matrix/policy.toml: expected a number > 0 and < 0.5, got the number 0.5 in accuracy.alpha"]),
+    "power of one half": (  # beta = 0.5
+        _set("accuracy", "power", value=0.5),
+        ["matrix/policy.toml: expected a number > 0.5 and < 1, got the number 0.5 in accuracy.power"]),
+    "a gap of a billionth of a point": (
+        _set("accuracy", "gap_points", value=1e-9),
+        ["matrix/policy.toml: catching a drop of 3 points over a margin of 3 (accuracy.fp8_tax_points) at 15 % noise "
+         "flips with alpha 0.01 and power 0.9 needs about 2.33e+22 questions, more than 1000000 in "
+         "accuracy.gap_points. Widen gap_points, or ask less (alpha, power)"]),
+    "a gap lost in rounding": (
+        _set("accuracy", "gap_points", value=1e-300),
+        ["matrix/policy.toml: catching a drop of 3 points over a margin of 3 (accuracy.fp8_tax_points) at 15 % noise "
+         "flips with alpha 0.01 and power 0.9 needs unboundedly many questions, more than 1000000 in "
+         "accuracy.gap_points. Widen gap_points, or ask less (alpha, power)"]),
+    "alpha that 1 - alpha rounds away": (
+        _set("accuracy", "alpha", value=1e-20),
+        ["matrix/policy.toml: alpha 1e-20 is too near 0 to compute a design with in accuracy.alpha. Write e.g. "
+         "alpha = 0.01"]),
+    "noise that leaves no room for the drop": (
+        _set("accuracy", "design_flips", value=0.99),
+        ["matrix/policy.toml: a drop of 6 points (accuracy.fp8_tax_points + gap_points) on top of 99 % noise flips "
+         "breaks more answers than there are questions in accuracy.design_flips. Lower the margin, gap_points or "
+         "the noise"]),
+    "a beta spending rho with no boundaries": (
+        _set("accuracy", "sequential", "beta_spending_rho", value=1e-6),
+        ["matrix/policy.toml: the sequential design has no boundaries at alpha 0.01, power 0.9 and beta_spending_rho "
+         "1e-06 (no root in [1.8039497197927206, 7.215798879170882]: f = 0.6095131276792072 and "
+         "6.74126439392797e-09) in accuracy.sequential. kvgate's design uses beta_spending_rho = 2.0"]),
 }
 
 
@@ -277,7 +309,7 @@ def test_a_bad_policy_file_is_one_error_line_per_problem_and_exit_2(tmp_path: Pa
     err = capsys.readouterr().err
     assert status == 2
     assert err.splitlines() == [
-        f"ERROR {bad}: expected a number > 0 and <= 0.5, got the number 0 in accuracy.alpha",
+        f"ERROR {bad}: expected a number > 0 and < 0.5, got the number 0 in accuracy.alpha",
         f"ERROR {bad}: unknown multiplicity method 'None' in accuracy.multiplicity. Did you mean none?",
     ]
 

@@ -106,6 +106,9 @@ def test_paths_are_sorted_into_package_build_and_elsewhere():
     ('--- "a/vllm/a\\nb.py"\n+++ "b/vllm/a\\nb.py"\n@@ -1 +1 @@\n-a\n+b\n', "p: unsafe path 'vllm/a\\nb.py' in line 1. A "
                                                                           "vLLM patch names files relative to the "
                                                                           "repository root (a/vllm/...)"),
+    # a quoted path's octal escape past a byte (\777 is 511): bytes() refused it, a ValueError traceback before
+    ('--- "a/vllm/\\777.py"\n+++ "b/vllm/\\777.py"\n@@ -1 +1 @@\n-a\n+b\n',
+     "p: unsafe path 'vllm/\\\\777.py' in line 1. A vLLM patch names files relative to the repository root (a/vllm/...)"),
     # a number of thousands of digits: int() refuses it (ValueError), a traceback before
     ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -" + "9" * 5000 + ",1 +1 @@\n-a\n+b\n",
      "p: malformed hunk header '@@ -" + "9" * 56 + "' in line 3. Expected '@@ -START,COUNT +START,COUNT @@'"),
@@ -192,6 +195,57 @@ def test_a_file_the_parser_would_lose_is_one_error(text, message):
     with pytest.raises(InputError) as caught:
         parse_patch(text, "p")
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("extra", ["+injected", "-line3"])
+def test_a_line_past_its_hunks_counts_is_one_error_not_dropped(repo, extra):
+    """A line added to a hunk by hand, its header's counts not: applied, it was left out, and the run tested a change
+    that was not the patch (git apply refuses it)."""
+    text = "--- a/vllm/a/x.py\n+++ b/vllm/a/x.py\n@@ -1,2 +1,2 @@\n line1\n-line2\n+LINE2\n" + extra + "\n"
+    with pytest.raises(InputError) as caught:
+        parse_patch(text, "p")
+    assert str(caught.value) == (f"p: {extra!r} follows a hunk whose header counts 2 old and 2 new lines (line 3) in "
+                                 "line 7. Was the patch edited by hand? Make it again with `git diff`, or fix the hunk's "
+                                 "counts")
+
+
+def test_a_format_patch_signature_after_the_last_hunk_is_no_hunk_line(repo):
+    change(repo)
+    git(repo, "commit", "-qm", "change")
+    series = git(repo, "format-patch", "--stdout", "HEAD~1")
+    assert "\n-- \n" in series  # git's signature, then its version
+    assert len(parse_patch(series, "p")) == 6
+
+
+def test_a_rename_whose_headers_name_another_file_is_one_error():
+    """The hunks of vllm/x.py were read as the rename's, of docs/ (inert): applied nowhere, selecting no cell; git apply
+    calls it an inconsistent old filename."""
+    text = ("diff --git a/docs/x.md b/docs/y.md\nsimilarity index 90%\nrename from docs/x.md\nrename to docs/y.md\n"
+            "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+A\n")
+    with pytest.raises(InputError) as caught:
+        parse_patch(text, "p")
+    assert str(caught.value) == ("p: the '---' header names 'vllm/x.py', its rename line 'docs/x.md' in line 1. Was the "
+                                 "header edited by hand? Make the patch again with `git diff`")
+
+
+def test_a_rename_with_changes_keeps_its_paths(repo):
+    change(repo)
+    renamed = [p for p in parse_patch(git(repo, "diff", "--cached", "-M"), "p") if p.old_path == "vllm/old_name.py"]
+    assert [(p.old_path, p.new_path, len(p.hunks)) for p in renamed] == [("vllm/old_name.py", "vllm/new_name.py", 1)]
+
+
+def test_an_empty_file_has_no_line_to_match_or_to_end(repo):
+    """An empty file was read as one empty line: text added without a newline at its end gained one, and a hunk
+    removing an empty line applied to a file that has none."""
+    (repo / "vllm" / "empty.py").write_text("")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "empty")
+    (repo / "vllm" / "empty.py").write_text("x = 1")
+    patch = parse_patch(git(repo, "diff"), "p")[0]
+    assert apply_file_patch("", patch, "p") == "x = 1"
+    removal = parse_patch("--- a/vllm/empty.py\n+++ b/vllm/empty.py\n@@ -1 +0,0 @@\n-\n", "p")[0]
+    with pytest.raises(InputError, match=r"hunk 1 of vllm/empty\.py does not apply"):
+        apply_file_patch("", removal, "p")
 
 
 def test_what_plain_diff_and_editors_write_keeps_every_file():

@@ -29,7 +29,7 @@ BUILD_FOLDERS = ("csrc", "cmake", "requirements")
 
 # At most 9 digits a number: no file of vLLM comes near a billion lines, and int() of thousands of digits raises
 _HUNK = re.compile(r"^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@")
-_OCTAL = re.compile(rb"\\([0-7]{3})")
+_OCTAL = re.compile(rb"\\([0-3][0-7]{2})")  # a byte: git writes \000 to \377
 _MAIL_START = re.compile(r"^From [0-9a-f]{40} ")
 _PLAIN_BINARY = re.compile(r"^(?:Binary files|Files) (.+) and (.+) differ$")
 
@@ -149,6 +149,12 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
             # a header whose other half is damaged: its hunks would be read as the previous file's
             raise InputError(source, f"a file header {line[:80]!r} without its '{'---' if line[0] == '+' else '+++'}' "
                                      "line", f"line {i + 1}", "Was the header cut or edited by hand?")
+        elif current is not None and current.hunks and line[:1] in ("+", "-") and line not in ("-- ", "--"):
+            # a line the hunk's header does not count (a line added by hand, the counts not): applied, it was dropped
+            hunk = current.hunks[-1]
+            raise InputError(source, f"{line[:60]!r} follows a hunk whose header counts {hunk.old_count} old and "
+                                     f"{hunk.new_count} new lines (line {hunk.patch_line})", f"line {i + 1}",
+                             "Was the patch edited by hand? Make it again with `git diff`, or fix the hunk's counts")
         elif current is not None and not current.saw_old:
             if line.startswith("rename from ") or line.startswith("copy from "):
                 current.rename_from = _unquote(line.split(" from ", 1)[1], source, i + 1)
@@ -170,6 +176,13 @@ def parse_patch(text: str, source: str) -> list[FilePatch]:
 
 def _finish(section: _Section, source: str) -> FilePatch:
     old, new = section.old_path, section.new_path
+    for which, named, header in (("'---'", section.rename_from, old), ("'+++'", section.rename_to, new)):
+        if section.saw_old and named and header is not None and header != named:
+            # the hunks were read as the rename's (docs/x.md) while they change the header's file (vllm/x.py)
+            verb = "copy" if section.copied else "rename"
+            raise InputError(source, f"the {which} header names {header!r}, its {verb} line {named!r}",
+                             f"line {section.start}", "Was the header edited by hand? Make the patch again with "
+                                                      "`git diff`")
     if section.rename_from or section.rename_to:
         old, new = section.rename_from or old, section.rename_to or new
     if section.new_file and not section.saw_old:
@@ -308,10 +321,10 @@ def apply_file_patch(original: str | None, patch: FilePatch, source: str) -> str
 
 
 def _apply_hunks(original: str, patch: FilePatch, source: str) -> str:
-    lines = original.split("\n")
-    ends_with_newline = original.endswith("\n")
-    if ends_with_newline:
+    lines = original.split("\n") if original else []  # an empty file has no line, not one empty line
+    if original.endswith("\n"):
         lines.pop()
+    ends_with_newline = original.endswith("\n") or not original  # lines added to it end theirs, unless a hunk says
     out: list[str] = []
     cursor = 0  # index into `lines` of the first line not yet copied
     new_ends_with_newline = ends_with_newline

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate import EXIT_FAILED, EXIT_OK, InputError, InputErrors
-from kvgate.matrix.toml_reading import TomlReader, read_toml
+from kvgate.matrix.toml_reading import TomlReader, describe_value, read_toml
 
 HELP = "run the canaries (small vLLM patches with known verdicts) A/B and print a detection table"
 CANARIES_FILE = "canaries.toml"
@@ -68,9 +68,12 @@ def load_canaries(folder: Path) -> list[Canary]:
         if expect and expect not in ("fail", "pass"):
             reader.error(f"expect must be \"fail\" or \"pass\", got '{expect}'", f"{name}.expect")
         stages = reader.names(table["stages"], f"{name}.stages", STAGE_NAMES, "stage")
-        cells = tuple(c for c in table["cells"] if isinstance(c, str)) if isinstance(table["cells"], list) else ()
-        if not cells:
-            reader.error("expected a list of cell ids", f"{name}.cells")
+        if table["stages"] == []:
+            reader.error("expected at least one stage", f"{name}.stages", f"Name some of {', '.join(STAGE_NAMES)}")
+        cells = table["cells"]
+        if not isinstance(cells, list) or not cells or not all(isinstance(c, str) and c.strip() for c in cells):
+            reader.error(f"expected a list of cell ids, got {describe_value(cells)}", f"{name}.cells")
+            cells = []
         checks = {}
         for key in ("fails", "passes"):
             items = table.get(key, [])
@@ -85,9 +88,9 @@ def load_canaries(folder: Path) -> list[Canary]:
         patch = folder / reader.string(table, "patch", name)
         if not patch.is_file():
             reader.error(f"no such patch file {patch.name}", f"{name}.patch")
-        canaries.append(Canary(name=name, what=reader.string(table, "what", name), patch=patch, cells=cells,
+        canaries.append(Canary(name=name, what=reader.string(table, "what", name), patch=patch, cells=tuple(cells),
                                stages=stages, expect=expect, fails=checks["fails"], passes=checks["passes"],
-                               ci=bool(table.get("ci", False)),
+                               ci=reader.boolean(table, "ci", name) if "ci" in table else False,
                                vllm=reader.string(table, "vllm", name) if "vllm" in table else ""))
     if reader.problems:
         raise InputErrors(reader.problems)

@@ -211,11 +211,64 @@ def parse(doc: Mapping[str, Any], source: str = "matrix/policy.toml", *, matrix:
     probe_ab = _parse_probe_ab(reader, doc["probe_ab"], matrix) if "probe_ab" in doc else ProbeAbPolicy()
     oldest = _parse_results(reader, doc["results"]) if "results" in doc else (1, 6)
     floors = _floors(reader, matrix, accuracy)
+    if not reader.problems and accuracy is not None:
+        _check_design(reader, accuracy)
     if reader.problems:
         raise InputErrors(reader.problems)
     assert accuracy and throughput and probe and kernels
     return Policy(accuracy=accuracy, throughput=throughput, probe=probe, kernels=kernels, source=source,
                   floors=floors, kv_cache=kv_cache, probe_ab=probe_ab, oldest_contract=oldest)
+
+
+MAX_DESIGN_QUESTIONS = 1_000_000  # the most questions a comparison may need (gsm8k's test split has 1319)
+
+
+def _check_design(reader: TomlReader, accuracy: AccuracyPolicy) -> None:
+    """Every comparison the question plan sizes must be one: each margin (fp8_tax_points, by model, and
+    baseline_margin_points) plus gap_points at each noise of design_flips (and by model) fits in the questions and
+    needs at most MAX_DESIGN_QUESTIONS, and the sequential design has boundaries. Values each in range can still make
+    none (a gap of 1e-9 points needs 10^12 questions: the plan ran out of memory), which the gate met as a traceback."""
+    from kvgate.statistics import power, sequential
+
+    margins = {"accuracy.fp8_tax_points": accuracy.fp8_tax_points,
+               **{f"accuracy.fp8_tax_points_by_model.{m}": v for m, v in accuracy.fp8_tax_points_by_model.items()},
+               "accuracy.baseline_margin_points": accuracy.baseline_margin_points}
+    noises = {"accuracy.design_flips": accuracy.design_flips,
+              **{f"accuracy.design_flips_by_model.{m}.{kind}": v
+                 for m, kinds in accuracy.design_flips_by_model.items() for kind, v in kinds.items()}}
+    for margin_key, margin in margins.items():
+        target = margin + accuracy.gap_points
+        for flips_key, flips in noises.items():
+            if flips + target / 100 > 1:
+                reader.error(f"a drop of {target:g} points ({margin_key} + gap_points) on top of {100 * flips:g} % "
+                             "noise flips breaks more answers than there are questions", flips_key,
+                             "Lower the margin, gap_points or the noise")
+                return
+            try:
+                needed: float = power.normal_questions(margin_points=margin, target_points=target, flips=flips,
+                                                       alpha=accuracy.alpha, power=accuracy.power)
+            except ValueError:  # 1 - alpha rounded to 1: no normal quantile
+                reader.error(f"alpha {accuracy.alpha:g} is too near 0 to compute a design with", "accuracy.alpha",
+                             "Write e.g. alpha = 0.01")
+                return
+            except ArithmeticError:  # a gap of 1e-300 points: a division by zero or an overflow
+                needed = math.inf
+            if needed > MAX_DESIGN_QUESTIONS:
+                shown = f"about {needed:.3g}" if math.isfinite(needed) else "unboundedly many"
+                reader.error(f"catching a drop of {target:g} points over a margin of {margin:g} ({margin_key}) at "
+                             f"{100 * flips:g} % noise flips with alpha {accuracy.alpha:g} and power {accuracy.power:g} "
+                             f"needs {shown} questions, more than {MAX_DESIGN_QUESTIONS}", "accuracy.gap_points",
+                             "Widen gap_points, or ask less (alpha, power)")
+                return
+    looks = accuracy.sequential.looks
+    if len(looks) > 1:
+        try:
+            sequential.boundaries(looks, alpha=accuracy.alpha, beta=1 - accuracy.power,
+                                  rho=accuracy.sequential.beta_spending_rho)
+        except (ValueError, OverflowError, ArithmeticError) as error:
+            reader.error(f"the sequential design has no boundaries at alpha {accuracy.alpha:g}, power "
+                         f"{accuracy.power:g} and beta_spending_rho {accuracy.sequential.beta_spending_rho:g} ({error})",
+                         "accuracy.sequential", "kvgate's design uses beta_spending_rho = 2.0")
 
 
 def _floors(reader: TomlReader, matrix: Matrix | None, accuracy: AccuracyPolicy | None) -> tuple[AccuracyFloor, ...]:
@@ -274,12 +327,12 @@ def _parse_accuracy(reader: TomlReader, table: Any, matrix: Matrix | None) -> Ac
         fp8_tax_points_by_model=by_model,
         baseline_margin_points=_number(reader, table, "baseline_margin_points", where, low=0, high=100,
                                        low_open=True),
-        alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True),
+        alpha=_number(reader, table, "alpha", where, low=0, high=0.5, low_open=True, high_open=True),
         multiplicity=_choice(reader, table, "multiplicity", where, MULTIPLICITY_METHODS, "multiplicity method"),
         primary_filter=primary,
         filters=tuple(filters),
         min_n=_count(reader, table, "min_n", where, low=1, high=math.inf),
-        power=_number(reader, table, "power", where, low=0.5, high=1, high_open=True),
+        power=_number(reader, table, "power", where, low=0.5, high=1, low_open=True, high_open=True),
         gap_points=_number(reader, table, "gap_points", where, low=0, high=100, low_open=True),
         design_flips=_number(reader, table, "design_flips", where, low=0, high=1, low_open=True, high_open=True),
         questions=_count(reader, table, "questions", where, low=1, high=math.inf),

@@ -19,6 +19,7 @@ from kvgate import InputError, InputErrors, unknown_name_hint
 from kvgate.matrix.declarations import (
     FP8_KV_SCALES,
     GSM8K_FILTERS,
+    KV_CACHE_DTYPE_NAME,
     LOCAL_MODEL_PREFIX,
     MATCH_KEYS,
     PLAIN,
@@ -152,6 +153,10 @@ def _parse_axes(reader: TomlReader, doc: Mapping[str, Any]) -> tuple[tuple[str, 
                      "kv_cache_dtypes")
     if len(set(dtypes)) != len(dtypes):
         reader.error("duplicate dtype", "kv_cache_dtypes")
+    for index, dtype in enumerate(dtypes):  # a part of every cell id: a job name, a folder, a word of CI's shell
+        if not KV_CACHE_DTYPE_NAME.fullmatch(dtype):
+            reader.error(f"kv_cache_dtype {ascii(dtype)[:80]} is not a name vLLM's --kv-cache-dtype takes",
+                         f"kv_cache_dtypes[{index}]", "Use lower case, digits and _ (e.g. fp8_e4m3)")
     archs: dict[str, Arch] = {}
     table = doc["archs"]
     if not isinstance(table, dict):
@@ -184,6 +189,8 @@ def _parse_backends(reader: TomlReader, doc: Mapping[str, Any], dtypes: Sequence
                     archs: Mapping[str, Arch]) -> tuple[dict[str, Backend], tuple[str, ...]]:
     backends: dict[str, Backend] = {}
     if not reader.keys(doc, "backends.toml", ["backends"], ["shared", "selection"]):
+        return backends, ()
+    if not reader.named_tables(doc["backends"], "backends", "FLASH_ATTN"):
         return backends, ()
     for name, spec in doc["backends"].items():
         where = f"backends.{name}"
@@ -321,6 +328,8 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
     throughput_defaults = _settings(reader, defaults["throughput"], "defaults.throughput", THROUGHPUT_KEYS, required=True,
                                     optional=THROUGHPUT_OPTIONAL_KEYS)
     timeout_defaults = _settings(reader, defaults.get("timeouts", {}), "defaults.timeouts", TIMEOUT_KEYS)
+    if not reader.named_tables(doc["workloads"], "workloads", "tiny-llama"):
+        return workloads
     for name, spec in doc["workloads"].items():
         where = f"workloads.{name}"
         if not reader.keys(spec, where, ["model", "mla", "archs"],
@@ -338,6 +347,13 @@ def _parse_workloads(reader: TomlReader, doc: Mapping[str, Any], archs: Mapping[
         if "calculate_kv_scales" in model_args:
             reader.error("'calculate_kv_scales' is set by kvgate for the FP8 cells only",
                          f"{where}.model_args.calculate_kv_scales", f"Write it as {where}.calculate_kv_scales")
+        length = model_args.get("max_model_len", 1)  # kvgate reads it: the passkey lengths that fit the engine
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            reader.error(f"expected a whole number of tokens >= 1, got {describe_value(length)}",
+                         f"{where}.model_args.max_model_len", "Write e.g. max_model_len = 4096")
+            model_args = {k: v for k, v in model_args.items() if k != "max_model_len"}
+        if "trust_remote_code" in model_args:  # read with bool(): "false" would be True
+            reader.boolean(model_args, "trust_remote_code", f"{where}.model_args")
         workloads[name] = Workload(
             name=name, model=reader.string(spec, "model", where), mla=reader.boolean(spec, "mla", where),
             archs=reader.names(spec["archs"], f"{where}.archs", archs, "arch"), model_args=dict(model_args),

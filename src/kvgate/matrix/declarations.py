@@ -219,6 +219,7 @@ def cell_id(backend: str, kv_cache_dtype: str, arch: str, feature: str = "") -> 
 
 ARCH_NAME = re.compile(r"sm\d{2,3}|cpu")
 FEATURE_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+KV_CACHE_DTYPE_NAME = re.compile(r"[a-z0-9][a-z0-9_]{0,39}")  # vLLM's: auto, fp8, fp8_e4m3, fp8_inc, nvfp4, ...
 
 
 def split_cell_id(cell: str) -> tuple[str, str, str, str] | None:

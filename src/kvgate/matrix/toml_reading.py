@@ -77,6 +77,13 @@ class TomlReader:
                 ok = False
         return ok
 
+    def named_tables(self, value: Any, where: str, example: str) -> bool:
+        """[<where>.<name>] tables: True when `value` is a table of them, else one problem naming an example."""
+        if not isinstance(value, dict):
+            self.error(f"expected [{where}.<name>] tables, got {describe_value(value)}", where,
+                       f"Declare each as a table: [{where}.{example}]")
+        return isinstance(value, dict)
+
     def string(self, table: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
         value = table.get(key, default)
         if not isinstance(value, str) or not value.strip():
