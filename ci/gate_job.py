@@ -53,7 +53,7 @@ import step_files
 from ci_facts import workflow_command
 
 # the bounded reader of a file kvgate did not write (stdlib only; ci_facts put src/ on the path)
-from kvgate.results.regular_files import FileTooLarge, NotRegularFile, read_bytes
+from kvgate.matrix.regular_files import FileTooLarge, NotRegularFile, read_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
