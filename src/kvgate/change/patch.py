@@ -178,7 +178,7 @@ def _finish(section: _Section, source: str) -> FilePatch:
     old, new = section.old_path, section.new_path
     for which, named, header in (("'---'", section.rename_from, old), ("'+++'", section.rename_to, new)):
         if section.saw_old and named and header is not None and header != named:
-            # the hunks were read as the rename's (docs/x.md) while they change the header's file (vllm/x.py)
+            # the hunks were read as the rename's (a document) while they change the header's file (a vLLM source)
             verb = "copy" if section.copied else "rename"
             raise InputError(source, f"the {which} header names {header!r}, its {verb} line {named!r}",
                              f"line {section.start}", "Was the header edited by hand? Make the patch again with "
