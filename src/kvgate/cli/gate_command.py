@@ -28,10 +28,10 @@ from kvgate.history import store as history_store
 from kvgate.history import trends as history_trends
 from kvgate.kernels import timings
 from kvgate.matrix import cells as matrix_module
+from kvgate.matrix import regular_files
 from kvgate.matrix.toml_reading import shown_path
 from kvgate.report import HistoryPlots, headline, write_all
 from kvgate.report.workflow_commands import workflow_commands
-from kvgate.matrix import regular_files
 from kvgate.results.parsers.contract import parse_planned_out, parse_stage_plan
 from kvgate.results.records import BASE, HEAD, STAGES, CellResults, LogPointer
 from kvgate.results.run_loader import GATE_FOLDER, KnownNames, cell_problems, load_run, planned_cells
