@@ -37,7 +37,12 @@ def test_cpu_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert "kvgate: FP8 was not run here (cpu_attn-fp8-cpu): they need a CPU with AVX-512 or AMX" in out
         assert not (tmp_path / "cpu_attn-fp8-cpu").exists()
         return
-    assert "cpu_attn-fp8-cpu: ok (4 passed, 0 failed, 1 skipped" in out  # the skipped one: the strict xfail
+    import torch
+
+    # strict xfails read as skipped: the FP8 write's rounding everywhere, and on a CPU with AMX tiles the two unit-scale
+    # cases (vLLM's amx decode reads subnormals as zero: test_cpu_attention.AMX_SUBNORMALS)
+    passed, skipped = (4, 3) if torch.cpu._is_amx_tile_supported() else (6, 1)
+    assert f"cpu_attn-fp8-cpu: ok ({passed} passed, 0 failed, {skipped} skipped" in out
     mla = _status(tmp_path, "cpu_mla-auto-cpu")
     assert (mla["status"], mla["passed"], mla["failed"]) == ("ok", mla_cases, 0)
     counts = runner.read_junit(tmp_path / "cpu_mla-auto-cpu" / "kernels" / "junit.xml")
@@ -45,7 +50,7 @@ def test_cpu_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junit = (tmp_path / "cpu_mla-auto-cpu" / "kernels" / "junit.xml").read_text()
     assert 'name="rel_l2"' in junit and "mla_decode_kvcache_cpu" in junit  # figures kept as properties
     attn = _status(tmp_path, "cpu_attn-fp8-cpu")
-    assert (attn["status"], attn["passed"], attn["skipped"]) == ("ok", 4, 1)
+    assert (attn["status"], attn["passed"], attn["skipped"]) == ("ok", passed, skipped)
     assert json.loads((tmp_path / "cpu_mla-auto-cpu" / "cell.json").read_text())["backend"] == "CPU_MLA"
 
 
