@@ -57,8 +57,9 @@ def prepare(inputs: AttentionInputs, family: str) -> PreparedAttention:
         raise KernelUnavailable(f"vLLM CPU attention refuses this CPU: {error}") from None
     if isa not in READABLE_ISAS:
         raise KernelUnavailable(f"kvgate reads back the CPU KV cache layout of ISA {READABLE_ISAS}; this CPU uses {isa!r}")
-    # Linux grants AMX's tile registers to a process only when it asks (arch_prctl); the engine's process has by its
-    # first bf16 matmul (oneDNN asks), a kernel test's may not have: the first tile instruction is then SIGILL
+    # Linux grants AMX's tile registers to a process only when it asks (arch_prctl). An engine's process has asked by
+    # the time it decodes (its CPU cells run on such a host); a kernel test's had not: its first tile instruction died
+    # of SIGILL (measured 2026-12-04)
     if isa == "amx" and not torch.cpu._init_amx():
         raise KernelUnavailable("this CPU has AMX but the kernel was refused its tile registers (torch.cpu._init_amx)")
     is_fp8 = kv_cache_dtype != "auto"
