@@ -14,6 +14,7 @@ from pathlib import Path
 
 import synthetic_run
 from ci_scripts import load_ci_script
+from kvgate.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "0123456789abcdef0123456789abcdef01234567"
@@ -114,3 +115,24 @@ def test_attack_an_artifacts_identity_values_cannot_issue_workflow_commands(tmp_
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("::warning::artifact kvgate-cell-flashinfer_mla-fp8-sm100: ")
     assert "%0A%3A%3Aerror%3A%3Aforged" in out
+
+
+def test_attack_a_cell_folders_name_in_a_logs_link_stays_text(tmp_path):
+    """A broken stage's first error links its log by its path, which starts with the cell folder's name (free: the
+    identity is cell.json's): the name is the link's text, escaped, and its address, encoded, never Markdown."""
+    run = synthetic_run.write_seed_run(tmp_path / "run", contract="1.6")
+    name = "x`) @octocat <b>bold<b> [l](https:evil.example) | y"
+    (run / "flashinfer_mla-fp8-sm100").rename(run / name)
+    status = json.loads((run / name / "status.json").read_text())
+    status["throughput"] = {"status": "error", "reason": "boom", "log_tail": "RuntimeError: CUDA error: bad"}
+    (run / name / "status.json").write_text(json.dumps(status))
+    assert main(["gate", str(run), "--today", "2026-12-02"]) == 1
+    report = (run / "gate" / "report.md").read_text(encoding="utf-8")
+    line = next(line for line in report.splitlines() if line.startswith("  - first error: "))
+    print(line)
+    rendered = inert_markdown.parser().render(report)
+    links = re.findall(r'<a href="([^"]*)"', rendered)
+    assert links == ["../x%60%29%20@octocat%20%3Cb%3Ebold%3Cb%3E%20%5Bl%5D%28https:evil.example%29%20%7C%20y/"
+                     "status.json"]  # the log's own link, and no other
+    assert "<b>" not in rendered
+    assert re.search(r"[@\uff20][A-Za-z0-9_-]", line.split("](", 1)[0].replace("@\u2060", "")) is None  # no mention
