@@ -136,3 +136,30 @@ def test_attack_a_cell_folders_name_in_a_logs_link_stays_text(tmp_path):
                      "status.json"]  # the log's own link, and no other
     assert "<b>" not in rendered
     assert re.search(r"[@\uff20][A-Za-z0-9_-]", line.split("](", 1)[0].replace("@\u2060", "")) is None  # no mention
+
+
+def test_attack_a_filter_name_that_scored_zero_stays_text(tmp_path):
+    """lm-eval's results name their filters (`exact_match,<filter>`): a filter the policy does not judge is reported,
+    and one that answered nothing right is listed under Needs attention by its name, which is the folder's text."""
+    run = synthetic_run.write_seed_run(tmp_path / "run", contract="1.6")
+    hostile = "x](https:evil.example) @octocat <b>b<b> | y"
+    for cell in ("flashinfer_mla-fp8-sm100", "flashinfer_mla-auto-sm100"):
+        results = next((run / cell / "accuracy").rglob("results_*.json"))
+        record = json.loads(results.read_text())
+        block = next(iter(record["results"].values()))
+        block[f"exact_match,{hostile}"], block[f"exact_match_stderr,{hostile}"] = 0.0, 0.0
+        results.write_text(json.dumps(record))
+        samples = next((run / cell / "accuracy").rglob("samples_*.jsonl"))
+        lines = samples.read_text().splitlines()
+        zeros = [json.dumps({**json.loads(line), "filter": hostile, "exact_match": 0.0}) for line in lines
+                 if json.loads(line)["filter"] == "strict-match"]
+        samples.write_text("\n".join([*lines, *zeros]) + "\n")
+    assert main(["gate", str(run), "--today", "2026-12-02"]) == 0
+    report = (run / "gate" / "report.md").read_text(encoding="utf-8")
+    silent = [line for line in report.splitlines() if "no question answered right" in line]
+    print("\n".join(silent))
+    assert len(silent) == 2
+    assert inert_markdown.inert_problem(report, "") is None
+    rendered = inert_markdown.parser().render(report)
+    assert "<b>" not in rendered and "<a " not in rendered
+    assert re.search(r"[@\uff20][A-Za-z0-9_-]", report.replace("@\u2060", "")) is None  # no mention

@@ -160,7 +160,7 @@ def render_markdown(verdict: Verdict) -> str:
         for check in attention[:ATTENTION_LINES]:
             lines.append(_attention_line(check))
             lines += [f"  {line}" for line in follow_up(check, verdict.run_info)]
-        lines += [f"- {words.icon_label(e.word)} {_code(e.cell)} accuracy: {' and '.join(e.zero_filters)} 0.0000, no "
+        lines += [f"- {words.icon_label(e.word)} {_code(e.cell)} accuracy: {_escape(' and '.join(e.zero_filters))} 0.0000, no "
                   "question answered right, and no check failed it (no accuracy floor holds this workload)"
                   for e in silent]
         if len(attention) > ATTENTION_LINES:
