@@ -132,7 +132,7 @@ def test_attack_a_cell_folders_name_in_a_logs_link_stays_text(tmp_path):
     print(line)
     rendered = inert_markdown.parser().render(report)
     links = re.findall(r'<a href="([^"]*)"', rendered)
-    assert links == ["../x%60%29%20@octocat%20%3Cb%3Ebold%3Cb%3E%20%5Bl%5D%28https:evil.example%29%20%7C%20y/"
+    assert links == ["../x%60%29%20%40octocat%20%3Cb%3Ebold%3Cb%3E%20%5Bl%5D%28https%3Aevil.example%29%20%7C%20y/"
                      "status.json"]  # the log's own link, and no other
     assert "<b>" not in rendered
     assert re.search(r"[@\uff20][A-Za-z0-9_-]", line.split("](", 1)[0].replace("@\u2060", "")) is None  # no mention
