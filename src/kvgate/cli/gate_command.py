@@ -247,6 +247,15 @@ def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[Cel
     return HistoryPlots(plots=tuple(plots), cells=len(drawn), runs=HISTORY_PLOTTED_RUNS)
 
 
+def _same_folder(first: Path, second: Path) -> bool:
+    """Whether two paths name one folder (through links, `.` and `..`); False where either cannot be read (the loader
+    then names the fault)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     require = parse_require(",".join(args.require))  # every --require given, never only the last one
     today = parse_today(args.today)
@@ -258,6 +267,10 @@ def run(args: argparse.Namespace) -> int:
     results = baseline = None
     expected_entries = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
     expected = [entry.cell for entry in expected_entries]
+    if args.baseline is not None and _same_folder(args.run_dir, args.baseline):
+        raise InputError(str(args.baseline), "the baseline is the run folder itself, given as --baseline: every cell "
+                                             "would be compared with itself, a comparison that cannot fail",
+                         hint="Pass the results folder of the vLLM the change is compared with")
     for which, folder in (("run", args.run_dir), ("baseline", args.baseline)):
         if folder is None:
             continue
