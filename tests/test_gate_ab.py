@@ -6,6 +6,7 @@ Folders are written in the contract's format by tests/synthetic_run.py, then jud
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from synthetic_run import (
     planned_questions,
     write_accuracy,
     write_cell,
+    write_seed_run,
     write_status,
     write_throughput,
 )
@@ -108,9 +110,24 @@ def test_in_an_ab_run_a_failed_base_stage_fails_the_comparison(tmp_path):
 
 def test_an_ab_run_cannot_take_a_second_baseline(tmp_path, capsys):
     run = ab_run(tmp_path)
-    assert main(["gate", str(run), "--baseline", str(run)]) == 2
+    other = shutil.copytree(run, tmp_path / "other")
+    assert main(["gate", str(run), "--baseline", str(other)]) == 2
     assert capsys.readouterr().err.strip() == (f"ERROR --baseline: {run} is an A/B run: it holds its own base side. "
                                                "Judge it alone, or judge a run of one side against --baseline")
+
+
+@pytest.mark.parametrize("given", ["its path", "through ..", "a link"])
+def test_attack_the_run_itself_as_its_baseline_is_refused(tmp_path, capsys, given):
+    """Every cell compared with itself passes every baseline check (a 20-point FP8 drop against the base included):
+    the run folder, however it is named (through `..`, a link to it), cannot be its own --baseline."""
+    run = write_seed_run(tmp_path / "run", fp8_drop_points=20)
+    (tmp_path / "link").symlink_to(run)
+    baseline = {"its path": run, "through ..": run / ".." / "run", "a link": tmp_path / "link"}[given]
+    assert main(["gate", str(run), "--baseline", str(baseline), "--today", "2026-11-30"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ERROR {baseline}: the baseline is the run folder itself, given as --baseline: every cell would be compared "
+        "with itself, a comparison that cannot fail. Pass the results folder of the vLLM the change is compared with")
+    assert not (run / "gate").exists()
 
 
 def test_an_unknown_side_is_bad_input(tmp_path, capsys):

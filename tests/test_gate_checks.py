@@ -288,6 +288,19 @@ def test_probe_agreement_of_fp8_against_auto(tmp_path, shift, flip_every, status
                                 "0.5455 < 0.6 vs the auto cell")
 
 
+def test_a_probe_that_scores_no_prompt_position_is_never_a_pass(tmp_path):
+    """Prompts of one token have no prompt logprob to compare: the prompt figures were 0 difference and top-1
+    agreement 1 of nothing, and the check passed; both probe.json files are the results folder's."""
+    run = write_seed_run(tmp_path / "run")
+    write_probe(run / AUTO, length=1, generated=0)
+    write_probe(run / FP8, length=1, generated=0)
+    check = only(judge(run), FP8, "probe")
+    assert (check.status, check.figures["prompt_positions"]) == ("error", 0)
+    assert check.detail == ("the probes score no prompt position (no prompt of more than one token), so "
+                            "mean_abs_logprob_diff, max_abs_logprob_diff, top1_agreement measure nothing: cannot "
+                            "compare logprobs with the auto cell")
+
+
 def test_cells_of_one_id_with_several_models_are_named_with_their_model(tmp_path):
     run = tmp_path / "run"
     for model in ("org-a/Small-Model", "org-b/Large-Model"):

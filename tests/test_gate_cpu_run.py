@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,9 @@ def test_the_real_cpu_run_passes(run, capsys):
     assert found[("cpu_attn-auto-cpu", "accuracy_floor", "strict-match")]["status"] == "pass"
 
 
-def test_the_real_cpu_run_against_itself_as_baseline(run, tmp_path):
-    assert main(["gate", str(run), "--baseline", str(run), "--out", str(tmp_path / "out"), "--today",
+def test_the_real_cpu_run_against_a_copy_of_itself_as_baseline(run, tmp_path):
+    copy = shutil.copytree(run, tmp_path / "copy")  # the run folder itself is refused as its --baseline (test_gate_ab)
+    assert main(["gate", str(run), "--baseline", str(copy), "--out", str(tmp_path / "out"), "--today",
                  "2026-11-30"]) == 0
     verdict = json.loads((tmp_path / "out" / "verdict.json").read_text())
     same = [c for c in verdict["checks"] if c["kind"] == "baseline_accuracy"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import synthetic_run
 from ci_scripts import load_ci_script
+from kvgate.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "0123456789abcdef0123456789abcdef01234567"
@@ -114,3 +115,51 @@ def test_attack_an_artifacts_identity_values_cannot_issue_workflow_commands(tmp_
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("::warning::artifact kvgate-cell-flashinfer_mla-fp8-sm100: ")
     assert "%0A%3A%3Aerror%3A%3Aforged" in out
+
+
+def test_attack_a_cell_folders_name_in_a_logs_link_stays_text(tmp_path):
+    """A broken stage's first error links its log by its path, which starts with the cell folder's name (free: the
+    identity is cell.json's): the name is the link's text, escaped, and its address, encoded, never Markdown."""
+    run = synthetic_run.write_seed_run(tmp_path / "run", contract="1.6")
+    name = "x`) @octocat <b>bold<b> [l](https:evil.example) | y"
+    (run / "flashinfer_mla-fp8-sm100").rename(run / name)
+    status = json.loads((run / name / "status.json").read_text())
+    status["throughput"] = {"status": "error", "reason": "boom", "log_tail": "RuntimeError: CUDA error: bad"}
+    (run / name / "status.json").write_text(json.dumps(status))
+    assert main(["gate", str(run), "--today", "2026-12-02"]) == 1
+    report = (run / "gate" / "report.md").read_text(encoding="utf-8")
+    line = next(line for line in report.splitlines() if line.startswith("  - first error: "))
+    print(line)
+    rendered = inert_markdown.parser().render(report)
+    links = re.findall(r'<a href="([^"]*)"', rendered)
+    assert links == ["../x%60%29%20%40octocat%20%3Cb%3Ebold%3Cb%3E%20%5Bl%5D%28https%3Aevil.example%29%20%7C%20y/"
+                     "status.json"]  # the log's own link, and no other
+    assert "<b>" not in rendered
+    assert re.search(r"[@\uff20][A-Za-z0-9_-]", line.split("](", 1)[0].replace("@\u2060", "")) is None  # no mention
+
+
+def test_attack_a_filter_name_that_scored_zero_stays_text(tmp_path):
+    """lm-eval's results name their filters (`exact_match,<filter>`): a filter the policy does not judge is reported,
+    and one that answered nothing right is listed under Needs attention by its name, which is the folder's text."""
+    run = synthetic_run.write_seed_run(tmp_path / "run", contract="1.6")
+    hostile = "x](https:evil.example) @octocat <b>b<b> | y"
+    for cell in ("flashinfer_mla-fp8-sm100", "flashinfer_mla-auto-sm100"):
+        results = next((run / cell / "accuracy").rglob("results_*.json"))
+        record = json.loads(results.read_text())
+        block = next(iter(record["results"].values()))
+        block[f"exact_match,{hostile}"], block[f"exact_match_stderr,{hostile}"] = 0.0, 0.0
+        results.write_text(json.dumps(record))
+        samples = next((run / cell / "accuracy").rglob("samples_*.jsonl"))
+        lines = samples.read_text().splitlines()
+        zeros = [json.dumps({**json.loads(line), "filter": hostile, "exact_match": 0.0}) for line in lines
+                 if json.loads(line)["filter"] == "strict-match"]
+        samples.write_text("\n".join([*lines, *zeros]) + "\n")
+    assert main(["gate", str(run), "--today", "2026-12-02"]) == 0
+    report = (run / "gate" / "report.md").read_text(encoding="utf-8")
+    silent = [line for line in report.splitlines() if "no question answered right" in line]
+    print("\n".join(silent))
+    assert len(silent) == 2
+    assert inert_markdown.inert_problem(report, "") is None
+    rendered = inert_markdown.parser().render(report)
+    assert "<b>" not in rendered and "<a " not in rendered
+    assert re.search(r"[@\uff20][A-Za-z0-9_-]", report.replace("@\u2060", "")) is None  # no mention

@@ -11,6 +11,7 @@ tests failed (21 of 57,344 elements outside atol 0.02).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,30 @@ def test_a_log_that_links_out_of_its_cell_is_never_read(h200_unpacked, h200_matr
     assert gate_cli(run, h200_matrix, tmp_path / "out") == 1
     assert "hunter2" not in (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
     assert "hunter2" not in (tmp_path / "out" / "verdict.json").read_text(encoding="utf-8")
+
+
+def test_attack_a_cell_folder_named_as_a_scheme_links_its_log_as_a_path(tmp_path):
+    """A log's link is its path relative to the gate's outputs; beside them (`--out RUN_DIR`) it starts with the cell
+    folder's name, which is free: `javascript:alert(1)` would be a script link in report.html."""
+    from kvgate.cli import main
+    from synthetic_run import write_seed_run
+
+    run = write_seed_run(tmp_path / "run", contract="1.6")
+    folder = run / "javascript:alert(document.domain)"
+    (run / "flashinfer_mla-fp8-sm100").rename(folder)
+    status = json.loads((folder / "status.json").read_text())
+    status["throughput"] = {"status": "error", "reason": "boom", "log_tail": "RuntimeError: CUDA error: bad"}
+    (folder / "status.json").write_text(json.dumps(status))
+    assert main(["gate", str(run), "--today", "2026-12-02", "--out", str(run)]) == 1
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert re.findall(r'href="([^"]*)"', page) == [
+        "./javascript%3Aalert%28document.domain%29/status.json"] * 2
+    verdict = json.loads((run / "verdict.json").read_text(encoding="utf-8"))
+    assert {c["log"]["url"] for c in verdict["checks"] if c["log"]} == {
+        "./javascript%3Aalert%28document.domain%29/status.json"}
+    assert main(["gate", str(run), "--today", "2026-12-02", "--out", str(tmp_path / "out"),
+                 "--log-url", "artifact://kvgate-cell-{cell}/{path}"]) == 1
+    verdict = json.loads((tmp_path / "out" / "verdict.json").read_text(encoding="utf-8"))
+    assert {c["log"]["url"] for c in verdict["checks"] if c["log"]} == {
+        "artifact://kvgate-cell-javascript%3Aalert%28document.domain%29/javascript%3Aalert%28document.domain%29/"
+        "status.json"}

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from kvgate import InputError, InputErrors, one_line, problems_of
 from kvgate.gate import evaluation as gate
@@ -186,13 +187,17 @@ def read_log_url(value: str | None) -> dict[str, str]:
 
 
 def log_url(pointer: LogPointer, templates: Mapping[str, str], run_dir: Path, out_dir: Path) -> str:
-    """Where the reports link a log: the cell's template filled in, else its path relative to the gate's folder."""
+    """Where the reports link a log: the cell's template filled in, else its path relative to the gate's folder. The
+    path is the cell folder's name, which is free: percent-encoded, and a relative address starts with `./` or `../`,
+    so no name reads as a scheme (a folder `javascript:alert(1)` beside the gate's outputs, `--out RUN_DIR`)."""
     folder = pointer.path.split("/", 1)[0]
     cell = folder.removesuffix("--base")
     template = templates.get(cell, templates.get("*"))
     if template is None:
-        return Path(os.path.relpath(Path(run_dir) / pointer.path, out_dir)).as_posix()
-    return template.replace("{path}", pointer.path).replace("{folder}", folder).replace("{cell}", cell)
+        relative = quote(Path(os.path.relpath(Path(run_dir) / pointer.path, out_dir)).as_posix())
+        return relative if relative.startswith("../") else f"./{relative}"
+    return (template.replace("{path}", quote(pointer.path)).replace("{folder}", quote(folder))
+            .replace("{cell}", quote(cell)))
 
 
 def with_log_urls(verdict: gate.Verdict, templates: Mapping[str, str], run_dir: Path, out_dir: Path) -> gate.Verdict:
@@ -242,6 +247,15 @@ def record_history(verdict: gate.Verdict, where: str | None, cells: Iterable[Cel
     return HistoryPlots(plots=tuple(plots), cells=len(drawn), runs=HISTORY_PLOTTED_RUNS)
 
 
+def _same_folder(first: Path, second: Path) -> bool:
+    """Whether two paths name one folder (through links, `.` and `..`); False where either cannot be read (the loader
+    then names the fault)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     require = parse_require(",".join(args.require))  # every --require given, never only the last one
     today = parse_today(args.today)
@@ -253,6 +267,10 @@ def run(args: argparse.Namespace) -> int:
     results = baseline = None
     expected_entries = read_expected_cells(args.expect_cells) if args.expect_cells is not None else []
     expected = [entry.cell for entry in expected_entries]
+    if args.baseline is not None and _same_folder(args.run_dir, args.baseline):
+        raise InputError(str(args.baseline), "the baseline is the run folder itself, given as --baseline: every cell "
+                                             "would be compared with itself, a comparison that cannot fail",
+                         hint="Pass the results folder of the vLLM the change is compared with")
     for which, folder in (("run", args.run_dir), ("baseline", args.baseline)):
         if folder is None:
             continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from kvgate.gate import rerun
 from kvgate.gate.verdict import STATUSES, Check, Verdict, sort_key
@@ -159,7 +160,7 @@ def render_markdown(verdict: Verdict) -> str:
         for check in attention[:ATTENTION_LINES]:
             lines.append(_attention_line(check))
             lines += [f"  {line}" for line in follow_up(check, verdict.run_info)]
-        lines += [f"- {words.icon_label(e.word)} {_code(e.cell)} accuracy: {' and '.join(e.zero_filters)} 0.0000, no "
+        lines += [f"- {words.icon_label(e.word)} {_code(e.cell)} accuracy: {_escape(' and '.join(e.zero_filters))} 0.0000, no "
                   "question answered right, and no check failed it (no accuracy floor holds this workload)"
                   for e in silent]
         if len(attention) > ATTENTION_LINES:
@@ -315,7 +316,8 @@ def follow_up(check: Check, run_info: Mapping[str, Any]) -> list[str]:
     lines = []
     if check.log is not None:
         frame = f" (in {_escape(check.log.frame)})" if check.log.frame else ""
-        where = f"[{check.log.where}]({check.log.url})" if check.log.url else f"`{check.log.where}`"
+        where = f"[{_link_text(check.log.where)}]({_destination(check.log.url)})" if check.log.url \
+            else _code(check.log.where)
         lines.append(f"- first error: `{_code(check.log.error)}`{frame} — {where}")
     command = rerun.rerun_command(check, run_info)
     if command:
@@ -423,6 +425,19 @@ def _escape(text: str) -> str:
     """Text that may come from a results folder, as one line of inert Markdown (kvgate.report.inert_text): no link,
     image, HTML, emphasis, mention or table cell break can form from it."""
     return escape_text(" ".join(str(text).split()), "")
+
+
+def _link_text(text: str) -> str:
+    """Text of a results folder (a cell folder's name in a log's path) as a link's text: escaped as any text, and every
+    bracket too, so none closes the link early or opens one inside it."""
+    return re.sub(r"\\.|[\[\]]", lambda m: m[0] if len(m[0]) == 2 else "\\" + m[0], _escape(text))
+
+
+def _destination(url: str) -> str:
+    """A link's address as one Markdown link destination: what would end it or break its line (a space, a parenthesis,
+    `<`, `>`, a backtick, a newline: a cell folder's name may hold any of them) percent-encoded; `%` kept, so an address
+    already encoded stays as it is."""
+    return quote(url, safe="/:?#&=%~+,;@!$'*")
 
 
 SAFE_CODE = re.compile(r"[A-Za-z0-9_.:/+=, -]{1,300}")

@@ -36,6 +36,12 @@ def probe_check(cell: CellResults, run: RunResults, policy: Policy, require: Map
                      detail=f"cannot compare logprobs with the auto cell: {_problems(error)}")
     limits = probe_limits(policy, cell.identity)
     figures = {k: v for k, v in as_mapping(agreement).items() if isinstance(v, (int, float, str))}
+    unscored = [name[4:] for name in limits if name[4:] in PROMPT_FIGURES] if figures.get("prompt_positions") == 0 else []
+    if unscored:  # no prompt of more than one token: 0 difference and full top-1 agreement of nothing, never a pass
+        return Check(**base, status="error", reference="auto cell", figures=figures,
+                     detail=f"the probes score no prompt position (no prompt of more than one token), so "
+                            f"{', '.join(unscored)} measure nothing: cannot compare logprobs with the auto cell",
+                     headline="probe scored no prompt position")
     broken = []
     thresholds = policy.probe.thresholds(cell.identity.kv_cache_dtype, cell.identity.arch)
     if thresholds.require_effect and figures.get("identical") is True:
@@ -90,6 +96,9 @@ def cached_context_notes(figures: Mapping[str, Any]) -> tuple[str, ...]:
                 "(prefix caching off?): the cached-context attention path was not reached",)
     return (f"{prompts} cached-context prompts continued a prefix read back from the KV cache ({tokens:,} prompt "
             "tokens from the prefix cache); their decode positions are judged with the others",)
+
+
+PROMPT_FIGURES = ("mean_abs_logprob_diff", "max_abs_logprob_diff", "top1_agreement")  # over the prompt positions
 
 
 def probe_limits(policy: Policy, identity: CellIdentity) -> dict[str, float]:
