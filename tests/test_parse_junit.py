@@ -40,6 +40,20 @@ def test_a_bare_testsuite_root_is_read_too():
     assert [(c.name, c.outcome) for c in result.cases] == [("c::t", "passed")]
 
 
+@pytest.mark.parametrize("text", [
+    '<testsuites><testsuites><testsuite name="i"><testcase classname="c" name="bad"><failure message="boom"/>'
+    '</testcase></testsuite></testsuites><testsuite name="o"><testcase classname="c" name="ok"/></testsuite></testsuites>',
+    '<testsuites><testcase classname="c" name="bad"><failure message="boom"/></testcase>'
+    '<testsuite name="o"><testcase classname="c" name="ok"/></testsuite></testsuites>',
+])
+def test_a_failing_test_outside_the_top_suites_is_read(text):
+    """junitparser reads neither a <testsuites> inside <testsuites> nor a <testcase> outside a suite: the failing test
+    there went unread and the kernels stage passed on the other one."""
+    result = junit.parse_junit(text, "j")
+    assert sorted((c.name, c.outcome, c.message) for c in result.cases) == [("c::bad", "failed", "boom"),
+                                                                            ("c::ok", "passed", "")]
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("", "j.xml: empty file in the file. Expected pytest --junitxml output"),
     ("<testsuites><testsuite", "j.xml: not valid JUnit XML (Couldn't find end of Start Tag testsuite line 1, line 1, "

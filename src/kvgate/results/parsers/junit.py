@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from junitparser import Error, Failure, JUnitXml, Skipped, TestSuite
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 from junitparser.junitparser import JUnitXmlError
 
 from kvgate import InputError
@@ -21,25 +21,27 @@ def parse_junit(text: str | bytes, source: str) -> KernelResult:
     if not isinstance(xml, (JUnitXml, TestSuite)):
         raise InputError(source, f"root element is <{xml.tag}>, not <testsuites> or <testsuite>", "the file",
                          "Expected pytest --junitxml output")
-    suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+    # every <testsuite> and <testcase> at any depth (xml._elem: the lxml element junitparser wraps): junitparser's
+    # iteration reads no <testsuites> inside <testsuites> and no <testcase> outside a suite, whose failures went unread
+    elements = [elem for elem in xml._elem.iter() if elem.tag in ("testsuite", "testcase")]
     cases: list[KernelCase] = []
     properties: dict[str, str] = {}
-    for suite in suites:
+    for suite in (TestSuite.fromelem(elem) for elem in elements if elem.tag == "testsuite"):
         for prop in suite.properties():
             properties[str(prop.name)] = str(prop.value)
-        for case in suite:
-            name = f"{case.classname}::{case.name}" if case.classname else str(case.name)
-            outcome, message = "passed", ""
-            for result in case.result:
-                if isinstance(result, Error):
-                    outcome, message = "error", _first_line(result.message or result.text or "")
-                    break
-                if isinstance(result, Failure):
-                    outcome, message = "failed", _first_line(result.message or result.text or "")
-                    break
-                if isinstance(result, Skipped):
-                    outcome, message = "skipped", _first_line(result.message or "")
-            cases.append(KernelCase(name=name, outcome=outcome, message=message, seconds=_seconds(case)))
+    for case in (TestCase.fromelem(elem) for elem in elements if elem.tag == "testcase"):
+        name = f"{case.classname}::{case.name}" if case.classname else str(case.name)
+        outcome, message = "passed", ""
+        for result in case.result:
+            if isinstance(result, Error):
+                outcome, message = "error", _first_line(result.message or result.text or "")
+                break
+            if isinstance(result, Failure):
+                outcome, message = "failed", _first_line(result.message or result.text or "")
+                break
+            if isinstance(result, Skipped):
+                outcome, message = "skipped", _first_line(result.message or "")
+        cases.append(KernelCase(name=name, outcome=outcome, message=message, seconds=_seconds(case)))
     return KernelResult(source=source, cases=tuple(cases), properties=properties)
 
 
