@@ -59,6 +59,21 @@ def test_a_failing_test_outside_the_top_suites_is_read(text):
     ("<testsuites><testsuite", "j.xml: not valid JUnit XML (Couldn't find end of Start Tag testsuite line 1, line 1, "
                                "column 23 (<string>, line 1)) in the file. Expected pytest --junitxml output"),
     ("<html></html>", "j.xml: not valid JUnit XML (Invalid format.) in the file. Expected pytest --junitxml output"),
+    # a suite that counts failures its cases do not hold (cut, or edited): read by its cases alone it passed
+    ('<testsuites><testsuite name="pytest" tests="3" failures="2" errors="0"><testcase classname="c" name="t"/>'
+     '</testsuite></testsuites>',
+     "j.xml: failures='2', but its test cases hold 0 <failure> in <testsuite name='pytest'>. Is the file cut short or "
+     "edited? pytest writes one per failed or errored test"),
+    ('<testsuites errors="1"><testsuite name="pytest" errors="0"><testcase classname="c" name="t"/></testsuite>'
+     '</testsuites>',
+     "j.xml: errors='1', but its test cases hold 0 <error> in <testsuites>. Is the file cut short or edited? pytest "
+     "writes one per failed or errored test"),
+    ('<testsuite name="s" failures="many"><testcase classname="c" name="t"/></testsuite>',
+     "j.xml: failures='many' is not a count (a whole number >= 0) in <testsuite name='s'>. Expected pytest --junitxml "
+     "output"),
+    ('<testsuite name="s" errors="' + "9" * 5000 + '"><testcase classname="c" name="t"/></testsuite>',
+     "j.xml: errors='99999999999999999999' is not a count (a whole number >= 0) in <testsuite name='s'>. Expected "
+     "pytest --junitxml output"),
 ])
 def test_unreadable_junit(text, message):
     with pytest.raises(InputError) as error:
