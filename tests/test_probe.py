@@ -218,6 +218,10 @@ def malformed(change) -> dict:
      "prompts[0].prompt_token_ids[2]"),
     (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [10 ** 400, -0.5]))),
      "expected a whole number, got a whole number past a float's range in prompts[0].prompt_top[1][0][0]"),
+    # past Python's 4,300-digit limit: its own message named sys.set_int_max_str_digits() as the fix
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_token_ids"].__setitem__(2, 123456789))).replace(
+        "123456789", "7" * 5000),
+     "a whole number of over 4300 digits in the file. Write a token id, or a logprob as a number"),
 ])
 def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "probe.json"

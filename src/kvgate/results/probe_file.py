@@ -120,6 +120,9 @@ def read(path: Path) -> ProbeRecord:
         raise InputError(source, f"not valid JSON ({error.msg})", f"line {error.lineno} column {error.colno}",
                          "Was the probe interrupted while writing?") from None
     except ValueError as error:  # NaN, Infinity: the format writes non-finite logprobs as strings
+        if "integer string conversion" in str(error):  # Python's own words named sys.set_int_max_str_digits
+            raise InputError(source, "a whole number of over 4300 digits", "the file",
+                             "Write a token id, or a logprob as a number") from None
         raise InputError(source, str(error), "the file", 'Write "nan", "inf" or "-inf"') from None
     except RecursionError:
         raise InputError(source, "JSON nested too deeply", "the file") from None
