@@ -189,6 +189,13 @@ def malformed(change) -> dict:
      "Expected format 'kvgate-probe'"),
     (json.dumps(malformed(lambda r: r.update(version=2))),
      "probe format version 2 is newer than this kvgate reads (1) in 'version'. Upgrade kvgate"),
+    # a header value is shown cut short: a format string of a megabyte was a megabyte-long ERROR line
+    (json.dumps({"format": "x" * 1_000_000}), f"not a kvgate probe file (format '{'x' * 58}…) in 'format'. "
+                                              "Expected format 'kvgate-probe'"),
+    (json.dumps(malformed(lambda r: r.update(version="9" * 4000))),
+     f"version must be a whole number, got '{'9' * 58}… in 'version'"),
+    (json.dumps(malformed(lambda r: r.update(version=[1] * 100_000))),
+     "version must be a whole number, got a list in 'version'"),
     (json.dumps(malformed(lambda r: r.pop("settings"))), "missing key 'settings' in the top level"),
     (json.dumps(malformed(lambda r: r.update(prompts=[]))), "expected at least 1 entry, got 0 in prompts"),
     (json.dumps(malformed(lambda r: r["prompts"][1].pop("prompt_top"))), "missing key 'prompt_top' in prompts[1]"),
