@@ -111,6 +111,11 @@ def test_samples_without_doc_hash_join_on_doc_id():
     ('{"doc_id": 1, "filter": "strict-match", "exact_match": NaN}', "s.jsonl: NaN is not a number JSON allows in line 2"),
     ('{"doc_id": 0, "filter": "strict-match", "exact_match": 1}',
      "s.jsonl: duplicate record for document doc_id:0 and filter 'strict-match' in line 2. One samples file must hold one run"),
+    # a document's key cut short: a doc_hash of 300,000 characters made an ERROR line of that length
+    ("\n".join(json.dumps({"doc_id": i, "doc_hash": "H" * 300_000, "filter": "strict-match", "exact_match": 1.0})
+               for i in (1, 2)),
+     f"s.jsonl: duplicate record for document {'H' * 59}… and filter 'strict-match' in line 3. One samples file must "
+     "hold one run"),
     ("[1, 2]", "s.jsonl: expected a JSON object, got a list in line 2"),
     ("[" * 100_000 + "]" * 100_000, "s.jsonl: JSON nested too deeply in line 2"),
 ])

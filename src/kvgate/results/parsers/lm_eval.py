@@ -34,8 +34,13 @@ def listed(names: Iterable[str], most: int = 8, width: int = 60) -> str:
     """Names a file holds, for an error message: sorted, the first `most`, each cut to `width` characters (a results
     file naming a task of 300,000 characters made an ERROR line of that length, in verdict.json and the reports)."""
     names = sorted(names)
-    shown = [name if len(name) <= width else name[:width - 1] + "…" for name in names[:most]]
+    shown = [cut(name, width) for name in names[:most]]
     return ", ".join(shown) + (f" (+{len(names) - most} more)" if len(names) > most else "")
+
+
+def cut(text: str, width: int = 60) -> str:
+    """A name or key a file holds, cut to `width` characters for an error message."""
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def samples_task(file_name: str) -> str | None:
@@ -145,7 +150,7 @@ def parse_samples(text: str | bytes, source: str, *, metric: str = DEFAULT_METRI
         where = f"line {number}"
         outcomes = by_filter.setdefault(filter_name, {})
         if key in outcomes:
-            raise InputError(source, f"duplicate record for document {key} and filter {filter_name!r}", where,
+            raise InputError(source, f"duplicate record for document {cut(key)} and filter {cut(filter_name)!r}", where,
                              "One samples file must hold one run")
         outcomes[key] = (correct, prompt_hash)
     if not by_filter:
