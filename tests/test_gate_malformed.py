@@ -135,6 +135,9 @@ RUN_CASES = {
     "newer run.json": (_text("run.json", '{"contract_version": 3}'),
                        [f"ERROR {R}/run.json: written for results contract version 3, but this kvgate reads "
                         f"version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release that reads it"]),
+    "run.json version of 5000 digits": (_text("run.json", json.dumps({"contract_version": "9" * 5000})),
+                                        [f"ERROR {R}/run.json: expected a version number like 1 or \"1.0\", got string "
+                                         f"'{'9' * 40}' in contract_version"]),
     "run.json against its schema": (_text("run.json", '{"contract_version": "1.8", "planned_stages": '
                                                       '{"flashinfer_mla-fp8-sm100": ["accuracy", "speed"]}}'),
                                     [f"ERROR {R}/run.json: expected \"kernels\" or \"accuracy\" or \"throughput\" or "
@@ -166,6 +169,10 @@ CELL_CASES = {
                                      [f"ERROR {R}/{FP8}/cell.json: written for results contract version 2.0, but "
                                       f"this kvgate reads version {CONTRACT_VERSION} in contract_version. Upgrade kvgate to a release "
                                       "that reads it"], {(FP8, "cell")}),
+    "contract version of a digit Python cannot read": (_set_cell("contract_version", "\u00b2.0"),
+                                                        [f"ERROR {R}/{FP8}/cell.json: expected a version number like 1 "
+                                                         "or \"1.0\", got string '\u00b2.0' in contract_version"],
+                                                        {(FP8, "cell")}),
     "cell folder without cell.json": (_orphan_folder,
                                       [f"ERROR {R}/stray: cell folder without cell.json. Write cell.json with "
                                        "backend, kv_cache_dtype, arch and model"], {("stray", "cell")}),

@@ -40,11 +40,40 @@ def test_a_bare_testsuite_root_is_read_too():
     assert [(c.name, c.outcome) for c in result.cases] == [("c::t", "passed")]
 
 
+@pytest.mark.parametrize("text", [
+    '<testsuites><testsuites><testsuite name="i"><testcase classname="c" name="bad"><failure message="boom"/>'
+    '</testcase></testsuite></testsuites><testsuite name="o"><testcase classname="c" name="ok"/></testsuite></testsuites>',
+    '<testsuites><testcase classname="c" name="bad"><failure message="boom"/></testcase>'
+    '<testsuite name="o"><testcase classname="c" name="ok"/></testsuite></testsuites>',
+])
+def test_a_failing_test_outside_the_top_suites_is_read(text):
+    """junitparser reads neither a <testsuites> inside <testsuites> nor a <testcase> outside a suite: the failing test
+    there went unread and the kernels stage passed on the other one."""
+    result = junit.parse_junit(text, "j")
+    assert sorted((c.name, c.outcome, c.message) for c in result.cases) == [("c::bad", "failed", "boom"),
+                                                                            ("c::ok", "passed", "")]
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("", "j.xml: empty file in the file. Expected pytest --junitxml output"),
     ("<testsuites><testsuite", "j.xml: not valid JUnit XML (Couldn't find end of Start Tag testsuite line 1, line 1, "
                                "column 23 (<string>, line 1)) in the file. Expected pytest --junitxml output"),
     ("<html></html>", "j.xml: not valid JUnit XML (Invalid format.) in the file. Expected pytest --junitxml output"),
+    # a suite that counts failures its cases do not hold (cut, or edited): read by its cases alone it passed
+    ('<testsuites><testsuite name="pytest" tests="3" failures="2" errors="0"><testcase classname="c" name="t"/>'
+     '</testsuite></testsuites>',
+     "j.xml: failures='2', but its test cases hold 0 <failure> in <testsuite name='pytest'>. Is the file cut short or "
+     "edited? pytest writes one per failed or errored test"),
+    ('<testsuites errors="1"><testsuite name="pytest" errors="0"><testcase classname="c" name="t"/></testsuite>'
+     '</testsuites>',
+     "j.xml: errors='1', but its test cases hold 0 <error> in <testsuites>. Is the file cut short or edited? pytest "
+     "writes one per failed or errored test"),
+    ('<testsuite name="s" failures="many"><testcase classname="c" name="t"/></testsuite>',
+     "j.xml: failures='many' is not a count (a whole number >= 0) in <testsuite name='s'>. Expected pytest --junitxml "
+     "output"),
+    ('<testsuite name="s" errors="' + "9" * 5000 + '"><testcase classname="c" name="t"/></testsuite>',
+     "j.xml: errors='99999999999999999999' is not a count (a whole number >= 0) in <testsuite name='s'>. Expected "
+     "pytest --junitxml output"),
 ])
 def test_unreadable_junit(text, message):
     with pytest.raises(InputError) as error:

@@ -71,6 +71,27 @@ def test_missing_task_names_the_tasks_found():
     assert str(error.value) == "r.json: no results for task 'gsm8k_cot' in results. Tasks found: gsm8k"
 
 
+def test_the_names_a_file_holds_are_listed_short():
+    """Tasks, metrics and filters a file names are listed in an error cut short: a results file naming a task of 300,000
+    characters made an ERROR line of that length, carried into verdict.json and the reports."""
+    data = json.loads(read_text(_results("auto")))
+    data["results"].update({"Q" * 300_000: {}, **{f"task_{i:02}": {} for i in range(10)}})
+    with pytest.raises(InputError) as error:
+        lm_eval.parse_results(json.dumps(data), "r.json", task="gsm8k_cot")
+    assert str(error.value) == (f"r.json: no results for task 'gsm8k_cot' in results. Tasks found: {'Q' * 59}…, gsm8k, "
+                                "task_00, task_01, task_02, task_03, task_04, task_05 (+4 more)")
+    data["results"]["gsm8k"] = {f"{'m' * 100_000}{i},none": 0.5 for i in range(3)}
+    with pytest.raises(InputError) as error:
+        lm_eval.parse_results(json.dumps(data), "r.json", task="gsm8k")
+    assert str(error.value) == (f"r.json: no 'exact_match' figures for task 'gsm8k' in results.gsm8k. Metrics found: "
+                                f"{'m' * 59}…, {'m' * 59}…, {'m' * 59}…")
+    results = lm_eval.parse_results(read_text(_results("auto")), "r.json", task="gsm8k")
+    lines = [json.dumps({"doc_id": i, "filter": "F" * 300_000, "exact_match": 1.0}) for i in range(10)]
+    with pytest.raises(InputError) as error:
+        lm_eval.with_samples(results, lm_eval.parse_samples("\n".join(lines), "s"), "s")
+    assert str(error.value) == f"s: no sample records for filter 'strict-match' in the file. Filters found: {'F' * 59}…"
+
+
 def test_samples_without_doc_hash_join_on_doc_id():
     lines = [json.dumps({"doc_id": i, "filter": "strict-match", "exact_match": float(i % 2)}) for i in range(4)]
     samples = lm_eval.parse_samples("\n".join(lines), "s")
@@ -90,6 +111,11 @@ def test_samples_without_doc_hash_join_on_doc_id():
     ('{"doc_id": 1, "filter": "strict-match", "exact_match": NaN}', "s.jsonl: NaN is not a number JSON allows in line 2"),
     ('{"doc_id": 0, "filter": "strict-match", "exact_match": 1}',
      "s.jsonl: duplicate record for document doc_id:0 and filter 'strict-match' in line 2. One samples file must hold one run"),
+    # a document's key cut short: a doc_hash of 300,000 characters made an ERROR line of that length
+    ("\n".join(json.dumps({"doc_id": i, "doc_hash": "H" * 300_000, "filter": "strict-match", "exact_match": 1.0})
+               for i in (1, 2)),
+     f"s.jsonl: duplicate record for document {'H' * 59}… and filter 'strict-match' in line 3. One samples file must "
+     "hold one run"),
     ("[1, 2]", "s.jsonl: expected a JSON object, got a list in line 2"),
     ("[" * 100_000 + "]" * 100_000, "s.jsonl: JSON nested too deeply in line 2"),
 ])

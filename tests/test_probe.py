@@ -189,6 +189,13 @@ def malformed(change) -> dict:
      "Expected format 'kvgate-probe'"),
     (json.dumps(malformed(lambda r: r.update(version=2))),
      "probe format version 2 is newer than this kvgate reads (1) in 'version'. Upgrade kvgate"),
+    # a header value is shown cut short: a format string of a megabyte was a megabyte-long ERROR line
+    (json.dumps({"format": "x" * 1_000_000}), f"not a kvgate probe file (format '{'x' * 58}…) in 'format'. "
+                                              "Expected format 'kvgate-probe'"),
+    (json.dumps(malformed(lambda r: r.update(version="9" * 4000))),
+     f"version must be a whole number, got '{'9' * 58}… in 'version'"),
+    (json.dumps(malformed(lambda r: r.update(version=[1] * 100_000))),
+     "version must be a whole number, got a list in 'version'"),
     (json.dumps(malformed(lambda r: r.pop("settings"))), "missing key 'settings' in the top level"),
     (json.dumps(malformed(lambda r: r.update(prompts=[]))), "expected at least 1 entry, got 0 in prompts"),
     (json.dumps(malformed(lambda r: r["prompts"][1].pop("prompt_top"))), "missing key 'prompt_top' in prompts[1]"),
@@ -218,6 +225,10 @@ def malformed(change) -> dict:
      "prompts[0].prompt_token_ids[2]"),
     (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_top"][1].__setitem__(0, [10 ** 400, -0.5]))),
      "expected a whole number, got a whole number past a float's range in prompts[0].prompt_top[1][0][0]"),
+    # past Python's 4,300-digit limit: its own message named sys.set_int_max_str_digits() as the fix
+    (json.dumps(malformed(lambda r: r["prompts"][0]["prompt_token_ids"].__setitem__(2, 123456789))).replace(
+        "123456789", "7" * 5000),
+     "a whole number of over 4300 digits in the file. Write a token id, or a logprob as a number"),
 ])
 def test_malformed_probe_files_are_refused_with_the_place(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "probe.json"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,16 @@ def test_a_hostile_log_is_read_safely(tmp_path):
     found = tool_log.read_first_error(big)  # past the head: the log's end is scanned, numbered as in the whole log
     assert (found.line, found.text) == (2, "RuntimeError: CUDA error: past the cap")
     assert tool_log.read_first_error(tmp_path / "absent.log") is None
+
+
+def test_a_long_line_that_repeats_the_start_of_a_known_message_is_read_in_linear_time():
+    """A known message's `.*` scanned the rest of a line from each place its start appears: this line of 600 KB
+    repeating the starts of two took 13 s (quadratic: a 64 MiB log of them, hours). Only the first MAX_LINE characters
+    of a line are matched."""
+    line = "Selected backend " * 18_000 + "Couldn't reach '" * 18_000
+    started = time.perf_counter()
+    assert tool_log.first_error([line, "RuntimeError: CUDA error: after it"]).line == 2
+    assert time.perf_counter() - started < 0.5
 
 
 @pytest.mark.parametrize("ending", [b"\n", b""])

@@ -120,6 +120,9 @@ def read(path: Path) -> ProbeRecord:
         raise InputError(source, f"not valid JSON ({error.msg})", f"line {error.lineno} column {error.colno}",
                          "Was the probe interrupted while writing?") from None
     except ValueError as error:  # NaN, Infinity: the format writes non-finite logprobs as strings
+        if "integer string conversion" in str(error):  # Python's own words named sys.set_int_max_str_digits
+            raise InputError(source, "a whole number of over 4300 digits", "the file",
+                             "Write a token id, or a logprob as a number") from None
         raise InputError(source, str(error), "the file", 'Write "nan", "inf" or "-inf"') from None
     except RecursionError:
         raise InputError(source, "JSON nested too deeply", "the file") from None
@@ -156,14 +159,23 @@ def check_header(data: Any, source: str) -> None:
     if not isinstance(data, dict):
         raise InputError(source, "expected a JSON object", "the top level")
     if data.get("format") != FORMAT:
-        raise InputError(source, f"not a kvgate probe file (format {data.get('format')!r})", "'format'",
+        raise InputError(source, f"not a kvgate probe file (format {_brief(data.get('format'))})", "'format'",
                          f"Expected format {FORMAT!r}")
     version = data.get("version")
     if type(version) is not int:
-        raise InputError(source, f"version must be a whole number, got {version!r}", "'version'")
+        raise InputError(source, f"version must be a whole number, got {_brief(version)}", "'version'")
     if version > VERSION:
         raise InputError(source, f"probe format version {version} is newer than this kvgate reads ({VERSION})",
                          "'version'", "Upgrade kvgate")
+
+
+def _brief(value: Any) -> str:
+    """A header value in an error message: its repr, cut to 60 characters (a format string of a megabyte was a
+    megabyte-long ERROR line, in the report too); a list or object by its kind."""
+    if isinstance(value, (list, dict)):
+        return kind_of(value)
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:59] + "…"
 
 
 def _cached_from_dict(item: Any, source: str, where: str) -> CachedContextProbe:

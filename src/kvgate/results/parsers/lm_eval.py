@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvgate import InputError, unknown_name_hint
+from kvgate import InputError, did_you_mean
 from kvgate.results.parsers.reading import (
     expect_int,
     expect_number,
@@ -28,6 +28,19 @@ from kvgate.results.records import AccuracyResult, FilterScore, SampleOutcomes
 RESULTS_NAME = re.compile(r"^results_(?P<stamp>.+)\.json$")
 SAMPLES_NAME = re.compile(r"^samples_(?P<task>.+)_(?P<stamp>[^_]+)\.jsonl$")
 DEFAULT_METRIC = "exact_match"
+
+
+def listed(names: Iterable[str], most: int = 8, width: int = 60) -> str:
+    """Names a file holds, for an error message: sorted, the first `most`, each cut to `width` characters (a results
+    file naming a task of 300,000 characters made an ERROR line of that length, in verdict.json and the reports)."""
+    names = sorted(names)
+    shown = [cut(name, width) for name in names[:most]]
+    return ", ".join(shown) + (f" (+{len(names) - most} more)" if len(names) > most else "")
+
+
+def cut(text: str, width: int = 60) -> str:
+    """A name or key a file holds, cut to `width` characters for an error message."""
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def samples_task(file_name: str) -> str | None:
@@ -46,7 +59,7 @@ def parse_results(text: str, source: str, *, task: str, metric: str = DEFAULT_ME
     if task not in results:
         found = sorted(results)
         raise InputError(source, f"no results for task {task!r}", "results",
-                         f"Tasks found: {', '.join(found)}" if found else "The file holds no task results")
+                         f"Tasks found: {listed(found)}" if found else "The file holds no task results")
     where = path_join("results", task)
     block = expect_object(results[task], source, where)
     scores: dict[str, FilterScore] = {}
@@ -67,7 +80,7 @@ def parse_results(text: str, source: str, *, task: str, metric: str = DEFAULT_ME
     if not scores:
         metrics = sorted({k.partition(",")[0] for k in block if "," in k})
         raise InputError(source, f"no {metric!r} figures for task {task!r}", where,
-                         f"Metrics found: {', '.join(metrics)}" if metrics else "Expected keys like 'exact_match,strict-match'")
+                         f"Metrics found: {listed(metrics)}" if metrics else "Expected keys like 'exact_match,strict-match'")
     n = None
     if "n-samples" in data:
         counts = expect_object(data["n-samples"], source, "n-samples")
@@ -137,7 +150,7 @@ def parse_samples(text: str | bytes, source: str, *, metric: str = DEFAULT_METRI
         where = f"line {number}"
         outcomes = by_filter.setdefault(filter_name, {})
         if key in outcomes:
-            raise InputError(source, f"duplicate record for document {key} and filter {filter_name!r}", where,
+            raise InputError(source, f"duplicate record for document {cut(key)} and filter {cut(filter_name)!r}", where,
                              "One samples file must hold one run")
         outcomes[key] = (correct, prompt_hash)
     if not by_filter:
@@ -219,7 +232,7 @@ def with_samples(result: AccuracyResult, samples: Mapping[str, SampleOutcomes], 
     for filter_name, score in result.scores.items():
         if filter_name not in samples:
             raise InputError(source, f"no sample records for filter {filter_name!r}", "the file",
-                             unknown_name_hint(filter_name, samples))
+                             did_you_mean(filter_name, samples) or f"Filters found: {listed(samples)}")
         outcomes = samples[filter_name]
         if result.n is not None and outcomes.n != result.n:
             raise InputError(source, f"{outcomes.n} documents for filter {filter_name!r}, but "

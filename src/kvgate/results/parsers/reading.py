@@ -238,6 +238,8 @@ def major_version(value: Any, source: str, where: str) -> int:
         return int(value)
     if isinstance(value, str):
         head = value.split(".", 1)[0]
-        if head.isdigit():
+        # ASCII digits, at most 6 (the schemas' pattern): str.isdigit() took "²", and int() refuses it and over 4,300
+        # digits, each a ValueError traceback
+        if head.isascii() and head.isdigit() and len(head) <= 6:
             return int(head)
     raise InputError(source, f"expected a version number like 1 or \"1.0\", got {kind(value)}", where)

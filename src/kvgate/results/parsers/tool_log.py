@@ -30,6 +30,9 @@ TAIL_BYTES = 1024 * 1024  # of its end, scanned when the head names none (a runa
 MAX_COUNTED_BYTES = 1024 * 1024 * 1024  # a log past this: its end is not scanned (its lines are counted to number it)
 COUNT_CHUNK = 8 * 1024 * 1024
 MAX_TEXT = 300  # characters of the error shown
+# characters of a line matched: a known message's `.*` scans the rest of the line from each place its start appears, so
+# a hostile line of n characters took time n^2 (a 1 MB line of "Selected backend " ~40 s, a 64 MiB log hours)
+MAX_LINE = 4096
 
 # Engine process and logger prefixes vLLM writes before a line: `(EngineCore pid=3081) `, `(EngineCore_DP0 pid=12)`,
 # `ERROR 12-01 05:27:40 [core.py:1330] `; ANSI colours from a terminal.
@@ -135,7 +138,7 @@ def _numbered(lines: Iterable[str]) -> Iterable[tuple[int, str]]:
     returns keeps one number (the number an editor and `grep -n` show), each of its parts read on its own."""
     for number, raw in enumerate(lines, start=1):
         for part in raw.rstrip("\n").split("\r"):
-            text = plain(part)
+            text = plain(part[:MAX_LINE])
             if text:
                 yield number, text
 
