@@ -365,9 +365,9 @@ def test_an_integer_beyond_json_readers_is_an_input_error_not_a_traceback(h200_u
 
 # ---------------------------------------------------------------------------------------------- contract versions
 
-def test_the_contract_is_1_17_and_the_evidence_is_required_from_1_4():
-    assert CONTRACT_VERSION == "1.17"
-    assert contract_version_tuple(CONTRACT_VERSION) == (1, 17)
+def test_the_contract_is_1_18_and_the_evidence_is_required_from_1_4():
+    assert CONTRACT_VERSION == "1.18"
+    assert contract_version_tuple(CONTRACT_VERSION) == (1, 18)
     assert KV_CACHE_EVIDENCE_SINCE == (1, 4)
 
 

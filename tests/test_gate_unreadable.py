@@ -130,6 +130,28 @@ def test_a_cell_folder_that_is_a_link_to_nothing_is_that_cells_error(tmp_path, c
     assert moved.is_dir()
 
 
+@pytest.mark.parametrize("what", ["dangling", "loop", "file"])
+def test_a_stage_folder_swapped_for_a_dead_link_or_a_file_is_that_stages_error(tmp_path, capsys, what):
+    """(1.18) The FP8 cell's kernels/ replaced by a link to nothing or a file: with no status.json and no plan it read
+    as a stage that never ran, and the gate passed (exit 0) on the other stages; now that stage errors, named."""
+    run = synthetic_run.write_seed_run(tmp_path / "run")
+    stage = _fp8_cell(run) / "kernels"
+    stage.rename(tmp_path / "elsewhere")
+    if what == "file":
+        stage.write_text("not a folder\n")
+    else:
+        stage.symlink_to(stage.name if what == "loop" else "/nonexistent/kernels")
+    code, errors = _gate_errors(run, tmp_path, capsys)
+    why = {"dangling": "a link that leads nowhere (No such file or directory)",
+           "loop": "a link that leads nowhere (Too many levels of symbolic links)", "file": "a file"}[what]
+    assert code == 1
+    assert any(f"{why}, not the kernels stage's folder. Put the stage's folder itself at this name" in line
+               for line in errors), errors
+    verdict = json.loads((tmp_path / "gate" / "verdict.json").read_text())
+    [check] = [c for c in verdict["checks"] if c["cell"] == stage.parent.name and c["kind"] == "kernels"]
+    assert check["status"] == "error"
+
+
 def test_contract_file_past_the_cap_errors_the_cell(tmp_path, capsys, monkeypatch):
     run = synthetic_run.write_seed_run(tmp_path / "run")
     status = _fp8_cell(run) / "status.json"

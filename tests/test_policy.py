@@ -156,8 +156,8 @@ def _rename(table: str, old: str, new: str):
 
 BAD_POLICIES = {
     "a contract newer than this kvgate reads": (
-        _set("results", "oldest_contract", value="1.18"),
-        ['matrix/policy.toml: expected a contract version from "1.0" to "1.17" (a string), got the string \'1.18\' in '
+        _set("results", "oldest_contract", value="1.19"),
+        ['matrix/policy.toml: expected a contract version from "1.0" to "1.18" (a string), got the string \'1.19\' in '
          'results.oldest_contract']),
     "probe_ab growth below 1": (
         _set("probe_ab", "growth_max", value=0.5),

@@ -188,14 +188,25 @@ def _unreadable(name: str, shown: str, problems: list[InputError], identity: Cel
                           problems=tuple(str(problem) for problem in problems))
 
 
-def _link_to_nothing(link: Path) -> InputError:
+def _leads_nowhere(link: Path) -> str:
+    """'a link that leads nowhere (No such file or directory)', or (Too many levels of symbolic links) for a loop."""
     try:
         os.stat(link)
         why = "it leads nowhere"
     except OSError as error:
         why = error.strerror or str(error)
-    return InputError(str(link), f"a link that leads nowhere ({why}), not a cell folder",
-                      hint="Put the cell's folder itself at this name")
+    return f"a link that leads nowhere ({why})"
+
+
+def _link_to_nothing(link: Path) -> InputError:
+    return InputError(str(link), f"{_leads_nowhere(link)}, not a cell folder", hint="Put the cell's folder itself at this name")
+
+
+def _not_a_stage_folder(path: Path, shown: str) -> InputError:
+    """(1.18) What is at a stage folder's name when it is no folder: a file, or a link that leads nowhere."""
+    what = _leads_nowhere(path) if path.is_symlink() and not path.exists() else "a file"
+    return InputError(shown, f"{what}, not the {path.name} stage's folder",
+                      hint="Put the stage's folder itself at this name, or remove it if the stage never ran")
 
 
 def _os_problem(error: OSError, shown: str) -> InputError:
@@ -220,13 +231,18 @@ def _load_cell(folder: Path, shown: str, known: KnownNames, metric: str) -> Cell
     for stage in STAGES:
         stage_dir = folder / stage
         status = statuses.get(stage)
-        requested = stage_dir.is_dir() or status is not None
+        in_place = os.path.lexists(stage_dir)  # (1.18) a file or a link to nothing at its name counts too
+        requested = in_place or status is not None
         if not requested:
             continue
         if status is not None and status.status != "ok":
             data = _tests_of_broken_kernels(stage_dir, shown) if stage == "kernels" else None
             stages[stage] = StageResult(stage=stage, requested=True, status=status, data=data,
                                         first_error=first_error(folder, stage, status, logs))
+            continue
+        if in_place and not stage_dir.is_dir():
+            stages[stage] = StageResult(stage=stage, requested=True, status=status,
+                                        unreadable=(str(_not_a_stage_folder(stage_dir, f"{shown}/{stage}")),))
             continue
         if not stage_dir.is_dir():
             stages[stage] = StageResult(stage=stage, requested=True, status=status,
