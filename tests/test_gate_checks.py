@@ -332,6 +332,26 @@ def test_fp8_throughput_is_judged_where_the_policy_declares_an_expectation(tmp_p
     assert check.notes[0] == f"expectation throughput.fp8_over_auto[{shipped}]: the seed PR measured +10 % on B200"
 
 
+def test_an_fp8_cell_that_ran_shorter_requests_is_no_fp8_speedup(tmp_path):
+    """At min_ratio 1.3 the seed's FP8 cell (1.10x auto) fails; run with 512 output tokens a request instead of the
+    workload's 1024 it answers 1.6x the requests a second (1.77x auto): its repeats hold fewer tokens than the auto
+    cell's, so the ratio is not tested."""
+    text = (policy_module.default_policy_path().read_text() + "\n[[throughput.fp8_over_auto]]\n"
+            'match = { backend = "FLASHINFER_MLA", arch = "sm100" }\nmin_ratio = 1.3\nreason = "a test\'s"\n')
+    (tmp_path / "policy.toml").write_text(text)
+    policy = policy_module.load(tmp_path / "policy.toml", matrix=MATRIX)
+    run = write_seed_run(tmp_path / "run")
+    shutil.rmtree(run / FP8 / "throughput")
+    write_throughput(run / FP8, [v * 1.6 for v in (3.53, 3.55, 3.56, 3.55, 3.54, 3.56, 3.55)], output_len=512)
+    verdict = gate.evaluate(load_run(run, KNOWN), policy=policy, waiver_for=MATRIX.waiver_for, today=TODAY)
+    check = only(verdict, FP8, "fp8_throughput")
+    assert check.status == "error"
+    assert check.detail == (
+        f"cannot compare: the repeats ran different workloads: {run}/{AUTO}/throughput/repeat-1.json holds 100 "
+        f"requests of 921600 tokens in all, {run}/{FP8}/throughput/repeat-1.json 100 of 870400 (the same prompts and "
+        "input/output lengths were expected)")
+
+
 def _ab_throughput(tmp_path: Path, base: list[float], head: list[float]):
     """Loaded head and base runs with these repeats (throughput/repeat-N.json, N = the round)."""
     runs = []

@@ -16,7 +16,7 @@ from kvgate.gate import policy as policy_module
 from kvgate.gate.checks.throughput import engine_groups
 from kvgate.results.records import StageStatus, ThroughputRepeat, ThroughputResult
 from kvgate.statistics import margins, power
-from synthetic_run import write_engines_ab_run
+from synthetic_run import write_engines_ab_run, write_throughput
 
 TOLERANCE, ALPHA = 0.05, 0.05
 
@@ -130,6 +130,22 @@ def test_a_ten_percent_slower_head_fails_and_an_unchanged_one_passes(tmp_path, c
     code, check = _gate(_engines_run(tmp_path / "aa", base, [5.401, 5.392, 5.389]), policy, capsys)
     assert check["status"] == "pass", check
     assert check["figures"]["power_at_10_percent"] > 0.9
+
+
+def test_a_head_that_ran_shorter_requests_is_no_pass(tmp_path, capsys):
+    """A head 10 % slower a token that generated 512 tokens a request instead of the workload's 1024 answers more
+    requests a second (1.62x): its repeats hold fewer tokens than the base side's, so nothing is compared."""
+    policy = _policy(tmp_path)
+    base = [5.397, 5.394, 5.387]
+    faster = [v * 0.90 * 1.8 for v in base]
+    run = _engines_run(tmp_path / "short", base, faster)
+    write_throughput(run / "flashmla-fp8-sm90", faster, output_len=512)
+    code, check = _gate(run, policy, capsys)
+    assert (code, check["status"]) == (1, "error"), check
+    assert check["detail"] == (
+        f"cannot test: the repeats ran different workloads: {run}/flashmla-fp8-sm90--base/throughput/repeat-1.json "
+        f"holds 100 requests of 921600 tokens in all, {run}/flashmla-fp8-sm90/throughput/repeat-1.json 100 of 870400 "
+        "(the same prompts and input/output lengths were expected)")
 
 
 def test_without_a_measurement_the_run_to_run_sd_stands_in_and_says_so(tmp_path, capsys):

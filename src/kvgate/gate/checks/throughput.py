@@ -75,6 +75,7 @@ def throughput_check(cell: CellResults, baseline: RunResults | None, policy: Pol
         engine_sd, engine_sd_source = tput.run_to_run_sd, (f"a stored baseline ran at another time: the policy's "
                                                            f"run-to-run {100 * tput.run_to_run_sd:g} %")
     try:
+        same_workload(old_stage.data, current)
         old_engines = engine_groups(old_stage.data, old_stage.status, measure)
         cur_engines = engine_groups(current, cell.stage("throughput").status, measure)
         test, notes = _ratio_test(old_engines, cur_engines, interleaved=interleaved, min_ratio=1 - tolerance,
@@ -199,6 +200,20 @@ def engine_groups(result: ThroughputResult, status: StageStatus | None, measure:
     return groups
 
 
+def same_workload(*results: ThroughputResult) -> None:
+    """Every repeat of the sides compared ran one workload: the same prompts (num_requests) of the same input and
+    output lengths (total_num_tokens; with ignore_eos each request generates exactly its output length). A side that
+    ran fewer tokens a request is faster by that alone, so a difference is a ValueError (nothing to compare)."""
+    repeats = [repeat for result in results for repeat in result.repeats]
+    for repeat in repeats[1:]:
+        first = repeats[0]
+        if (repeat.num_requests, repeat.total_num_tokens) != (first.num_requests, first.total_num_tokens):
+            raise ValueError(f"the repeats ran different workloads: {first.source} holds {first.num_requests} "
+                             f"requests of {first.total_num_tokens} tokens in all, {repeat.source} "
+                             f"{repeat.num_requests} of {repeat.total_num_tokens} (the same prompts and input/output "
+                             "lengths were expected)")
+
+
 def throughput_figures(result: ThroughputResult) -> dict[str, Any]:
     rps = result.values("requests_per_second")
     figures: dict[str, Any] = {
@@ -234,6 +249,7 @@ def fp8_throughput_check(cell: CellResults, partner: CellResults | None, policy:
     sd_auto, source_auto = tput.engine_sd_for(partner.identity.id, partner.identity.model)
     sd_fp8, source_fp8 = tput.engine_sd_for(cell.identity.id, cell.identity.model)
     try:
+        same_workload(auto_stage.data, own.data)
         test, notes = _ratio_test(engine_groups(auto_stage.data, auto_stage.status, measure),
                                   engine_groups(own.data, own.status, measure), interleaved=False,
                                   min_ratio=expected or 1.0, one_run=True, engine_sd=(sd_auto, sd_fp8),
