@@ -173,8 +173,10 @@ ROUND_FILE = re.compile(r"(?:^|[/\\])repeat-(\d+)\.json$")
 def engine_groups(result: ThroughputResult, status: StageStatus | None, measure: str) -> list[list[float]]:
     """A side's figures grouped by the engine that measured them, in engine order (status.json `engines`, contract
     1.9); without that record each repeat is an engine of its own, in repeat order. A repeat file that no engine
-    lists, or an engine whose repeats are missing, is a ValueError (the folder does not hold what it says)."""
+    lists, an engine whose repeats are missing, or two files of one repeat number (repeat-01.json, repeat-1.json) is a
+    ValueError (the folder does not hold what it says)."""
     numbered: dict[int, float] = {}
+    named: dict[int, str] = {}
     for repeat in result.repeats:
         found = ROUND_FILE.search(repeat.source)
         value = getattr(repeat, measure)
@@ -183,8 +185,12 @@ def engine_groups(result: ThroughputResult, status: StageStatus | None, measure:
                 raise ValueError(f"cannot group by engine: {repeat.source} is not named repeat-N.json")
             numbered[len(numbered) + 1 + 10**9] = value  # an unnamed repeat of an old folder: order only
             continue
+        number = int(found[1])
+        if number in named:  # repeat-01.json beside repeat-1.json: one would stand for the other unseen
+            raise ValueError(f"{named[number]} and {repeat.source} are both repeat {number}")
+        named[number] = repeat.source
         if value is not None:
-            numbered[int(found[1])] = value
+            numbered[number] = value
     if status is None or status.engines is None:
         return [[numbered[n]] for n in sorted(numbered)]
     listed = {n for engine in status.engines for n in engine}
