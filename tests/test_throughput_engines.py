@@ -162,6 +162,20 @@ def test_a_head_that_ran_shorter_requests_is_no_pass(tmp_path, capsys):
         "(the same prompts and input/output lengths were expected)")
 
 
+def test_a_repeat_past_any_measurement_is_an_error_not_a_traceback(tmp_path, capsys):
+    """A head repeat of 1.7e308 req/s (a finite float) put the ratio's upper bound past a float's range: an
+    OverflowError from math.exp, and no verdict."""
+    policy = _policy(tmp_path)
+    base = [5.397, 5.394, 5.387]
+    run = _engines_run(tmp_path / "huge", base, base)
+    repeat = run / "flashmla-fp8-sm90" / "throughput" / "repeat-1.json"
+    repeat.write_text(json.dumps({**json.loads(repeat.read_text()), "requests_per_second": 1.7e308}))
+    code, check = _gate(run, policy, capsys)
+    assert (code, check["status"]) == (1, "error"), check
+    assert check["detail"] == ("cannot test: the ratio or its upper bound is past a float's range (log ratio 236, "
+                               "standard error 236): the repeats' throughputs span more than any measurement can")
+
+
 def test_without_a_measurement_the_run_to_run_sd_stands_in_and_says_so(tmp_path, capsys):
     base = [5.397, 5.394, 5.387]
     run = write_engines_ab_run(tmp_path / "slow", [base], [[v * 0.90 for v in base]], backend="FLASHINFER",

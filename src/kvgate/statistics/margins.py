@@ -28,6 +28,7 @@ p-values are computed in log space and never reported below TINY_P (the smallest
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -516,15 +517,21 @@ def engine_ratio_test(baseline: Sequence[Sequence[float]], current: Sequence[Seq
     return _ratio_result(base, cur, levels[1] - levels[0], math.sqrt(se2), df, min_ratio, alpha, ENGINE_RATIO_METHOD)
 
 
+MAX_LOG_RATIO = math.log(sys.float_info.max)  # math.exp of more overflows
+
+
 def _ratio_result(base: np.ndarray, cur: np.ndarray, diff: float, se: float, df: float, min_ratio: float,
                   alpha: float, method: str) -> RatioTest:
     shift = diff - math.log(min_ratio)
+    quantile = 0.0 if se == 0 else distributions.t_quantile(1 - alpha, df)
+    if diff + quantile * se > MAX_LOG_RATIO:  # the sides' throughputs, or their spread, span more than a float
+        raise ValueError(f"the ratio or its upper bound is past a float's range (log ratio {diff:.4g}, standard error "
+                         f"{se:.4g}): the repeats' throughputs span more than any measurement can")
     if se == 0:
         log_p = 0.0 if shift >= 0 else -math.inf
         lower = upper = math.exp(diff)
     else:
         log_p = distributions.t_log_cdf(shift / se, df)
-        quantile = distributions.t_quantile(1 - alpha, df)
         lower, upper = math.exp(diff - quantile * se), math.exp(diff + quantile * se)
     return RatioTest(ratio=float(np.median(cur) / np.median(base)), estimate=math.exp(diff), lower=lower, upper=upper,
                      p_value=reported_p(log_p), log_p_value=log_p, min_ratio=min_ratio, alpha=alpha,
