@@ -114,6 +114,18 @@ def test_a_module_no_cell_loads_plans_none_and_says_why(matrix, real):
     assert qwen.reason.startswith("no cell loads it: it is the model module vllm.model_executor.models.qwen2's own")
 
 
+@pytest.mark.parametrize("path", ["vllm/v1/attention/backends/new_backend.py", "vllm/attention/ops/paged_attn.py",
+                                  "vllm/model_executor/layers/quantization/kernels/new_kv_kernel.py"])
+def test_a_module_the_tree_read_lacks_plans_every_cell(matrix, real, path):
+    """`--changed-files` over the pinned release: a module it lacks (new in the pull request, or added on vLLM's main
+    since the release) is imported by code the tree cannot show, so it plans every cell, never none."""
+    selection = plan(matrix, real, path)
+    assert selection.paths[0].verdict == "unknown"
+    assert len(selection.cells) == len(matrix.cells) and any(c.is_fp8 for c in selection.cells)
+    assert selection.paths[0].reason == ("a module of the vllm package that no side of the change has (the vLLM "
+                                         "source read predates it), so what loads it is unknown: every cell")
+
+
 def test_what_the_graph_cannot_see_plans_by_the_declared_globs_else_every_cell(matrix, real):
     every = len(matrix.cells)
     cpu = plan(matrix, real, "csrc/cpu/attention.cpp")
