@@ -516,7 +516,11 @@ def read_changed_list(path: Path) -> list[str]:
     if len(data) > MAX_CHANGED_FILES_BYTES:  # /dev/zero was read to the end of memory
         raise PlanError(f"{path}: the changed-files list is more than {MAX_CHANGED_FILES_BYTES} bytes")
     parts = data.split(b"\0") if b"\0" in data else data.splitlines()
-    return [p.decode("utf-8", "surrogateescape").strip() for p in parts if p.strip()]
+    paths = [p.decode("utf-8", "surrogateescape").strip() for p in parts if p.strip()]
+    if not paths:  # what a failed `git diff > FILE` leaves: it planned no cell (exit 0), the change unseen
+        raise PlanError(f"{path}: the changed-files list names no path. Pass the output of `git diff --name-only "
+                        "BASE...HEAD`, or --cells all for every cell")
+    return paths
 
 
 MAIN_POOL_EVENTS = ("push", "schedule", "workflow_dispatch")  # kvgate.runners.environment.ci.BRANCH_EVENTS

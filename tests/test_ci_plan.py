@@ -298,6 +298,20 @@ def test_a_nul_separated_list_is_read_as_such(tmp_path):
     assert plan.read_changed_list(listing) == ["vllm/a b.py", "vllm/é.py"]
 
 
+@pytest.mark.parametrize("change_of", ["vllm", "kvgate"])
+@pytest.mark.parametrize("text", [b"", b"\n  \n", b"\0\0"])
+def test_a_list_that_names_no_path_is_one_error_not_an_empty_plan(capsys, tmp_path, text, change_of):
+    """A failed `git diff > FILE` leaves an empty list: it planned no cell and exited 0, so the change ran unseen."""
+    listing = tmp_path / "changed"
+    listing.write_bytes(text)
+    assert plan.main(["--event", "pull_request", "--changed-files", str(listing), "--change-of", change_of,
+                      "--nox", "false"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"ERROR {listing}: the changed-files list names no path. Pass the output of `git diff "
+                            "--name-only BASE...HEAD`, or --cells all for every cell\n")
+
+
 def test_a_list_without_end_is_one_error(monkeypatch):
     """--changed-files /dev/zero was read to the end of memory."""
     monkeypatch.setattr(plan, "MAX_CHANGED_FILES_BYTES", 1024 * 1024)

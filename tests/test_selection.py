@@ -114,6 +114,18 @@ def test_a_module_no_cell_loads_plans_none_and_says_why(matrix, real):
     assert qwen.reason.startswith("no cell loads it: it is the model module vllm.model_executor.models.qwen2's own")
 
 
+@pytest.mark.parametrize("path", ["vllm/v1/attention/backends/new_backend.py", "vllm/attention/ops/paged_attn.py",
+                                  "vllm/model_executor/layers/quantization/kernels/new_kv_kernel.py"])
+def test_a_module_the_tree_read_lacks_plans_every_cell(matrix, real, path):
+    """`--changed-files` over the pinned release: a module it lacks (new in the pull request, or added on vLLM's main
+    since the release) is imported by code the tree cannot show, so it plans every cell, never none."""
+    selection = plan(matrix, real, path)
+    assert selection.paths[0].verdict == "unknown"
+    assert len(selection.cells) == len(matrix.cells) and any(c.is_fp8 for c in selection.cells)
+    assert selection.paths[0].reason == ("a module of the vllm package that no side of the change has (the vLLM "
+                                         "source read predates it), so what loads it is unknown: every cell")
+
+
 def test_what_the_graph_cannot_see_plans_by_the_declared_globs_else_every_cell(matrix, real):
     every = len(matrix.cells)
     cpu = plan(matrix, real, "csrc/cpu/attention.cpp")
@@ -409,6 +421,46 @@ def test_a_trees_symlinked_folders_fifos_and_depth_are_read_as_python_would(tmp_
         folder_sources(tree)
     assert str(caught.value) == (f"vllm/pipe.py: is not a regular file (a FIFO, socket or device) in the vLLM tree "
                                  f"{tree}. Remove it, or pass a clean vLLM checkout")
+
+
+def test_a_change_to_the_target_of_a_symlinked_module_or_folder_plans_the_cells_that_load_the_link(tmp_path, matrix):
+    """Python runs a symlink's target as the link's module, but the target's own module is imported by no one: a change
+    to it alone (git lists the target, not the unchanged link) planned no cell, read from a folder or from git (whose
+    blob of a link is its target's path, read as the module's text)."""
+    repo = tmp_path / "vllm"
+    files = {
+        "vllm/__init__.py": "", "vllm/engine.py": "",
+        "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.engine\nimport vllm.plugins.hook\n",
+        "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
+        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
+                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
+                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n",
+        "vllm/v1/attention/backends/cpu_mla.py": "",
+        "vllm/_impl/__init__.py": "", "vllm/_impl/cpu_attn.py": "", "vllm/_impl/hooks/__init__.py": "",
+        "vllm/_impl/hooks/hook.py": "",
+    }
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    (repo / "vllm/v1/attention/backends/cpu_attn.py").symlink_to("../../../_impl/cpu_attn.py")
+    (repo / "vllm/plugins").symlink_to("_impl/hooks")
+    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (repo / "vllm/_impl/cpu_attn.py").write_text("KV_SCALE = 2.0\n")
+    (repo / "vllm/_impl/hooks/hook.py").write_text("X = 1\n")
+    subprocess.run([*git, "commit", "-qam", "head"], check=True)
+    cpu = [c for c in matrix.cells if c.backend in ("CPU_ATTN", "CPU_MLA")]
+    changed = ["vllm/_impl/cpu_attn.py", "vllm/_impl/hooks/hook.py"]
+    assert code_sides.from_git(repo, "HEAD~1", "HEAD", None, matrix)[0] == changed
+    for _, base, head in (code_sides.from_git(repo, "HEAD~1", "HEAD", None, matrix),
+                          code_sides.from_folder(repo, changed, matrix)):
+        by_path = {p.path: p for p in select(matrix, changed, cpu, base=base, head=head).paths}
+        assert set(by_path["vllm/_impl/cpu_attn.py"].cells) == {"cpu_attn-auto-cpu", "cpu_attn-fp8-cpu"}
+        assert set(by_path["vllm/_impl/hooks/hook.py"].cells) == {c.id for c in cpu}
+    assert folder_sources(repo)["vllm/plugins/hook.py"] == ("X = 1\n\nimport vllm._impl.hooks.hook  # kvgate: "
+                                                            "vllm/plugins/hook.py is a link to vllm/_impl/hooks/hook.py\n")
 
 
 def test_a_blob_the_clone_lacks_is_one_error(tmp_path, matrix):

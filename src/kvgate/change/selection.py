@@ -15,7 +15,8 @@ Each changed path then gets one verdict:
     compiled  what the graph cannot see (csrc/, CMake, build files): the backends whose `sources` globs claim it,
               every cell for [shared] sources
     feature   a path that only a feature's vllm_paths claim (matrix/axes.toml [features]): that feature's cells
-    unknown   anything else: every cell, with the reason (never silently none)
+    unknown   anything else, a module no side of the change has included: every cell, with the reason (never
+              silently none)
     no_graph  a module of the package when no vLLM source was given to read the graph from: every cell
 
 A path a feature's vllm_paths claim (vllm/v1/spec_decode/** for spec_decode, vllm/distributed/... and the all-reduce
@@ -230,6 +231,13 @@ def _judge_path(matrix: Matrix, path: str, candidates: Sequence[Cell], closures,
         if not sides:
             return _Judged(PathVerdict(path, "no_graph", every, "a module of the vllm package, and no vLLM source was "
                                                                  "given to read its import graph from: every cell"), {})
+        if not any(module in code.graph.paths for _, code in sides):
+            # The tree read is not the change's (`--changed-files` over the pinned release, which predates the pull
+            # request): a module it lacks, a new file or one vLLM's main added since, has importers and imports it
+            # cannot see. It planned no cell (vllm/v1/attention/backends/new_backend.py, vllm/attention/ops/*.py)
+            return _Judged(PathVerdict(path, "unknown", every, "a module of the vllm package that no side of the "
+                                                               "change has (the vLLM source read predates it), so "
+                                                               "what loads it is unknown: every cell"), {})
         reasons: dict[str, CellReason] = {}
         for cell in candidates:
             for side, code in sides:
@@ -270,8 +278,6 @@ def _missing_backend(cell: Cell, sides) -> str:
 
 
 def _unloaded_reason(module: str, sides, candidates: Sequence[Cell]) -> str:
-    if not any(module in code.graph.paths for _, code in sides):
-        return "no cell loads it: no side of the change has this module"
     for _, code in sides:
         owner = _owner(module, code.owners())
         if owner and owner.startswith("backend:"):

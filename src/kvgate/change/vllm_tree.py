@@ -6,7 +6,10 @@
     git_files(repo, rev, paths) those paths' text at a commit (None where the commit has no such file)
     installed_vllm_root()       the folder holding this Python's `vllm` package (found, never imported)
 
-Nothing is imported or executed. A tree of thousands of files is read in well under a second by git, a few
+A module that is a symlink (or lies in a symlinked folder) to another file of the package is read with the target's
+text and an import of the target's module (`through_link`): Python runs the target's code as both modules, so a
+change to the target plans the cells that load the link (it planned none: the target's own module is imported by no
+one). Nothing is imported or executed. A tree of thousands of files is read in well under a second by git, a few
 seconds from a folder.
 """
 
@@ -15,13 +18,14 @@ from __future__ import annotations
 import errno
 import importlib.util
 import os
+import posixpath
 import stat
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
 from kvgate import InputError
-from kvgate.change.import_graph import PACKAGE
+from kvgate.change.import_graph import PACKAGE, module_of
 from kvgate.matrix import regular_files
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024  # one .py file; vLLM's largest is well under 1 MiB
@@ -38,6 +42,7 @@ def folder_sources(root: Path) -> dict[str, str]:
         raise InputError(str(root), f"no {PACKAGE}/__init__.py here", hint="Pass a vLLM checkout or a folder holding "
                                                                           "the installed vllm package")
     sources: dict[str, str] = {}
+    real_package = os.path.realpath(package)
     top = os.stat(package)
     stack = [(package, PACKAGE, frozenset({(top.st_dev, top.st_ino)}))]
     while stack:
@@ -61,11 +66,24 @@ def folder_sources(root: Path) -> dict[str, str]:
                         (info.st_dev, info.st_ino) not in above:
                     stack.append((Path(entry.path), name, above | {(info.st_dev, info.st_ino)}))
             elif entry.name.endswith(".py"):
-                sources[name] = _read_source(Path(entry.path), name, info, root)
+                text = _read_source(Path(entry.path), name, info, root)
+                real = os.path.realpath(entry.path)
+                if os.path.commonpath([real, real_package]) == real_package:
+                    text = through_link(text, name, posixpath.join(PACKAGE, *Path(real).relative_to(real_package).parts))
+                sources[name] = text
                 if len(sources) > MAX_SOURCE_FILES:
                     raise InputError(str(root), f"holds more than {MAX_SOURCE_FILES} vllm/**/*.py files",
                                      hint="Pass a vLLM checkout or a folder holding the installed vllm package")
     return sources
+
+
+def through_link(text: str, path: str, real: str) -> str:
+    """A module's text, with an import of the module of the file it is a link to when that is another module of the
+    package (Python runs that file's code as this module: a change to it changes this one)."""
+    target = module_of(real)
+    if real == path or target is None:
+        return text
+    return f"{text}\nimport {target}  # kvgate: {path} is a link to {real}\n"
 
 
 def _read_source(path: Path, name: str, info: os.stat_result, root: Path) -> str:
@@ -90,10 +108,50 @@ def _read_source(path: Path, name: str, info: os.stat_result, root: Path) -> str
 
 
 def git_sources(repo: Path, rev: str) -> dict[str, str]:
+    """Every vllm/**/*.py of the commit; a symlink (mode 120000, whose blob is its target's path) to a file or a folder
+    of the package is read as Python would import it: the target's text (through_link)."""
     listing = _git(repo, "ls-tree", "-r", "-z", "--full-tree", rev, "--", f"{PACKAGE}/")
-    entries = [line.split("\t", 1) for line in listing.decode("utf-8", "surrogateescape").split("\0") if line]
-    blobs = [(meta.split()[2], path) for meta, path in entries if meta.split()[1] == "blob" and path.endswith(".py")]
-    return dict(zip([path for _, path in blobs], _cat_blobs(repo, [sha for sha, _ in blobs]), strict=True))
+    entries = [(meta.split(), path) for meta, path in
+               (line.split("\t", 1) for line in listing.decode("utf-8", "surrogateescape").split("\0") if line)]
+    blobs = [(meta[2], path) for meta, path in entries if meta[1] == "blob" and meta[0] != "120000"
+             and path.endswith(".py")]
+    sources = dict(zip([path for _, path in blobs], _cat_blobs(repo, [sha for sha, _ in blobs]), strict=True))
+    links = [(meta[2], path) for meta, path in entries if meta[0] == "120000"]
+    targets = dict(zip([path for _, path in links], _cat_blobs(repo, [sha for sha, _ in links]), strict=True))
+    return {**sources, **_through_git_links(sources, targets)}
+
+
+def _through_git_links(sources: dict[str, str], targets: dict[str, str]) -> dict[str, str]:
+    """The modules a commit's symlinks make: link path (or a path under a linked folder) -> the target's text."""
+    def resolve(path: str) -> str | None:  # the real path of a path whose folders or self may be links
+        for _ in range(40):  # Linux's limit on links followed
+            parts, done = path.split("/"), True
+            for end in range(len(parts), 0, -1):
+                prefix = "/".join(parts[:end])
+                if prefix in targets:
+                    target = targets[prefix]
+                    if target.startswith("/"):
+                        return None  # outside the commit: nothing to read
+                    path = posixpath.normpath(posixpath.join(posixpath.dirname(prefix), target, *parts[end:]))
+                    done = False
+                    break
+            if done:
+                return path
+        return None  # a loop of links: Python cannot import it either
+
+    found = {}
+    for link in targets:
+        real = resolve(link)
+        if real is None:
+            continue
+        if link.endswith(".py") and real in sources:
+            found[link] = through_link(sources[real], link, real)
+        for path in sources:
+            if path.startswith(f"{real}/") and path.endswith(".py"):
+                alias = f"{link}{path[len(real):]}"
+                if resolve(alias) == path:
+                    found.setdefault(alias, through_link(sources[path], alias, path))
+    return found
 
 
 def git_files(repo: Path, rev: str, paths: Iterable[str]) -> dict[str, str | None]:
