@@ -63,6 +63,20 @@ def plan(matrix, real, *paths: str):
     return select(matrix, list(paths), list(matrix.cells), base=code, head=code)
 
 
+def _committed_repo(repo: Path, files: dict[str, str], links: dict[str, str] | None = None) -> list[str]:
+    """A git repository holding these files (and links, path -> target) in one commit, "base"; the git command that
+    commits more to it."""
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    for path, target in (links or {}).items():
+        (repo / path).symlink_to(target)
+    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run([*git, *step], check=True)
+    return git
+
+
 @pytest.mark.parametrize("path", FP8_BUG_SITES)
 def test_every_fp8_bug_site_alone_plans_fp8_cells(matrix, real, path):
     selection = plan(matrix, real, path)
@@ -296,13 +310,7 @@ def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
         "vllm/v1/attention/backends/cpu_mla.py": "",
         "vllm/helper.py": "",
     }
-    for path, text in files.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
-    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git = _committed_repo(repo, files)
     (repo / "vllm/v1/attention/backends/cpu_attn.py").write_text("import vllm.helper\n")
     (repo / "vllm/helper.py").write_text("X = 1\n")
     subprocess.run([*git, "commit", "-qam", "head"], check=True)
@@ -439,15 +447,8 @@ def test_a_change_to_the_target_of_a_symlinked_module_or_folder_plans_the_cells_
         "vllm/_impl/__init__.py": "", "vllm/_impl/cpu_attn.py": "", "vllm/_impl/hooks/__init__.py": "",
         "vllm/_impl/hooks/hook.py": "",
     }
-    for path, text in files.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
-    (repo / "vllm/v1/attention/backends/cpu_attn.py").symlink_to("../../../_impl/cpu_attn.py")
-    (repo / "vllm/plugins").symlink_to("_impl/hooks")
-    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git = _committed_repo(repo, files, links={"vllm/v1/attention/backends/cpu_attn.py": "../../../_impl/cpu_attn.py",
+                                              "vllm/plugins": "_impl/hooks"})
     (repo / "vllm/_impl/cpu_attn.py").write_text("KV_SCALE = 2.0\n")
     (repo / "vllm/_impl/hooks/hook.py").write_text("X = 1\n")
     subprocess.run([*git, "commit", "-qam", "head"], check=True)
@@ -469,13 +470,7 @@ def test_a_blob_the_clone_lacks_is_one_error(tmp_path, matrix):
     from kvgate import InputError
 
     repo = tmp_path / "vllm"
-    (repo / "vllm").mkdir(parents=True)
-    (repo / "vllm/__init__.py").write_text("")
-    (repo / "vllm/a.py").write_text("import vllm.b  # only here\n")
-    git = ["git", "-C", str(repo), "-c", "user.email=k@g", "-c", "user.name=k"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    git = _committed_repo(repo, {"vllm/__init__.py": "", "vllm/a.py": "import vllm.b  # only here\n"})
     sha = subprocess.run([*git, "rev-parse", "HEAD:vllm/a.py"], capture_output=True, text=True, check=True).stdout.strip()
     (repo / ".git/objects" / sha[:2] / sha[2:]).unlink()
     with pytest.raises(InputError) as caught:
