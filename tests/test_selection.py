@@ -63,6 +63,12 @@ def plan(matrix, real, *paths: str):
     return select(matrix, list(paths), list(matrix.cells), base=code, head=code)
 
 
+# vLLM's attention registry, as a small test tree has it: the two CPU backends' classes
+CPU_REGISTRY = ("class AttentionBackendEnum:\n"
+                "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
+                "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n")
+
+
 def _committed_repo(repo: Path, files: dict[str, str], links: dict[str, str] | None = None) -> list[str]:
     """A git repository holding these files (and links, path -> target) in one commit, "base"; the git command that
     commits more to it."""
@@ -303,9 +309,7 @@ def test_code_sides_from_git_reads_both_commits(tmp_path, matrix):
         "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.engine\n",
         "vllm/engine.py": "",
         "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
-        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
-                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
-                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n",
+        "vllm/v1/attention/backends/registry.py": CPU_REGISTRY,
         "vllm/v1/attention/backends/cpu_attn.py": "",
         "vllm/v1/attention/backends/cpu_mla.py": "",
         "vllm/helper.py": "",
@@ -366,9 +370,7 @@ def test_a_registry_nested_past_pythons_parser_is_read_as_naming_nothing(tmp_pat
         "vllm/__init__.py": "", "vllm/model_executor/__init__.py": "", "vllm/model_executor/models/__init__.py": "",
         "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.v1.attention.backends.utils\n",
         "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
-        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
-                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
-                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n",
+        "vllm/v1/attention/backends/registry.py": CPU_REGISTRY,
         "vllm/model_executor/models/registry.py": "_MODELS = {'LlamaForCausalLM': ('llama', 'LlamaForCausalLM')}\n",
         "vllm/model_executor/models/llama.py": "",
         "vllm/v1/attention/backends/cpu_attn.py": "", "vllm/v1/attention/backends/cpu_mla.py": "",
@@ -440,9 +442,7 @@ def test_a_change_to_the_target_of_a_symlinked_module_or_folder_plans_the_cells_
         "vllm/__init__.py": "", "vllm/engine.py": "",
         "vllm/entrypoints/__init__.py": "", "vllm/entrypoints/llm.py": "import vllm.engine\nimport vllm.plugins.hook\n",
         "vllm/v1/__init__.py": "", "vllm/v1/attention/__init__.py": "", "vllm/v1/attention/backends/__init__.py": "",
-        "vllm/v1/attention/backends/registry.py": "class AttentionBackendEnum:\n"
-                                                  "    CPU_ATTN = 'vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend'\n"
-                                                  "    CPU_MLA = 'vllm.v1.attention.backends.cpu_mla.CPUMLABackend'\n",
+        "vllm/v1/attention/backends/registry.py": CPU_REGISTRY,
         "vllm/v1/attention/backends/cpu_mla.py": "",
         "vllm/_impl/__init__.py": "", "vllm/_impl/cpu_attn.py": "", "vllm/_impl/hooks/__init__.py": "",
         "vllm/_impl/hooks/hook.py": "",
